@@ -1,0 +1,1 @@
+"""Sensor drivers: serial (Modbus RTU, line protocols) and MQTT bridge, each a WAMP client."""

@@ -1,0 +1,1 @@
+"""The Cairn WAMP router: protocol core, transports and store."""

@@ -1,0 +1,84 @@
+"""The ``cairn`` command. Exit codes: 0 ok, 2 bad usage or bad config, 1 other failure."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import txaio
+
+from gateway import config as cfg
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+def setup_logging(level: str) -> None:
+    """One line per event, no timestamps (journald adds them), level and component first."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+    txaio.use_asyncio()
+    txaio.set_global_log_level("warn")
+    for noisy in ("autobahn", "txaio", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cairn",
+        description="Cairn: an off-grid IoT edge gateway built around a WAMP router.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    router = commands.add_parser(
+        "router", help="run the WAMP router",
+        description="Run the WAMP router. Without --config it runs the embedded default: "
+                    "ws://127.0.0.1:8080/ws, realm 'realm1', anonymous on loopback.")
+    router.add_argument("--config", metavar="FILE", help="TOML config file")
+    router.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        help="override router.log_level")
+    check = commands.add_parser("check-config", help="validate a config file and exit",
+                                description="Validate a config file: exit 0 if it is good, "
+                                            "2 with a message naming the key if not.")
+    check.add_argument("config", metavar="FILE", nargs="?")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        config = cfg.load(getattr(args, "config", None))
+    except cfg.ConfigError as e:
+        print(f"cairn: bad config: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.command == "check-config":
+        print(f"{config.source}: ok ({len(config.realms)} realm(s))")
+        return EXIT_OK
+    if args.command == "router":
+        return run_router(config, args.log_level)
+    parser.print_help()
+    return EXIT_USAGE
+
+
+def run_router(config: cfg.Config, log_level: str | None) -> int:
+    from gateway.server import serve
+
+    setup_logging(log_level or config.router.log_level)
+    try:
+        asyncio.run(serve(config))
+    except OSError as e:
+        logging.getLogger("cairn").error("cannot start: %s", e)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""Cairn configuration: TOML in, validated dataclasses out.
+
+Every problem is reported as a :class:`ConfigError` naming the file, the key (a dotted path
+such as ``realms[0].roles[1].permissions[0].match``) and what is wrong, so that
+``cairn router --config FILE`` can exit with status 2 and a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway.patterns import MATCH_POLICIES
+
+ACTIONS = ("publish", "subscribe", "call", "register")
+_URI_COMPONENT = re.compile(r"^[^\s.#]+$")
+_DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
+_DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+EMBEDDED = "<embedded default>"
+
+
+class ConfigError(Exception):
+    def __init__(self, source: str, key: str, problem: str) -> None:
+        super().__init__(f"{source}: {key}: {problem}")
+        self.source, self.key, self.problem = source, key, problem
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a listener binds: TCP ``host:port`` or ``unix:/path``."""
+
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+
+    def __str__(self) -> str:
+        return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.path:
+            return True
+        return self.host in ("localhost", "::1") or (self.host or "").startswith("127.")
+
+
+@dataclass(frozen=True)
+class Permission:
+    uri: str
+    match: str = "exact"
+    allow: frozenset[str] = frozenset()
+    disclose: bool = False
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    permissions: tuple[Permission, ...] = ()
+
+
+@dataclass(frozen=True)
+class User:
+    authid: str
+    role: str
+    secret: str | None = None
+
+
+@dataclass(frozen=True)
+class HistoryRule:
+    uri: str
+    match: str = "exact"
+    max_events: int = 1_000_000
+    max_age: float | None = None  # seconds
+
+
+@dataclass(frozen=True)
+class RealmConfig:
+    name: str
+    anonymous_role: str | None = None
+    roles: tuple[Role, ...] = ()
+    users: tuple[User, ...] = ()
+    history: tuple[HistoryRule, ...] = ()
+
+    def role(self, name: str) -> Role | None:
+        return next((r for r in self.roles if r.name == name), None)
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    listen: Endpoint = Endpoint("127.0.0.1", 8080)
+    rawsocket: tuple[Endpoint, ...] = ()
+    data_dir: Path = Path("cairn-data")
+    max_message_size: int = 1024 * 1024
+    send_buffer_limit: int = 4 * 1024 * 1024
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str
+    router: RouterConfig = field(default_factory=RouterConfig)
+    realms: tuple[RealmConfig, ...] = ()
+
+    def realm(self, name: str) -> RealmConfig | None:
+        return next((r for r in self.realms if r.name == name), None)
+
+
+EMBEDDED_TOML = """
+[router]
+listen = "127.0.0.1:8080"
+rawsocket = ["unix:cairn-data/wamp.sock"]
+data_dir = "cairn-data"
+
+[[realms]]
+name = "realm1"
+anonymous_role = "anonymous"
+
+  [[realms.roles]]
+  name = "anonymous"
+  permissions = [
+    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
+  ]
+
+  [[realms.history]]
+  uri = "sensor"
+  match = "prefix"
+  max_events = 1000000
+  max_age = "90d"
+"""
+
+
+def load(path: str | Path | None) -> Config:
+    """Load and validate a config file; ``None`` gives the embedded default."""
+    if path is None:
+        return parse(tomllib.loads(EMBEDDED_TOML), EMBEDDED)
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(source, "-", f"cannot read file: {e.strerror}") from e
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, "-", f"invalid TOML: {e}") from e
+    return parse(data, source)
+
+
+def parse(data: dict[str, Any], source: str) -> Config:
+    v = _Validator(source)
+    v.keys(data, "", {"router", "realms", "sensors", "mqtt", "sync"})
+    router = _router(v, v.table(data, "router"), "router")
+    realms = tuple(
+        _realm(v, table, f"realms[{i}]") for i, table in enumerate(v.tables(data, "realms"))
+    )
+    names = [r.name for r in realms]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(source, f"realms[{i}].name", f"duplicate realm {name!r}")
+    if not realms:
+        raise ConfigError(source, "realms", "at least one [[realms]] table is required")
+    return Config(source=source, router=router, realms=realms)
+
+
+def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
+    v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
+                   "log_level"})
+    d = RouterConfig()
+    listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
+    rawsocket = tuple(
+        v.endpoint(item, f"{at}.rawsocket[{i}]")
+        for i, item in enumerate(v.get(t, at, "rawsocket", list, []))
+    )
+    level = v.get(t, at, "log_level", str, d.log_level)
+    if level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(v.source, f"{at}.log_level",
+                          f"must be debug, info, warning or error, not {level!r}")
+    return RouterConfig(
+        listen=listen or d.listen,
+        rawsocket=rawsocket,
+        data_dir=Path(v.get(t, at, "data_dir", str, str(d.data_dir))),
+        max_message_size=v.positive(t, at, "max_message_size", d.max_message_size),
+        send_buffer_limit=v.positive(t, at, "send_buffer_limit", d.send_buffer_limit),
+        log_level=level,
+    )
+
+
+def _realm(v: _Validator, t: dict[str, Any], at: str) -> RealmConfig:
+    v.keys(t, at, {"name", "anonymous_role", "roles", "users", "history"})
+    name = v.get(t, at, "name", str, None)
+    if name is None:
+        raise ConfigError(v.source, f"{at}.name", "missing (every realm needs a name)")
+    v.uri(name, f"{at}.name")
+    roles = tuple(_role(v, r, f"{at}.roles[{i}]") for i, r in enumerate(v.tables(t, "roles", at)))
+    role_names = {r.name for r in roles}
+    anonymous_role = v.get(t, at, "anonymous_role", str, None)
+    if anonymous_role is not None and anonymous_role not in role_names:
+        raise ConfigError(v.source, f"{at}.anonymous_role", f"no role named {anonymous_role!r}")
+    users = tuple(_user(v, u, f"{at}.users[{i}]") for i, u in enumerate(v.tables(t, "users", at)))
+    for i, user in enumerate(users):
+        if user.role not in role_names:
+            raise ConfigError(v.source, f"{at}.users[{i}].role", f"no role named {user.role!r}")
+    history = tuple(
+        _history(v, h, f"{at}.history[{i}]") for i, h in enumerate(v.tables(t, "history", at))
+    )
+    return RealmConfig(name, anonymous_role, roles, users, history)
+
+
+def _role(v: _Validator, t: dict[str, Any], at: str) -> Role:
+    v.keys(t, at, {"name", "permissions"})
+    name = v.get(t, at, "name", str, None)
+    if not name:
+        raise ConfigError(v.source, f"{at}.name", "missing (every role needs a name)")
+    permissions = []
+    for i, p in enumerate(v.get(t, at, "permissions", list, [])):
+        pat = f"{at}.permissions[{i}]"
+        if not isinstance(p, dict):
+            raise ConfigError(v.source, pat, "must be a table {uri, match, allow}")
+        v.keys(p, pat, {"uri", "match", "allow", "disclose"})
+        uri = v.get(p, pat, "uri", str, None)
+        if uri is None:
+            raise ConfigError(v.source, f"{pat}.uri", "missing")
+        match = v.match(p, pat)
+        v.uri(uri, f"{pat}.uri", match)
+        allow = v.get(p, pat, "allow", list, [])
+        for j, action in enumerate(allow):
+            if action not in ACTIONS:
+                raise ConfigError(v.source, f"{pat}.allow[{j}]",
+                                  f"unknown action {action!r} (use {', '.join(ACTIONS)})")
+        disclose = v.get(p, pat, "disclose", bool, False)
+        permissions.append(Permission(uri, match, frozenset(allow), disclose))
+    return Role(name, tuple(permissions))
+
+
+def _user(v: _Validator, t: dict[str, Any], at: str) -> User:
+    v.keys(t, at, {"authid", "role", "secret"})
+    authid = v.get(t, at, "authid", str, None)
+    role = v.get(t, at, "role", str, None)
+    if not authid:
+        raise ConfigError(v.source, f"{at}.authid", "missing")
+    if not role:
+        raise ConfigError(v.source, f"{at}.role", "missing")
+    return User(authid, role, v.get(t, at, "secret", str, None))
+
+
+def _history(v: _Validator, t: dict[str, Any], at: str) -> HistoryRule:
+    v.keys(t, at, {"uri", "match", "max_events", "max_age"})
+    uri = v.get(t, at, "uri", str, None)
+    if uri is None:
+        raise ConfigError(v.source, f"{at}.uri", "missing")
+    match = v.match(t, at)
+    v.uri(uri, f"{at}.uri", match)
+    max_age = v.get(t, at, "max_age", str, None)
+    return HistoryRule(
+        uri, match, v.positive(t, at, "max_events", HistoryRule.max_events),
+        parse_duration(max_age, v.source, f"{at}.max_age") if max_age is not None else None,
+    )
+
+
+def parse_duration(text: str, source: str, key: str) -> float:
+    m = _DURATION.match(text.strip())
+    if not m:
+        raise ConfigError(source, key,
+                          f"expected a duration like '90d', '12h' or '30m', not {text!r}")
+    return int(m.group(1)) * _DURATION_SECONDS[m.group(2)]
+
+
+class _Validator:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def keys(self, table: dict[str, Any], at: str, allowed: set[str]) -> None:
+        for key in table:
+            if key not in allowed:
+                where = f"{at}.{key}" if at else key
+                raise ConfigError(self.source, where,
+                                  f"unknown key (allowed here: {', '.join(sorted(allowed))})")
+
+    def get(self, table: dict[str, Any], at: str, key: str, kind: type, default: Any) -> Any:
+        if key not in table:
+            return default
+        value = table[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(self.source, f"{at}.{key}",
+                              f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
+        return value
+
+    def positive(self, table: dict[str, Any], at: str, key: str, default: int) -> int:
+        value = self.get(table, at, key, int, default)
+        if value <= 0:
+            raise ConfigError(self.source, f"{at}.{key}",
+                              f"must be a positive integer, not {value}")
+        return value
+
+    def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
+        return self.get(data, "", key, dict, {}) if key in data else {}
+
+    def tables(self, data: dict[str, Any], key: str, at: str = "") -> list[dict[str, Any]]:
+        items = self.get(data, at, key, list, [])
+        where = f"{at}.{key}" if at else key
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise ConfigError(self.source, f"{where}[{i}]",
+                                  f"expected a table ([[{where}]]), got {_describe(item)}")
+        return items
+
+    def match(self, table: dict[str, Any], at: str) -> str:
+        match = self.get(table, at, "match", str, "exact")
+        if match not in MATCH_POLICIES:
+            raise ConfigError(self.source, f"{at}.match",
+                              f"must be exact, prefix or wildcard, not {match!r}")
+        return match
+
+    def uri(self, uri: str, at: str, match: str = "exact") -> None:
+        if match == "prefix" and uri == "":
+            return
+        parts = uri.split(".")
+        for i, part in enumerate(parts):
+            if part == "" and match == "wildcard":
+                continue
+            if part == "" and match == "prefix" and i == len(parts) - 1:
+                continue
+            if not _URI_COMPONENT.match(part):
+                raise ConfigError(self.source, at, f"invalid URI {uri!r} for match={match}")
+
+    def endpoint(self, text: str | None, at: str, tcp_only: bool = False) -> Endpoint | None:
+        if text is None:
+            return None
+        if not isinstance(text, str):
+            raise ConfigError(self.source, at, f"expected a string, got {_describe(text)}")
+        if text.startswith("unix:"):
+            if tcp_only:
+                raise ConfigError(self.source, at, "must be host:port")
+            if len(text) == 5:
+                raise ConfigError(self.source, at, "unix: needs a socket path")
+            return Endpoint(path=text[5:])
+        host, sep, port = text.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(self.source, at,
+                              f"expected 'host:port' or 'unix:/path', not {text!r}")
+        return Endpoint(host=host, port=int(port))
+
+
+_KIND_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array",
+               dict: "a table", float: "a number"}
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]

@@ -1,0 +1,111 @@
+"""Building blocks of the I/O-free protocol core: sessions, the outbox and WAMP errors.
+
+The broker, dealer and router never touch a socket or the event loop. They take a parsed
+message and write what should happen next into an :class:`Outbox`: messages to send,
+sessions to close, timers to start, coroutines to run. The asyncio shell
+(:mod:`gateway.server`) carries those out.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autobahn.wamp.message import Message
+
+if TYPE_CHECKING:
+    from gateway.router import Realm
+
+
+def global_id() -> int:
+    """A random id from WAMP's global scope [1, 2**53]."""
+    return secrets.randbits(53) or 1
+
+
+class WampError(Exception):
+    """An error to return to the peer as a WAMP ERROR (or ABORT before WELCOME)."""
+
+    def __init__(self, uri: str, message: str | None = None, **kwargs: Any) -> None:
+        super().__init__(message or uri)
+        self.uri = uri
+        self.message = message
+        self.kwargs = kwargs
+
+    @property
+    def args_list(self) -> list[Any] | None:
+        return [self.message] if self.message else None
+
+
+class ProtocolViolation(Exception):
+    """The peer broke the protocol: its session is aborted with wamp.error.protocol_violation."""
+
+
+@dataclass(eq=False)
+class Session:
+    """A WAMP session as the core sees it. ``link`` belongs to the transport shell."""
+
+    link: Any = None
+    transport: dict[str, Any] = field(default_factory=dict)
+    id: int = 0
+    realm: Realm | None = None
+    authid: str | None = None
+    authrole: str | None = None
+    authmethod: str | None = None
+    authprovider: str | None = None
+    authextra: dict[str, Any] = field(default_factory=dict)
+    roles: dict[str, Any] = field(default_factory=dict)
+    established: bool = False
+    closed: bool = False
+    # state the authenticator keeps between HELLO and AUTHENTICATE
+    pending_auth: Any = None
+
+    def supports(self, role: str, feature: str) -> bool:
+        features = self.roles.get(role)
+        return bool(features is not None and getattr(features, feature, False))
+
+    def details(self) -> dict[str, Any]:
+        """The session as the meta API describes it."""
+        return {
+            "session": self.id,
+            "authid": self.authid,
+            "authrole": self.authrole,
+            "authmethod": self.authmethod,
+            "authprovider": self.authprovider,
+            "authextra": self.authextra,
+            "transport": self.transport,
+        }
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {self.authid}/{self.authrole}>"
+
+
+Timer = Callable[["Outbox"], None]
+Task = Callable[["Outbox"], Awaitable[None]]
+
+
+class Outbox:
+    """What the core wants done, in order. The shell drains it after each call."""
+
+    __slots__ = ("messages", "closes", "timers", "tasks")
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[Session, Message]] = []
+        self.closes: list[Session] = []
+        self.timers: list[tuple[float, Timer]] = []
+        self.tasks: list[Task] = []
+
+    def send(self, session: Session, message: Message) -> None:
+        if not session.closed:
+            self.messages.append((session, message))
+
+    def close(self, session: Session) -> None:
+        """Close the session's transport once the messages queued before are sent."""
+        self.closes.append(session)
+
+    def later(self, delay: float, callback: Timer) -> None:
+        self.timers.append((delay, callback))
+
+    def spawn(self, task: Task) -> None:
+        self.tasks.append(task)

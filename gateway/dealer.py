@@ -1,0 +1,287 @@
+"""The dealer: REGISTER, UNREGISTER, CALL, YIELD, ERROR (from callees) and CANCEL.
+
+CALL: authorize -> meta procedure or most specific registration -> pick a callee by the
+registration's invocation policy -> INVOCATION, remembered as a pending call until the
+callee answers, the caller cancels, the timeout fires or either side leaves.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autobahn.wamp import message as m
+
+from gateway.broker import utc_now
+from gateway.core import Outbox, Session, WampError, global_id
+from gateway.patterns import PatternMap
+
+if TYPE_CHECKING:
+    from gateway.router import Realm
+
+INVOKE_POLICIES = ("single", "roundrobin", "random", "first", "last")
+CANCEL_MODES = ("skip", "kill", "killnowait")
+
+# A meta procedure takes (caller, args, kwargs) and returns a result, or an awaitable of one.
+# A result is a value (sent as args=[value]) or a MetaResult for full control.
+MetaProcedure = Callable[[Session, list[Any], dict[str, Any]], Any]
+
+
+@dataclass
+class MetaResult:
+    args: list[Any] | None = None
+    kwargs: dict[str, Any] | None = None
+
+
+@dataclass(eq=False)
+class Registration:
+    id: int
+    uri: str
+    match: str
+    invoke: str
+    created: str = field(default_factory=utc_now)
+    callees: list[Session] = field(default_factory=list)
+    next_index: int = 0
+
+    def details(self) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "uri": self.uri, "match": self.match,
+                "invoke": self.invoke}
+
+    def pick(self) -> Session:
+        if self.invoke == "roundrobin":
+            callee = self.callees[self.next_index % len(self.callees)]
+            self.next_index += 1
+            return callee
+        if self.invoke == "random":
+            return random.choice(self.callees)
+        if self.invoke == "last":
+            return self.callees[-1]
+        return self.callees[0]
+
+
+@dataclass(eq=False)
+class PendingCall:
+    caller: Session
+    call_request: int
+    callee: Session
+    invocation: int
+    procedure: str
+    receive_progress: bool
+    canceled: bool = False  # the caller has been answered; drop what the callee sends
+
+
+class Dealer:
+    def __init__(self, realm: Realm) -> None:
+        self.realm = realm
+        self.registrations = PatternMap[Registration]()
+        self.by_id: dict[int, Registration] = {}
+        self.meta_procedures: dict[str, MetaProcedure] = {}
+        self._invocation_ids = itertools.count(1)
+        self._by_invocation: dict[tuple[Session, int], PendingCall] = {}
+        self._by_call: dict[tuple[Session, int], PendingCall] = {}
+
+    # -- REGISTER / UNREGISTER -----------------------------------------------------------
+
+    def register(self, session: Session, msg: m.Register, out: Outbox) -> None:
+        match = msg.match or "exact"
+        invoke = msg.invoke or "single"
+        if msg.procedure.startswith("wamp."):
+            raise WampError("wamp.error.invalid_uri",
+                            f"procedures under 'wamp.' are reserved for the router: "
+                            f"{msg.procedure!r}")
+        self.realm.authorizer.require(session, msg.procedure, "register")
+        reg = self.registrations.get(msg.procedure, match)
+        if reg is not None:
+            if reg.invoke == "single" or invoke != reg.invoke:
+                raise WampError("wamp.error.procedure_already_exists",
+                                f"{msg.procedure!r} ({match}) is already registered "
+                                f"with invoke={reg.invoke!r}")
+            if session in reg.callees:
+                raise WampError("wamp.error.procedure_already_exists",
+                                f"this session already registered {msg.procedure!r}")
+        created = reg is None
+        if reg is None:
+            reg = Registration(global_id(), msg.procedure, match, invoke)
+            self.registrations.add(msg.procedure, match, reg)
+            self.by_id[reg.id] = reg
+        reg.callees.append(session)
+        out.send(session, m.Registered(msg.request, reg.id))
+        if created:
+            self.realm.meta_event("wamp.registration.on_create", [session.id, reg.details()], out)
+        self.realm.meta_event("wamp.registration.on_register", [session.id, reg.id], out)
+
+    def unregister(self, session: Session, msg: m.Unregister, out: Outbox) -> None:
+        reg = self.by_id.get(msg.registration)
+        if reg is None or session not in reg.callees:
+            raise WampError("wamp.error.no_such_registration",
+                            f"session {session.id} has no registration {msg.registration}")
+        self._remove_callee(session, reg, out)
+        out.send(session, m.Unregistered(msg.request))
+
+    def _remove_callee(self, session: Session, reg: Registration, out: Outbox) -> None:
+        reg.callees.remove(session)
+        self.realm.meta_event("wamp.registration.on_unregister", [session.id, reg.id], out)
+        if not reg.callees:
+            self.registrations.remove(reg.uri, reg.match)
+            del self.by_id[reg.id]
+            self.realm.meta_event("wamp.registration.on_delete", [session.id, reg.id], out)
+
+    # -- CALL ----------------------------------------------------------------------------
+
+    def call(self, caller: Session, msg: m.Call, out: Outbox, disclose_me: bool = False) -> None:
+        rule = self.realm.authorizer.require(caller, msg.procedure, "call")
+        meta = self.meta_procedures.get(msg.procedure)
+        if meta is not None:
+            self._call_meta(caller, msg, meta, out)
+            return
+        reg = self.registrations.best(msg.procedure)
+        if reg is None:
+            raise WampError("wamp.error.no_such_procedure",
+                            f"no callee registered for {msg.procedure!r}")
+        callee = reg.pick()
+        invocation = next(self._invocation_ids)
+        receive_progress = bool(msg.receive_progress)
+        who = {}
+        if rule.disclose or disclose_me:
+            who = {"caller": caller.id, "caller_authid": caller.authid,
+                   "caller_authrole": caller.authrole}
+        pending = PendingCall(caller, msg.request, callee, invocation, msg.procedure,
+                              receive_progress)
+        self._by_invocation[(callee, invocation)] = pending
+        self._by_call[(caller, msg.request)] = pending
+        out.send(callee, m.Invocation(
+            invocation, reg.id, args=msg.args, kwargs=msg.kwargs, payload=msg.payload,
+            timeout=msg.timeout or None,
+            receive_progress=receive_progress or None,
+            procedure=msg.procedure if reg.match != "exact" else None,
+            enc_algo=msg.enc_algo, enc_key=msg.enc_key, enc_serializer=msg.enc_serializer,
+            **who,
+        ))
+        if msg.timeout:
+            out.later(msg.timeout / 1000.0, lambda o: self._time_out(pending, o))
+
+    def _call_meta(self, caller: Session, msg: m.Call, meta: MetaProcedure, out: Outbox) -> None:
+        try:
+            result = meta(caller, list(msg.args or []), dict(msg.kwargs or {}))
+        except WampError as e:
+            out.send(caller, _call_error(msg.request, e))
+            return
+        if not inspect.isawaitable(result):
+            out.send(caller, _meta_result(msg.request, result))
+            return
+
+        async def finish(o: Outbox) -> None:
+            try:
+                value = await result
+            except WampError as e:
+                o.send(caller, _call_error(msg.request, e))
+            else:
+                o.send(caller, _meta_result(msg.request, value))
+
+        out.spawn(finish)
+
+    # -- answers from the callee ---------------------------------------------------------
+
+    def yield_(self, callee: Session, msg: m.Yield, out: Outbox) -> None:
+        pending = self._by_invocation.get((callee, msg.request))
+        if pending is None:
+            return  # canceled or timed out already: the callee answered too late
+        if msg.progress:
+            if pending.receive_progress and not pending.canceled:
+                out.send(pending.caller, m.Result(pending.call_request, args=msg.args,
+                                                  kwargs=msg.kwargs, payload=msg.payload,
+                                                  progress=True, enc_algo=msg.enc_algo,
+                                                  enc_key=msg.enc_key,
+                                                  enc_serializer=msg.enc_serializer))
+            return
+        self._finish(pending)
+        if not pending.canceled:
+            out.send(pending.caller, m.Result(pending.call_request, args=msg.args,
+                                              kwargs=msg.kwargs, payload=msg.payload,
+                                              enc_algo=msg.enc_algo, enc_key=msg.enc_key,
+                                              enc_serializer=msg.enc_serializer))
+
+    def invocation_error(self, callee: Session, msg: m.Error, out: Outbox) -> None:
+        pending = self._by_invocation.get((callee, msg.request))
+        if pending is None:
+            return
+        self._finish(pending)
+        if not pending.canceled:
+            out.send(pending.caller, m.Error(m.Call.MESSAGE_TYPE, pending.call_request,
+                                             msg.error, args=msg.args, kwargs=msg.kwargs,
+                                             payload=msg.payload, enc_algo=msg.enc_algo,
+                                             enc_key=msg.enc_key,
+                                             enc_serializer=msg.enc_serializer))
+
+    # -- cancel, timeout, sessions leaving -----------------------------------------------
+
+    def cancel(self, caller: Session, msg: m.Cancel, out: Outbox) -> None:
+        pending = self._by_call.get((caller, msg.request))
+        if pending is None or pending.canceled:
+            return  # already answered: nothing to cancel
+        mode = msg.mode or "killnowait"
+        if not pending.callee.supports("callee", "call_canceling"):
+            mode = "skip"
+        if mode != "skip":
+            out.send(pending.callee, m.Interrupt(pending.invocation, mode=mode,
+                                                 reason="wamp.error.canceled"))
+        if mode == "kill":
+            return  # the caller gets the callee's answer to the INTERRUPT
+        self._abandon(pending, "wamp.error.canceled", "the caller canceled the call", out)
+
+    def _time_out(self, pending: PendingCall, out: Outbox) -> None:
+        if self._by_invocation.get((pending.callee, pending.invocation)) is not pending:
+            return
+        if pending.canceled:
+            return
+        if pending.callee.supports("callee", "call_canceling"):
+            out.send(pending.callee, m.Interrupt(pending.invocation, mode="killnowait",
+                                                 reason="wamp.error.timeout"))
+        self._abandon(pending, "wamp.error.timeout",
+                      f"no answer from the callee of {pending.procedure!r} within the timeout",
+                      out)
+
+    def _abandon(self, pending: PendingCall, error: str, text: str, out: Outbox) -> None:
+        """Answer the caller with an error now; later answers from the callee are dropped."""
+        pending.canceled = True
+        self._by_call.pop((pending.caller, pending.call_request), None)
+        out.send(pending.caller, m.Error(m.Call.MESSAGE_TYPE, pending.call_request, error,
+                                         args=[text]))
+        if not pending.callee.supports("callee", "call_canceling"):
+            # an INTERRUPT could not be sent, so an answer may still come: keep the slot
+            return
+        self._by_invocation.pop((pending.callee, pending.invocation), None)
+
+    def _finish(self, pending: PendingCall) -> None:
+        self._by_invocation.pop((pending.callee, pending.invocation), None)
+        if self._by_call.get((pending.caller, pending.call_request)) is pending:
+            del self._by_call[(pending.caller, pending.call_request)]
+
+    def session_left(self, session: Session, out: Outbox) -> None:
+        for pending in [p for p in self._by_invocation.values() if p.callee is session]:
+            self._finish(pending)
+            if not pending.canceled:
+                out.send(pending.caller, m.Error(m.Call.MESSAGE_TYPE, pending.call_request,
+                                                 "wamp.error.canceled",
+                                                 args=["the callee left before answering"]))
+        for pending in [p for p in self._by_invocation.values() if p.caller is session]:
+            self._finish(pending)
+            if pending.callee.supports("callee", "call_canceling"):
+                out.send(pending.callee, m.Interrupt(pending.invocation, mode="killnowait",
+                                                     reason="wamp.error.canceled"))
+        for reg in [r for r in self.by_id.values() if session in r.callees]:
+            self._remove_callee(session, reg, out)
+
+
+def _call_error(request: int, e: WampError) -> m.Error:
+    return m.Error(m.Call.MESSAGE_TYPE, request, e.uri, args=e.args_list, kwargs=e.kwargs or None)
+
+
+def _meta_result(request: int, value: Any) -> m.Result:
+    if isinstance(value, MetaResult):
+        return m.Result(request, args=value.args, kwargs=value.kwargs)
+    return m.Result(request, args=[value])

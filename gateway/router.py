@@ -1,0 +1,209 @@
+"""The router: session lifecycle and dispatch of every message a client may send.
+
+``Router.receive(session, message, outbox)`` is the single entry point of the protocol
+core; it never does I/O. A message that is invalid in the session's state aborts that
+session with ``wamp.error.protocol_violation`` and leaves everyone else untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from autobahn.wamp import message as m
+from autobahn.wamp import role
+
+from gateway.auth import Authenticator, Authorizer
+from gateway.broker import Broker
+from gateway.config import Config, RealmConfig
+from gateway.core import Outbox, ProtocolViolation, Session, WampError, global_id
+from gateway.dealer import Dealer
+from gateway.meta import meta_procedures
+
+log = logging.getLogger("cairn.router")
+
+BROKER_FEATURES = role.RoleBrokerFeatures(
+    publisher_identification=True,
+    pattern_based_subscription=True,
+    session_meta_api=True,
+    subscription_meta_api=True,
+    subscriber_blackwhite_listing=True,
+    publisher_exclusion=True,
+    payload_transparency=True,
+)
+DEALER_FEATURES = role.RoleDealerFeatures(
+    caller_identification=True,
+    pattern_based_registration=True,
+    session_meta_api=True,
+    registration_meta_api=True,
+    shared_registration=True,
+    call_timeout=True,
+    call_canceling=True,
+    progressive_call_results=True,
+    payload_transparency=True,
+)
+
+
+class Realm:
+    def __init__(self, config: RealmConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.sessions: dict[int, Session] = {}
+        self.authenticator = Authenticator(config)
+        self.authorizer = Authorizer(config)
+        self.broker = Broker(self)
+        self.dealer = Dealer(self)
+        self.dealer.meta_procedures.update(meta_procedures(self))
+
+    def meta_event(self, topic: str, args: list[Any], out: Outbox) -> None:
+        self.broker.publish_internal(topic, args, out)
+
+    def join(self, session: Session, out: Outbox) -> None:
+        self.sessions[session.id] = session
+        self.meta_event("wamp.session.on_join", [session.details()], out)
+
+    def leave(self, session: Session, out: Outbox) -> None:
+        if self.sessions.pop(session.id, None) is None:
+            return
+        self.broker.session_left(session, out)
+        self.dealer.session_left(session, out)
+        self.meta_event("wamp.session.on_leave", [session.id, session.authid, session.authrole],
+                        out)
+
+
+class Router:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.realms = {rc.name: Realm(rc) for rc in config.realms}
+        self.sessions: dict[int, Session] = {}
+
+    # -- the entry points ----------------------------------------------------------------
+
+    def receive(self, session: Session, msg: m.Message, out: Outbox,
+                extra: dict[str, Any] | None = None) -> None:
+        """``extra`` holds options autobahn's parser drops: ``disclose_me`` on PUBLISH/CALL."""
+        if session.closed:
+            return
+        try:
+            if session.established:
+                self._established(session, msg, out, extra or {})
+            else:
+                self._opening(session, msg, out)
+        except ProtocolViolation as e:
+            self.abort(session, "wamp.error.protocol_violation", str(e), out)
+
+    def lost(self, session: Session, out: Outbox) -> None:
+        """The transport went away (or was closed by us)."""
+        if session.closed:
+            return
+        session.closed = True
+        self._detach(session, out)
+
+    def abort(self, session: Session, reason: str, text: str, out: Outbox) -> None:
+        log.warning("session %s aborted: %s: %s (peer %s)", session.id or "-", reason, text,
+                    session.transport.get("peer"))
+        out.send(session, m.Abort(reason, text))
+        out.close(session)
+        session.closed = True
+        self._detach(session, out)
+
+    def shutdown(self, out: Outbox) -> None:
+        """Say GOODBYE to every session (SIGTERM)."""
+        for session in list(self.sessions.values()):
+            out.send(session, m.Goodbye("wamp.close.system_shutdown", "the router is stopping"))
+            out.close(session)
+            session.closed = True
+            self._detach(session, out)
+
+    # -- before WELCOME ------------------------------------------------------------------
+
+    def _opening(self, session: Session, msg: m.Message, out: Outbox) -> None:
+        if not isinstance(msg, m.Hello):
+            raise ProtocolViolation(f"expected HELLO, got {type(msg).__name__.upper()}")
+        realm = self.realms.get(msg.realm)
+        if realm is None:
+            self.abort(session, "wamp.error.no_such_realm",
+                       f"no realm {msg.realm!r} on this router", out)
+            return
+        try:
+            realm.authenticator.hello(session, msg)
+        except WampError as e:
+            self.abort(session, e.uri, e.message or e.uri, out)
+            return
+        self._welcome(session, realm, msg, out)
+
+    def _welcome(self, session: Session, realm: Realm, hello: m.Hello, out: Outbox) -> None:
+        session.id = global_id()
+        while session.id in self.sessions:
+            session.id = global_id()
+        session.realm = realm
+        session.roles = hello.roles or {}
+        session.established = True
+        self.sessions[session.id] = session
+        out.send(session, m.Welcome(
+            session.id,
+            {"broker": BROKER_FEATURES, "dealer": DEALER_FEATURES},
+            realm=realm.name,
+            authid=session.authid,
+            authrole=session.authrole,
+            authmethod=session.authmethod,
+            authprovider=session.authprovider,
+        ))
+        realm.join(session, out)
+        log.info("session %s joined realm %s as %s/%s (%s, peer %s)", session.id, realm.name,
+                 session.authid, session.authrole, session.authmethod,
+                 session.transport.get("peer"))
+
+    # -- after WELCOME -------------------------------------------------------------------
+
+    def _established(self, session: Session, msg: m.Message, out: Outbox,
+                     extra: dict[str, Any]) -> None:
+        realm = session.realm
+        assert realm is not None
+        handler = _HANDLERS.get(type(msg))
+        if handler is None:
+            if isinstance(msg, m.Goodbye):
+                out.send(session, m.Goodbye("wamp.close.goodbye_and_out"))
+                out.close(session)
+                session.closed = True
+                self._detach(session, out)
+                return
+            raise ProtocolViolation(
+                f"{type(msg).__name__.upper()} is not a message a client may send "
+                f"in an established session")
+        try:
+            if extra:
+                handler(realm, session, msg, out, **extra)
+            else:
+                handler(realm, session, msg, out)
+        except WampError as e:
+            request_type = msg.MESSAGE_TYPE
+            out.send(session, m.Error(request_type, msg.request, e.uri,
+                                      args=e.args_list, kwargs=e.kwargs or None))
+
+    def _detach(self, session: Session, out: Outbox) -> None:
+        if session.id in self.sessions and self.sessions[session.id] is session:
+            del self.sessions[session.id]
+            if session.realm is not None:
+                session.realm.leave(session, out)
+                log.info("session %s left realm %s", session.id, session.realm.name)
+
+
+def _invocation_error(realm: Realm, session: Session, msg: m.Error, out: Outbox) -> None:
+    if msg.request_type != m.Invocation.MESSAGE_TYPE:
+        raise ProtocolViolation(
+            f"ERROR for request type {msg.request_type}: clients may only answer INVOCATIONs")
+    realm.dealer.invocation_error(session, msg, out)
+
+
+_HANDLERS = {
+    m.Publish: lambda realm, s, msg, out, **kw: realm.broker.publish(s, msg, out, **kw),
+    m.Subscribe: lambda realm, s, msg, out: realm.broker.subscribe(s, msg, out),
+    m.Unsubscribe: lambda realm, s, msg, out: realm.broker.unsubscribe(s, msg, out),
+    m.Call: lambda realm, s, msg, out, **kw: realm.dealer.call(s, msg, out, **kw),
+    m.Cancel: lambda realm, s, msg, out: realm.dealer.cancel(s, msg, out),
+    m.Register: lambda realm, s, msg, out: realm.dealer.register(s, msg, out),
+    m.Unregister: lambda realm, s, msg, out: realm.dealer.unregister(s, msg, out),
+    m.Yield: lambda realm, s, msg, out: realm.dealer.yield_(s, msg, out),
+    m.Error: _invocation_error,
+}

@@ -1,0 +1,174 @@
+"""The asyncio shell around the protocol core: listeners, the outbox pump, signals.
+
+``Node`` owns the :class:`~gateway.router.Router` and carries out what the core writes into
+an :class:`~gateway.core.Outbox`: send messages, close transports, start timers, run tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+from autobahn.wamp import message as m
+
+from gateway.config import Config, Endpoint
+from gateway.core import Outbox, Session, Task, Timer
+from gateway.router import Router
+from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
+
+log = logging.getLogger("cairn.server")
+
+
+class Node:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.router = Router(config)
+        self.started = time.monotonic()
+        self.slow_consumers = 0
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tasks: set[asyncio.Task] = set()
+        self.urls: list[str] = []
+
+    # -- the outbox pump -----------------------------------------------------------------
+
+    def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None:
+        out = Outbox()
+        try:
+            self.router.receive(session, msg, out, extra)
+        except Exception:
+            # A bug must cost one session, never the router.
+            log.exception("internal error handling %s from session %s", type(msg).__name__,
+                          session.id)
+            self.router.abort(session, "wamp.error.internal_error",
+                              "internal error in the router (see its log)", out)
+        self.flush(out)
+
+    def violation(self, session: Session, reason: str) -> None:
+        if session.closed:
+            return
+        out = Outbox()
+        self.router.abort(session, "wamp.error.protocol_violation", reason, out)
+        self.flush(out)
+
+    def lost(self, session: Session) -> None:
+        out = Outbox()
+        self.router.lost(session, out)
+        self.flush(out)
+
+    def flush(self, out: Outbox) -> None:
+        for session, msg in out.messages:
+            session.link.send(msg)
+        for session in out.closes:
+            session.link.close()
+        loop = asyncio.get_running_loop()
+        for delay, timer in out.timers:
+            loop.call_later(delay, self._fire, timer)
+        for task in out.tasks:
+            t = loop.create_task(self._run(task))
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+
+    def _fire(self, timer: Timer) -> None:
+        out = Outbox()
+        timer(out)
+        self.flush(out)
+
+    async def _run(self, task: Task) -> None:
+        out = Outbox()
+        try:
+            await task(out)
+        except Exception:
+            log.exception("internal error in a background task")
+        self.flush(out)
+
+    # -- HTTP routes on the main port ----------------------------------------------------
+
+    async def http(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return 405, "text/plain", b"method not allowed\n"
+        route = path.split("?")[0]
+        if route == "/ws":
+            return 426, "text/plain", b"this endpoint speaks WAMP over WebSocket\n"
+        if route == "/":
+            return 200, "text/plain; charset=utf-8", self._status_text().encode()
+        return 404, "text/plain", b"not found\n"
+
+    def _status_text(self) -> str:
+        realms = ", ".join(self.router.realms)
+        return (f"Cairn router\nrealms: {realms}\nsessions: {len(self.router.sessions)}\n"
+                f"uptime: {time.monotonic() - self.started:.0f} s\n"
+                f"WAMP endpoints: {' '.join(self.urls)}\n")
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        cfg = self.config.router
+        listen = cfg.listen
+        server = await loop.create_server(lambda: HttpFront(self._ws, self.http), listen.host,
+                                          listen.port)
+        self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
+        ws_url = f"ws://{listen.host}:{self.port}/ws"
+        self._ws = websocket_factory(self, ws_url)
+        self._servers.append(server)
+        self.urls.append(ws_url)
+        self.rawsocket_ports: list[int] = []
+        for endpoint in cfg.rawsocket:
+            rs = await self._listen_rawsocket(loop, endpoint)
+            self._servers.append(rs)
+            if endpoint.path:
+                self.urls.append(f"rawsocket+unix:{endpoint.path}")
+            else:
+                port = rs.sockets[0].getsockname()[1]
+                self.rawsocket_ports.append(port)
+                self.urls.append(f"rawsocket+tcp://{endpoint.host}:{port}")
+        log.info("listening: %s", "  ".join(self.urls))
+
+    async def _listen_rawsocket(self, loop: asyncio.AbstractEventLoop,
+                                endpoint: Endpoint) -> asyncio.AbstractServer:
+        factory = rawsocket_factory(self)
+        if endpoint.path:
+            path = Path(endpoint.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # a stale socket from an unclean stop
+            server = await loop.create_unix_server(factory, str(path))
+            os.chmod(path, 0o660)
+            return server
+        return await loop.create_server(factory, endpoint.host, endpoint.port)
+
+    async def stop(self) -> None:
+        out = Outbox()
+        self.router.shutdown(out)
+        self.flush(out)
+        for server in self._servers:
+            server.close()
+        await asyncio.sleep(0.2)  # let GOODBYEs reach the wire
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1)
+        for endpoint in self.config.router.rawsocket:
+            if endpoint.path:
+                with contextlib.suppress(OSError):
+                    Path(endpoint.path).unlink()
+
+
+async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
+    """Run the router until SIGTERM or SIGINT."""
+    node = Node(config)
+    await node.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready.set()
+    await stop.wait()
+    log.info("stopping: saying GOODBYE to %d sessions", len(node.router.sessions))
+    await node.stop()
+    log.info("stopped")

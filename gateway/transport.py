@@ -1,0 +1,293 @@
+"""Transports: they move bytes between sockets and the protocol core, nothing more.
+
+- WAMP over WebSocket (autobahn's asyncio WebSocket server) behind a small HTTP front that
+  also serves plain HTTP routes (the dashboard, later /metrics) on the same port;
+- WAMP over RawSocket (autobahn's asyncio RawSocket server) on TCP and Unix sockets.
+
+Both decode frames into autobahn messages here, so a malformed frame, an unknown message
+type or an oversized message aborts that one session with ``wamp.error.protocol_violation``
+and a reason, as WAMP asks, instead of just dropping the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from autobahn.asyncio.rawsocket import WampRawSocketServerFactory, WampRawSocketServerProtocol
+from autobahn.asyncio.websocket import WampWebSocketServerFactory, WampWebSocketServerProtocol
+from autobahn.wamp import message as m
+from autobahn.wamp.exception import ProtocolError
+from autobahn.wamp.serializer import CBORSerializer, JsonSerializer, MsgPackSerializer
+
+from gateway.core import Session
+
+if TYPE_CHECKING:
+    from gateway.server import Node
+
+log = logging.getLogger("cairn.transport")
+
+# Options autobahn's parser drops but WAMP clients still send (autobahn-js, wampy).
+_PASS_THROUGH_OPTIONS = {m.Publish: ("disclose_me",), m.Call: ("disclose_me",)}
+
+
+def serializers() -> list[Any]:
+    return [JsonSerializer(), MsgPackSerializer(), CBORSerializer()]
+
+
+def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, Any]]]:
+    """Parse one transport frame into WAMP messages, each with the options autobahn's parser
+    drops (``disclose_me``), raising ProtocolError with a reason."""
+    try:
+        raw_messages = serializer._serializer.unserialize(payload)
+    except Exception as e:
+        raise ProtocolError(f"cannot decode {serializer.SERIALIZER_ID}: {e}") from e
+    messages = []
+    for raw in raw_messages:
+        if not isinstance(raw, list) or not raw:
+            raise ProtocolError(f"a WAMP message must be a non-empty array, got {raw!r:.60}")
+        kind = raw[0]
+        cls = serializer.MESSAGE_TYPE_MAP.get(kind) if isinstance(kind, int) else None
+        if cls is None:
+            raise ProtocolError(f"unknown WAMP message type {kind!r:.20}")
+        try:
+            msg = cls.parse(raw)
+        except ProtocolError:
+            raise
+        except Exception as e:  # autobahn's parsers assume well-formed input in places
+            raise ProtocolError(f"malformed {cls.__name__.upper()}: {e}") from e
+        extra = {}
+        for name in _PASS_THROUGH_OPTIONS.get(cls, ()):
+            value = _options(cls, raw).get(name)
+            if value is not None and not isinstance(value, bool):
+                raise ProtocolError(f"option {name!r} in {cls.__name__.upper()} must be a bool")
+            if value:
+                extra[name] = value
+        messages.append((msg, extra))
+    return messages
+
+
+def _options(cls: type, raw: list[Any]) -> dict[str, Any]:
+    # PUBLISH and CALL are [TYPE, Request|id, Options|dict, ...]
+    return raw[2] if len(raw) > 2 and isinstance(raw[2], dict) else {}
+
+
+class Connection:
+    """One transport's link to the core; autobahn calls it as the 'session' of the transport."""
+
+    def __init__(self, node: Node, kind: str) -> None:
+        self.node = node
+        self.kind = kind
+        self.transport: Any = None  # the autobahn protocol instance
+        self.session = Session(link=self)
+        self._open = False
+
+    # autobahn's ITransportHandler
+    def onOpen(self, transport: Any) -> None:
+        self.transport = transport
+        self._open = True
+        details = transport.transport_details
+        self.session.transport = {
+            "type": self.kind,
+            "peer": details.peer if details else None,
+            "serializer": transport._serializer.SERIALIZER_ID,
+        }
+
+    def onClose(self, was_clean: bool) -> None:
+        self._open = False
+        self.node.lost(self.session)
+
+    def onMessage(self, msg: m.Message) -> None:  # not used: our protocols call receive()
+        self.node.receive(self.session, msg)
+
+    # called by our protocol subclasses
+    def receive(self, payload: bytes) -> None:
+        if not self._open:
+            return
+        try:
+            messages = decode(self.transport._serializer, payload)
+        except ProtocolError as e:
+            self.violation(str(e))
+            return
+        for msg, extra in messages:
+            self.node.receive(self.session, msg, extra)
+
+    def violation(self, reason: str) -> None:
+        self.node.violation(self.session, reason)
+
+    def send(self, msg: m.Message) -> None:
+        if not self._open:
+            return
+        proto = self.transport
+        buffered = proto.transport.get_write_buffer_size() if proto.transport else 0
+        if buffered > self.node.config.router.send_buffer_limit:
+            log.warning("session %s: disconnecting slow consumer (%d bytes unsent, limit %d)",
+                        self.session.id, buffered, self.node.config.router.send_buffer_limit)
+            self.node.slow_consumers += 1
+            self.abort()
+            return
+        try:
+            payload, is_binary = proto._serializer.serialize(msg)
+        except Exception as e:
+            log.error("session %s: cannot serialize %s: %s", self.session.id,
+                      type(msg).__name__, e)
+            return
+        proto.send_payload(payload, is_binary)
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self.transport.close_transport()
+
+    def abort(self) -> None:
+        self._open = False
+        if self.transport.transport is not None:
+            self.transport.transport.abort()
+        self.node.lost(self.session)
+
+
+class WebSocketProtocol(WampWebSocketServerProtocol):
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self._session.receive(payload)
+
+    def send_payload(self, payload: bytes, is_binary: bool) -> None:
+        self.sendMessage(payload, is_binary)
+
+    def close_transport(self) -> None:
+        self.sendClose(1000)
+
+    def _max_message_size_exceeded(self, msg_size: int, max_msg_size: int, reason: str) -> None:
+        if self._session is not None:
+            self._session.violation(
+                f"message of {msg_size} bytes exceeds the maximum of {max_msg_size} bytes")
+        else:
+            super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
+
+
+class RawSocketProtocol(WampRawSocketServerProtocol):
+    def stringReceived(self, payload: bytes) -> None:
+        limit = self.factory.max_message_size
+        if len(payload) > limit:
+            self._session.violation(
+                f"message of {len(payload)} bytes exceeds the maximum of {limit} bytes")
+            return
+        self._session.receive(payload)
+
+    def protocol_error(self, msg: str) -> None:
+        session = getattr(self, "_session", None)
+        if session is not None:
+            session.violation(f"RawSocket: {msg}")
+        elif self.transport is not None:
+            log.warning("RawSocket handshake from %s failed: %s", self.peer, msg)
+            self.transport.close()
+
+    def send_payload(self, payload: bytes, is_binary: bool) -> None:
+        self.sendString(payload)
+
+    def close_transport(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+def websocket_factory(node: Node, url: str) -> WampWebSocketServerFactory:
+    factory = WampWebSocketServerFactory(lambda: Connection(node, "websocket"), url=url,
+                                         serializers=serializers())
+    factory.protocol = WebSocketProtocol
+    limit = node.config.router.max_message_size
+    factory.setProtocolOptions(maxMessagePayloadSize=limit, maxFramePayloadSize=limit,
+                               autoPingInterval=30, autoPingTimeout=20)
+    return factory
+
+
+def rawsocket_factory(node: Node) -> WampRawSocketServerFactory:
+    factory = WampRawSocketServerFactory(lambda: Connection(node, "rawsocket"),
+                                         serializers=serializers())
+    factory.protocol = RawSocketProtocol
+    limit = node.config.router.max_message_size
+    factory.max_message_size = limit
+    factory.setProtocolOptions(maxMessagePayloadSize=min(max(limit, 512), 2**24))
+    return factory
+
+
+# -- the HTTP front on the main port -------------------------------------------------------
+
+HttpHandler = Callable[[str, str, dict[str, str]], Awaitable[tuple[int, str, bytes]]]
+_MAX_HEAD = 16 * 1024
+
+
+class HttpFront(asyncio.Protocol):
+    """Reads one HTTP request head; hands WebSocket upgrades on /ws to autobahn, and answers
+    everything else through ``handler(method, path, headers) -> (status, content_type, body)``."""
+
+    def __init__(self, ws_factory: WampWebSocketServerFactory, handler: HttpHandler) -> None:
+        self.ws_factory = ws_factory
+        self.handler = handler
+        self.buffer = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buffer) > _MAX_HEAD:
+                self._reply(431, "text/plain", b"request header too large\n")
+            return
+        try:
+            method, path, headers = _parse_head(self.buffer[:end].decode("latin-1"))
+        except ValueError as e:
+            self._reply(400, "text/plain", f"bad request: {e}\n".encode())
+            return
+        self.transport.pause_reading()
+        if path.split("?")[0] == "/ws" and headers.get("upgrade", "").lower() == "websocket":
+            ws = self.ws_factory()
+            ws.connection_made(self.transport)
+            self.transport.set_protocol(ws)
+            self.transport.resume_reading()
+            ws.data_received(self.buffer)
+            return
+        asyncio.ensure_future(self._serve(method, path, headers))
+
+    async def _serve(self, method: str, path: str, headers: dict[str, str]) -> None:
+        try:
+            status, content_type, body = await self.handler(method, path, headers)
+        except Exception:
+            log.exception("HTTP %s %s failed", method, path)
+            status, content_type, body = 500, "text/plain", b"internal error\n"
+        self._reply(status, content_type, body, head_only=method == "HEAD")
+
+    def _reply(self, status: int, content_type: str, body: bytes, head_only: bool = False) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        reason = _REASONS.get(status, "")
+        head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\nCache-Control: no-cache\r\n"
+                f"Connection: close\r\n\r\n")
+        self.transport.write(head.encode("latin-1") + (b"" if head_only else body))
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            426: "Upgrade Required", 431: "Request Header Fields Too Large",
+            500: "Internal Server Error"}
+
+
+def _parse_head(head: str) -> tuple[str, str, dict[str, str]]:
+    lines = head.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise ValueError("malformed request line")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"malformed header line {line[:40]!r}")
+        headers[name.strip().lower()] = value.strip()
+    return parts[0], parts[1], headers

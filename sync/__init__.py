@@ -1,0 +1,1 @@
+"""Edge uploader of history batches and the central Spark jobs."""

@@ -1,0 +1,94 @@
+"""Fixtures: a real router on real sockets (ephemeral ports, a Unix socket in tmp_path)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway import config as cfg
+from gateway.server import Node
+from tests.wamp_client import Client, connect
+
+TEST_CONFIG = """
+[router]
+listen = "127.0.0.1:0"
+rawsocket = ["127.0.0.1:0", "unix:{unix_path}"]
+data_dir = "{data_dir}"
+max_message_size = 65536
+send_buffer_limit = 1048576
+
+[[realms]]
+name = "realm1"
+anonymous_role = "anonymous"
+
+  [[realms.roles]]
+  name = "anonymous"
+  permissions = [
+    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
+  ]
+
+[[realms]]
+name = "realm2"
+anonymous_role = "anonymous"
+
+  [[realms.roles]]
+  name = "anonymous"
+  permissions = [
+    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
+  ]
+"""
+
+
+@dataclass
+class RunningRouter:
+    node: Node
+    unix_path: str
+
+    @property
+    def port(self) -> int:
+        return self.node.port
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @property
+    def rawsocket_port(self) -> int:
+        return self.node.rawsocket_ports[0]
+
+
+async def start_router(toml_text: str, source: str = "test.toml") -> Node:
+    import tomllib
+
+    node = Node(cfg.parse(tomllib.loads(toml_text), source))
+    await node.start()
+    return node
+
+
+@pytest.fixture
+async def router(tmp_path: Path):
+    text = TEST_CONFIG.format(unix_path=tmp_path / "wamp.sock", data_dir=tmp_path / "data")
+    node = await start_router(text)
+    yield RunningRouter(node, str(tmp_path / "wamp.sock"))
+    await node.stop()
+
+
+@pytest.fixture
+async def client(router):
+    """A factory of joined autobahn sessions; every one is closed at teardown."""
+    opened: list[Client] = []
+
+    async def make(transport: str = "websocket", serializer: str = "json", **kwargs) -> Client:
+        session = await connect(router, transport, serializer, **kwargs)
+        opened.append(session)
+        return session
+
+    yield make
+    for session in opened:
+        with contextlib.suppress(Exception):
+            if session.is_attached():
+                await asyncio.wait_for(session.leave(), 2)
