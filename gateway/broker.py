@@ -1,13 +1,18 @@
 """The broker: what happens on SUBSCRIBE, UNSUBSCRIBE and PUBLISH.
 
-PUBLISH: authorize -> pick the matching subscriptions -> filter receivers by the
-publication's black/white lists -> EVENT to each receiver -> PUBLISHED if asked.
+PUBLISH: authorize -> assign seq and store (history rule or ``retain``) -> pick the matching
+subscriptions -> filter receivers by the publication's black/white lists -> EVENT to each
+receiver -> PUBLISHED if asked (after the store has committed it, when it was stored).
 One EVENT object is built per subscription and shared by its subscribers, so autobahn
 serializes it once per serializer however many subscribers there are.
+
+SUBSCRIBE with ``get_retained``: SUBSCRIBED, then the retained events, all in the same
+outbox, so no live event can come between them.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -16,6 +21,7 @@ from autobahn.wamp import message as m
 
 from gateway.core import Outbox, Session, WampError, global_id
 from gateway.patterns import PatternMap
+from gateway.store import StorageError, StoredPublication
 
 if TYPE_CHECKING:
     from gateway.router import Realm
@@ -32,6 +38,7 @@ class Subscription:
     match: str
     created: str = field(default_factory=utc_now)
     subscribers: dict[Session, None] = field(default_factory=dict)  # an ordered set
+    history: bool = False  # has event history: kept (and its id stable) with no subscribers
 
     def details(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "uri": self.uri, "match": self.match}
@@ -39,12 +46,13 @@ class Subscription:
 
 _LIST_OPTIONS = ("exclude", "eligible", "exclude_authid", "eligible_authid",
                  "exclude_authrole", "eligible_authrole")
+_AUDIENCE_OPTIONS = _LIST_OPTIONS[2:]  # the lists that survive a restart (authid/authrole)
 
 
 def _audience_filter(publish: m.Publish):
     """A predicate for sessions eligible under the publication's black/white lists, or None
-    when the publication has no lists (the fast path)."""
-    if not any(getattr(publish, name) for name in _LIST_OPTIONS):
+    when the publication has no lists (the fast path). An empty eligible list admits nobody."""
+    if all(getattr(publish, name) is None for name in _LIST_OPTIONS):
         return None
     exclude = set(publish.exclude or ())
     eligible = set(publish.eligible) if publish.eligible is not None else None
@@ -73,6 +81,7 @@ class Broker:
         self.realm = realm
         self.subscriptions = PatternMap[Subscription]()
         self.by_id: dict[int, Subscription] = {}
+        self._memory_seq = itertools.count(1)  # receive order when running without a store
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
 
@@ -82,16 +91,44 @@ class Broker:
         sub = self.subscriptions.get(msg.topic, match)
         created = sub is None
         if sub is None:
-            sub = Subscription(global_id(), msg.topic, match)
-            self.subscriptions.add(msg.topic, match, sub)
-            self.by_id[sub.id] = sub
+            sub = self.create_subscription(msg.topic, match)
         already = session in sub.subscribers
         sub.subscribers[session] = None
         out.send(session, m.Subscribed(msg.request, sub.id))
+        if msg.get_retained:
+            self._send_retained(session, sub, out)
         if created:
             self.realm.meta_event("wamp.subscription.on_create", [session.id, sub.details()], out)
         if not already:
             self.realm.meta_event("wamp.subscription.on_subscribe", [session.id, sub.id], out)
+
+    def create_subscription(self, uri: str, match: str, sub_id: int | None = None,
+                            created: str | None = None) -> Subscription:
+        """A new subscription; one with history gets an id that is stable across restarts."""
+        realm = self.realm
+        history = realm.history.covers(uri, match)
+        if sub_id is None:
+            sub_id = global_id()
+            while sub_id in self.by_id:
+                sub_id = global_id()
+        sub = Subscription(sub_id, uri, match, history=history)
+        if created:
+            sub.created = created
+        elif history and realm.store is not None:
+            realm.store.add_subscription(sub.id, realm.name, uri, match, sub.created)
+        self.subscriptions.add(uri, match, sub)
+        self.by_id[sub.id] = sub
+        return sub
+
+    def _send_retained(self, session: Session, sub: Subscription, out: Outbox) -> None:
+        for pub in self.realm.retention.for_subscriber(sub.uri, sub.match, session):
+            out.send(session, m.Event(
+                sub.id, pub.publication, args=pub.args, kwargs=pub.kwargs,
+                topic=pub.topic if sub.match != "exact" else None, retained=True,
+                publisher=pub.details.get("publisher"),
+                publisher_authid=pub.details.get("publisher_authid"),
+                publisher_authrole=pub.details.get("publisher_authrole"),
+            ))
 
     def unsubscribe(self, session: Session, msg: m.Unsubscribe, out: Outbox) -> None:
         sub = self.by_id.get(msg.subscription)
@@ -104,7 +141,7 @@ class Broker:
     def _remove_subscriber(self, session: Session, sub: Subscription, out: Outbox) -> None:
         del sub.subscribers[session]
         self.realm.meta_event("wamp.subscription.on_unsubscribe", [session.id, sub.id], out)
-        if not sub.subscribers:
+        if not sub.subscribers and not sub.history:
             self.subscriptions.remove(sub.uri, sub.match)
             del self.by_id[sub.id]
             self.realm.meta_event("wamp.subscription.on_delete", [session.id, sub.id], out)
@@ -117,15 +154,70 @@ class Broker:
 
     def publish(self, session: Session, msg: m.Publish, out: Outbox,
                 disclose_me: bool = False) -> None:
-        if msg.topic.startswith("wamp."):
-            raise WampError("wamp.error.not_authorized",
-                            f"topics under 'wamp.' are reserved for the router: {msg.topic!r}")
-        rule = self.realm.authorizer.require(session, msg.topic, "publish")
+        try:
+            if msg.topic.startswith("wamp."):
+                raise WampError("wamp.error.not_authorized",
+                                f"topics under 'wamp.' are reserved for the router: {msg.topic!r}")
+            rule = self.realm.authorizer.require(session, msg.topic, "publish")
+        except WampError:
+            if msg.acknowledge:
+                raise
+            return  # WAMP answers a refused PUBLISH with ERROR only when acknowledge is set
         disclose = rule.disclose or disclose_me
         publication = global_id()
+        durable = self._store(session, msg, publication, disclose)
         self.dispatch(msg, publication, out, publisher=session, disclose=disclose)
-        if msg.acknowledge:
+        if not msg.acknowledge:
+            return
+        if durable is None:
             out.send(session, m.Published(msg.request, publication))
+            return
+
+        async def acknowledge_when_durable(o: Outbox) -> None:
+            try:
+                await durable
+            except StorageError as e:
+                o.send(session, m.Error(m.Publish.MESSAGE_TYPE, msg.request,
+                                        "cairn.error.storage_failed",
+                                        args=[f"publication {publication} was delivered live "
+                                              f"but could not be stored: {e}"]))
+            else:
+                o.send(session, m.Published(msg.request, publication))
+
+        self.realm.store.request_flush()
+        out.spawn(acknowledge_when_durable)
+
+    def _store(self, session: Session, msg: m.Publish, publication: int,
+               disclose: bool) -> Any:
+        """Record the publication for history and/or retention; returns the awaitable of its
+        durability, or None when it is not stored. Publications addressed by session ids are
+        never stored: session ids do not survive a restart."""
+        realm = self.realm
+        if msg.exclude or msg.eligible is not None:
+            return None
+        rule = realm.history.rule_for(msg.topic)
+        if rule is None and not msg.retain:
+            return None
+        reading, anchor = realm.clock.read()
+        if anchor is not None and realm.store is not None:
+            realm.store.add_anchor(anchor)
+        audience = {name: list(getattr(msg, name)) for name in _AUDIENCE_OPTIONS
+                    if getattr(msg, name) is not None} or None
+        details: dict[str, Any] = {"topic": msg.topic}
+        if disclose:
+            details.update(publisher=session.id, publisher_authid=session.authid,
+                           publisher_authrole=session.authrole)
+        pub = StoredPublication(
+            seq=0, publication=publication, realm=realm.name, topic=msg.topic,
+            args=msg.args, kwargs=msg.kwargs, wall_ms=reading.wall_ms,
+            boot_id=realm.clock.boot_id, boottime_ns=reading.boottime_ns,
+            clock_synced=reading.synced, authid=session.authid, authrole=session.authrole,
+            audience=audience, details=details, history_rule=rule, retain=bool(msg.retain))
+        store = realm.store
+        pub.seq = store.assign_seq() if store is not None else next(self._memory_seq)
+        if msg.retain:
+            realm.retention.put(pub)
+        return store.append(pub) if store is not None else None
 
     def dispatch(self, msg: m.Publish, publication: int, out: Outbox,
                  publisher: Session | None = None, disclose: bool = False) -> None:

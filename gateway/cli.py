@@ -69,12 +69,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_router(config: cfg.Config, log_level: str | None) -> int:
+    import sqlite3
+
     from gateway.server import serve
+    from gateway.store import SchemaTooNew
 
     setup_logging(log_level or config.router.log_level)
     try:
         asyncio.run(serve(config))
-    except OSError as e:
+    except (OSError, SchemaTooNew, sqlite3.DatabaseError) as e:
         logging.getLogger("cairn").error("cannot start: %s", e)
         return EXIT_FAILURE
     return EXIT_OK

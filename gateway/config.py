@@ -94,6 +94,8 @@ class RouterConfig:
     data_dir: Path = Path("cairn-data")
     max_message_size: int = 1024 * 1024
     send_buffer_limit: int = 4 * 1024 * 1024
+    history_page_cap: int = 1000
+    max_store_bytes: int = 2 * 1024**3
     log_level: str = "info"
 
 
@@ -165,7 +167,7 @@ def parse(data: dict[str, Any], source: str) -> Config:
 
 def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
-                   "log_level"})
+                   "history_page_cap", "max_store_bytes", "log_level"})
     d = RouterConfig()
     listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
     rawsocket = tuple(
@@ -182,6 +184,8 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
         data_dir=Path(v.get(t, at, "data_dir", str, str(d.data_dir))),
         max_message_size=v.positive(t, at, "max_message_size", d.max_message_size),
         send_buffer_limit=v.positive(t, at, "send_buffer_limit", d.send_buffer_limit),
+        history_page_cap=v.positive(t, at, "history_page_cap", d.history_page_cap),
+        max_store_bytes=v.positive(t, at, "max_store_bytes", d.max_store_bytes),
         log_level=level,
     )
 

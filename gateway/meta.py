@@ -43,8 +43,9 @@ def session_procedures(realm: Realm) -> dict[str, MetaProcedure]:
     def roles_filter(args: list[Any]) -> set[str] | None:
         if not args or args[0] is None:
             return None
-        if not isinstance(args[0], list):
-            raise WampError("wamp.error.invalid_argument", "filter_authroles must be a list")
+        if not isinstance(args[0], list) or not all(isinstance(r, str) for r in args[0]):
+            raise WampError("wamp.error.invalid_argument",
+                            "filter_authroles must be a list of strings")
         return set(args[0])
 
     def count(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> int:

@@ -15,10 +15,14 @@ from autobahn.wamp import role
 
 from gateway.auth import Authenticator, Authorizer
 from gateway.broker import Broker
+from gateway.clock import StepDetector
 from gateway.config import Config, RealmConfig
 from gateway.core import Outbox, ProtocolViolation, Session, WampError, global_id
 from gateway.dealer import Dealer
+from gateway.history import DEFAULT_PAGE_CAP, HistoryRules, get_events_procedure
 from gateway.meta import meta_procedures
+from gateway.retention import Retention
+from gateway.store import Store, StoredPublication
 
 log = logging.getLogger("cairn.router")
 
@@ -30,6 +34,8 @@ BROKER_FEATURES = role.RoleBrokerFeatures(
     subscriber_blackwhite_listing=True,
     publisher_exclusion=True,
     payload_transparency=True,
+    event_retention=True,
+    event_history=True,
 )
 DEALER_FEATURES = role.RoleDealerFeatures(
     caller_identification=True,
@@ -45,15 +51,36 @@ DEALER_FEATURES = role.RoleDealerFeatures(
 
 
 class Realm:
-    def __init__(self, config: RealmConfig) -> None:
+    def __init__(self, config: RealmConfig, store: Store | None = None,
+                 clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP) -> None:
         self.config = config
         self.name = config.name
+        self.store = store
+        self.clock = clock or StepDetector()
         self.sessions: dict[int, Session] = {}
         self.authenticator = Authenticator(config)
         self.authorizer = Authorizer(config)
+        self.history = HistoryRules(config.history)
+        self.retention = Retention()
         self.broker = Broker(self)
         self.dealer = Dealer(self)
         self.dealer.meta_procedures.update(meta_procedures(self))
+        self.dealer.meta_procedures["wamp.subscription.get_events"] = \
+            get_events_procedure(self, page_cap)
+
+    def restore(self, subscriptions: list[tuple[int, str, str, str, str]],
+                retained: list[StoredPublication]) -> None:
+        """Bring back what the store kept: subscriptions with history (same ids as before the
+        restart) and retained events; then pre-create the subscriptions of history rules."""
+        for sub_id, realm, uri, match, created in subscriptions:
+            if realm == self.name and self.broker.subscriptions.get(uri, match) is None:
+                self.broker.create_subscription(uri, match, sub_id, created)
+        for pub in retained:
+            if pub.realm == self.name:
+                self.retention.put(pub)
+        for rule in self.config.history:
+            if self.broker.subscriptions.get(rule.uri, rule.match) is None:
+                self.broker.create_subscription(rule.uri, rule.match)
 
     def meta_event(self, topic: str, args: list[Any], out: Outbox) -> None:
         self.broker.publish_internal(topic, args, out)
@@ -72,9 +99,11 @@ class Realm:
 
 
 class Router:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, store: Store | None = None) -> None:
         self.config = config
-        self.realms = {rc.name: Realm(rc) for rc in config.realms}
+        self.clock = StepDetector()
+        self.realms = {rc.name: Realm(rc, store, self.clock, config.router.history_page_cap)
+                       for rc in config.realms}
         self.sessions: dict[int, Session] = {}
 
     # -- the entry points ----------------------------------------------------------------

@@ -19,6 +19,7 @@ from autobahn.wamp import message as m
 from gateway.config import Config, Endpoint
 from gateway.core import Outbox, Session, Task, Timer
 from gateway.router import Router
+from gateway.store import Store
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
 
 log = logging.getLogger("cairn.server")
@@ -33,6 +34,8 @@ class Node:
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.urls: list[str] = []
+        self.store: Store | None = None
+        self.rawsocket_ports: list[int] = []
 
     # -- the outbox pump -----------------------------------------------------------------
 
@@ -107,6 +110,25 @@ class Node:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self._open_store()
+        try:
+            await self._listen()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _open_store(self) -> None:
+        path = self.config.router.data_dir / "cairn.db"
+        self.store = await Store.open(path)
+        subscriptions = await self.store.load_subscriptions()
+        retained = await self.store.load_retained()
+        for realm in self.router.realms.values():
+            realm.store = self.store
+            realm.restore(subscriptions, retained)
+        log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
+                 path, len(retained), len(subscriptions), self.store.next_seq)
+
+    async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
         cfg = self.config.router
         listen = cfg.listen
@@ -117,7 +139,6 @@ class Node:
         self._ws = websocket_factory(self, ws_url)
         self._servers.append(server)
         self.urls.append(ws_url)
-        self.rawsocket_ports: list[int] = []
         for endpoint in cfg.rawsocket:
             rs = await self._listen_rawsocket(loop, endpoint)
             self._servers.append(rs)
@@ -156,6 +177,9 @@ class Node:
             if endpoint.path:
                 with contextlib.suppress(OSError):
                     Path(endpoint.path).unlink()
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
 
 
 async def serve(config: Config, ready: asyncio.Event | None = None) -> None:

@@ -20,6 +20,7 @@ from autobahn.asyncio.rawsocket import WampRawSocketServerFactory, WampRawSocket
 from autobahn.asyncio.websocket import WampWebSocketServerFactory, WampWebSocketServerProtocol
 from autobahn.wamp import message as m
 from autobahn.wamp.exception import ProtocolError
+from autobahn.wamp.message import check_or_raise_uri
 from autobahn.wamp.serializer import CBORSerializer, JsonSerializer, MsgPackSerializer
 
 from gateway.core import Session
@@ -54,6 +55,8 @@ def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, A
             raise ProtocolError(f"unknown WAMP message type {kind!r:.20}")
         try:
             msg = cls.parse(raw)
+            if cls is m.Subscribe:  # autobahn allows empty components whatever the policy
+                _check_pattern(msg.topic, msg.match, "'topic' in SUBSCRIBE")
         except ProtocolError:
             raise
         except Exception as e:  # autobahn's parsers assume well-formed input in places
@@ -67,6 +70,13 @@ def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, A
                 extra[name] = value
         messages.append((msg, extra))
     return messages
+
+
+def _check_pattern(uri: str, match: str | None, what: str) -> None:
+    # as autobahn checks REGISTER: empty components only in wildcard patterns, and an empty
+    # last component only in prefixes
+    check_or_raise_uri(uri, what, allow_empty_components=match == "wildcard",
+                       allow_last_empty=match == "prefix")
 
 
 def _options(cls: type, raw: list[Any]) -> dict[str, Any]:
@@ -148,6 +158,9 @@ class Connection:
         self.node.lost(self.session)
 
 
+_LINGER = 2.0  # seconds a closing RawSocket waits for its peer to close
+
+
 class WebSocketProtocol(WampWebSocketServerProtocol):
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         self._session.receive(payload)
@@ -167,6 +180,12 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
 
 
 class RawSocketProtocol(WampRawSocketServerProtocol):
+    _closing = False
+
+    def data_received(self, data: bytes) -> None:
+        if not self._closing:  # what a peer sends after our ABORT or GOODBYE is dropped
+            super().data_received(data)
+
     def stringReceived(self, payload: bytes) -> None:
         limit = self.factory.max_message_size
         if len(payload) > limit:
@@ -187,8 +206,17 @@ class RawSocketProtocol(WampRawSocketServerProtocol):
         self.sendString(payload)
 
     def close_transport(self) -> None:
-        if self.transport is not None:
+        # Half-close and keep reading until the peer closes too: closing a socket that has
+        # unread input (the rest of an oversized frame, pipelined messages) makes the kernel
+        # send RST and throw away the ABORT still queued for the peer.
+        if self.transport is None or self._closing:
+            return
+        self._closing = True
+        if not self.transport.can_write_eof():
             self.transport.close()
+            return
+        self.transport.write_eof()
+        asyncio.get_running_loop().call_later(_LINGER, self.transport.abort)
 
 
 def websocket_factory(node: Node, url: str) -> WampWebSocketServerFactory:

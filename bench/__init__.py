@@ -1,0 +1,1 @@
+"""Benchmarks for the Cairn router (not part of the installed package)."""

@@ -1,0 +1,739 @@
+"""Pub/sub benchmark for the Cairn router: throughput and publish->event latency.
+
+Run from the repository root::
+
+    .venv/bin/python -m bench.pubsub [--duration 5] [--profile]
+
+It starts ``cairn router`` as a subprocess on free 127.0.0.1 ports and drives it with real
+WAMP clients over real sockets (see :mod:`bench.wire`):
+
+- one publisher (in this process, blocking socket, pre-serialized PUBLISH frames, no
+  acknowledgement) and N subscribers spread over several processes;
+- throughput phase: the publisher sends in batches as fast as the router takes them for
+  ``--duration`` seconds, but never more than ``--window`` publications ahead of the slowest
+  subscriber (the subscribers publish their counts in shared memory), so nothing queues
+  without bound and the router never sees a slow consumer. Delivered events/s = events
+  received by all subscribers / (last delivery - first send);
+- latency phase: a paced run (``--lat-rate`` publications/s, capped at half the measured
+  capacity so queueing does not dominate) for ``--lat-duration`` seconds; every event
+  carries its send timestamp and subscribers record receive - send;
+- generator check: the same client code against a trivial fan-out server
+  (:class:`bench.wire.FakeBroker`) in its own process, showing the client side's ceiling.
+
+Every subscriber checks the sequence numbers of what it receives; a case is marked not ok
+when any subscriber missed, duplicated or reordered an event.
+
+The table goes to stdout, the details (with a machine description) to
+``bench/results/pubsub.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.wire import Publisher, SubscriberSession, serve_fake_broker
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+CTX = mp.get_context("fork")
+
+ROUTER_TOML = """\
+[router]
+listen = "127.0.0.1:{ws_port}"
+rawsocket = ["127.0.0.1:{rs_port}"]
+data_dir = "{data_dir}"
+log_level = "warning"
+
+[[realms]]
+name = "realm1"
+anonymous_role = "anonymous"
+
+  [[realms.roles]]
+  name = "anonymous"
+  permissions = [
+    {{ uri = "", match = "prefix", allow = ["publish", "subscribe"] }},
+  ]
+"""
+
+
+# -- processes under test ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def wait_for_ports(ports: list[int], alive: Any, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    for port in ports:
+        while True:
+            if not alive():
+                raise RuntimeError("the server process exited during startup")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nothing listening on 127.0.0.1:{port}") from None
+                time.sleep(0.05)
+
+
+class RouterProcess:
+    """``cairn router --config FILE`` on free loopback ports, stderr to a log file."""
+
+    name = "cairn"
+
+    def __init__(self, workdir: Path) -> None:
+        self.ws_port, self.rs_port = free_port(), free_port()
+        self.config = workdir / "bench.toml"
+        self.config.write_text(ROUTER_TOML.format(ws_port=self.ws_port, rs_port=self.rs_port,
+                                                  data_dir=workdir / "data"))
+        self.log_path = workdir / "router.log"
+        cairn = Path(sys.executable).parent / "cairn"
+        cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "gateway.cli"]
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen([*cmd, "router", "--config", str(self.config)],
+                                     stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+        try:
+            wait_for_ports([self.ws_port, self.rs_port], lambda: self.proc.poll() is None)
+        except Exception:
+            self.stop()
+            raise RuntimeError(f"router did not start:\n{self.log_tail()}") from None
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def log_lines(self) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
+
+
+def _fake_broker_main(ws_port: int, rs_port: int) -> None:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        await serve_fake_broker(ws_port, rs_port, stop)
+
+    asyncio.run(main())
+
+
+class FakeBrokerProcess:
+    """The generator check's trivial fan-out server, in its own process like the router."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.ws_port, self.rs_port = free_port(), free_port()
+        self.proc = CTX.Process(target=_fake_broker_main, args=(self.ws_port, self.rs_port),
+                                daemon=True)
+        self.proc.start()
+        self.pid = self.proc.pid
+        try:
+            wait_for_ports([self.ws_port, self.rs_port], self.proc.is_alive)
+        except Exception:
+            self.stop()
+            raise
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
+
+    def stop(self) -> int | None:
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(5)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(5)
+        return self.proc.exitcode
+
+
+# -- subscriber processes ------------------------------------------------------------------------
+
+
+def _subscriber_main(transport: str, serializer: str, port: int, first: int, n: int,
+                     counts: Any, lasts: Any, conn: Any) -> None:
+    try:
+        asyncio.run(_subscriber_async(transport, serializer, port, first, n, counts, lasts,
+                                      conn))
+    except Exception as e:
+        with contextlib.suppress(Exception):
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+        raise SystemExit(1) from None
+
+
+async def _subscriber_async(transport: str, serializer: str, port: int, first: int, n: int,
+                            counts: Any, lasts: Any, conn: Any) -> None:
+    loop = asyncio.get_running_loop()
+    sessions = [SubscriberSession(transport, serializer, port, first + i, counts, lasts)
+                for i in range(n)]
+    await asyncio.gather(*(loop.create_connection(lambda s=s: s, "127.0.0.1", port)
+                           for s in sessions))
+    await asyncio.wait_for(asyncio.gather(*(s.subscribed for s in sessions)), 20)
+    conn.send(("ready", n))
+    done = loop.create_future()
+    cpu0 = time.process_time()
+
+    def on_command() -> None:
+        nonlocal cpu0
+        command, arg = conn.recv()
+        latencies = array("q")
+        for s in sessions:
+            if s.latencies is not None:
+                latencies.extend(s.latencies)
+        stats = {"counts": [s.count for s in sessions], "gaps": [s.gaps for s in sessions],
+                 "cpu": time.process_time() - cpu0, "latencies": latencies.tobytes(),
+                 "lost": sum(s.closed.done() for s in sessions)}
+        if command == "phase":
+            for s in sessions:
+                s.reset(latency=arg == "latency")
+        cpu0 = time.process_time()
+        conn.send(("stats", stats))
+        if command == "stop":
+            loop.remove_reader(conn.fileno())
+            for s in sessions:
+                s.close()
+            done.set_result(None)
+
+    loop.add_reader(conn.fileno(), on_command)
+    await done
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(s.closed for s in sessions)), 2)
+
+
+@dataclass
+class PhaseStats:
+    counts: list[int] = field(default_factory=list)
+    gaps: list[int] = field(default_factory=list)
+    cpu: float = 0.0
+    latencies: array = field(default_factory=lambda: array("q"))
+    lost: int = 0
+
+
+class SubscriberGroup:
+    """``n`` subscriber sessions spread over ``procs`` processes."""
+
+    def __init__(self, transport: str, serializer: str, port: int, n: int, procs: int) -> None:
+        self.n = n
+        self.counts = CTX.RawArray("q", n)
+        self.lasts = CTX.RawArray("q", n)
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        procs = max(1, min(procs, n))
+        first = 0
+        for i in range(procs):
+            size = n // procs + (1 if i < n % procs else 0)
+            parent, child = CTX.Pipe()
+            p = CTX.Process(target=_subscriber_main, daemon=True,
+                            args=(transport, serializer, port, first, size, self.counts,
+                                  self.lasts, child))
+            p.start()
+            child.close()
+            self.procs.append(p)
+            self.conns.append(parent)
+            first += size
+
+    def _recv(self, conn: Any, timeout: float) -> Any:
+        if not conn.poll(timeout):
+            raise RuntimeError("a subscriber process did not answer")
+        kind, value = conn.recv()
+        if kind == "error":
+            raise RuntimeError(f"subscriber process failed: {value}")
+        return value
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        for conn in self.conns:
+            self._recv(conn, timeout)
+
+    def command(self, command: str, arg: str | None = None) -> PhaseStats:
+        """Ends the current phase (and starts ``arg`` for "phase"); returns its stats."""
+        for conn in self.conns:
+            conn.send((command, arg))
+        merged = PhaseStats()
+        for conn in self.conns:
+            stats = self._recv(conn, 30)
+            merged.counts += stats["counts"]
+            merged.gaps += stats["gaps"]
+            merged.cpu += stats["cpu"]
+            merged.latencies.frombytes(stats["latencies"])
+            merged.lost += stats["lost"]
+        return merged
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.join(3)
+            if p.is_alive():
+                p.terminate()
+                p.join(3)
+        for conn in self.conns:
+            conn.close()
+
+
+# -- driving a case ------------------------------------------------------------------------------
+
+
+def wait_delivered(counts: Any, target: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while min(counts) < target:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def drive_throughput(pub: Publisher, group: SubscriberGroup, duration: float, window: int,
+                     batch: int) -> dict[str, Any]:
+    counts, frame = group.counts, pub.frame
+    seq = stalls = 0
+    cpu0 = time.process_time()
+    t0 = time.perf_counter_ns()
+    deadline = t0 + int(duration * 1e9)
+    while True:
+        now = time.perf_counter_ns()
+        if now >= deadline:
+            break
+        if seq + batch - min(counts) > window:
+            stalls += 1
+            time.sleep(0.0002)
+            continue
+        pub.send(b"".join([frame(s, now) for s in range(seq, seq + batch)]))
+        seq += batch
+    send_end = time.perf_counter_ns()
+    publisher_cpu = time.process_time() - cpu0
+    delivered = wait_delivered(counts, seq, timeout=max(10.0, duration * 2))
+    return {"sent": seq, "t0": t0, "send_end": send_end, "end": max(group.lasts),
+            "all_delivered": delivered, "stalls": stalls, "publisher_cpu": publisher_cpu}
+
+
+def drive_paced(pub: Publisher, group: SubscriberGroup, rate: float, duration: float,
+                window: int) -> dict[str, Any]:
+    counts = group.counts
+    n = max(1, int(rate * duration))
+    interval = 1e9 / rate
+    cpu0 = time.process_time()
+    start = time.perf_counter_ns() + 1_000_000
+    for i in range(n):
+        if i % 16 == 0 and i - min(counts) > window:
+            wait_delivered(counts, i - window, timeout=10)
+        delay = start + int(i * interval) - time.perf_counter_ns()
+        if delay > 0:
+            time.sleep(delay / 1e9)
+        pub.send(pub.frame(i, time.perf_counter_ns()))
+    end = time.perf_counter_ns()
+    publisher_cpu = time.process_time() - cpu0
+    delivered = wait_delivered(counts, n, timeout=10)
+    return {"sent": n, "rate": n / ((end - start) / 1e9), "all_delivered": delivered,
+            "publisher_cpu": publisher_cpu}
+
+
+def percentile(sorted_values: list[int], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def check(stats: PhaseStats, sent: int, nsubs: int) -> list[str]:
+    problems = []
+    short = [c for c in stats.counts if c != sent]
+    if short:
+        problems.append(f"{len(short)}/{nsubs} subscribers received a count != {sent} "
+                        f"(e.g. {short[:3]})")
+    if sum(stats.gaps):
+        problems.append(f"{sum(stats.gaps)} sequence gaps/reorders")
+    if stats.lost:
+        problems.append(f"{stats.lost} subscriber connections closed by the server")
+    return problems
+
+
+class Profiler:
+    """``py-spy record`` of the server process while a throughput phase runs (optional)."""
+
+    def __init__(self, pid: int, duration: float, out: Path) -> None:
+        exe = Path(sys.executable).parent / "py-spy"
+        self.out = out
+        self.proc = subprocess.Popen(
+            [str(exe), "record", "--pid", str(pid), "--duration", str(max(1, int(duration))),
+             "--rate", "250", "--nonblocking", "--format", "raw", "--output", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.3)  # let it attach
+
+    def finish(self) -> dict[str, Any]:
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(5)
+        return summarize_profile(self.out)
+
+
+def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
+    """Self and inclusive sample counts per function from py-spy's raw (folded) output."""
+    self_counts: Counter[str] = Counter()
+    incl_counts: Counter[str] = Counter()
+    total = 0
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {"error": f"no profile written to {path}"}
+    for line in lines:
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        total += count
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].rsplit("/", 1)[-1]
+                  + ")" if " (" in f else f for f in stack.split(";")]
+        self_counts[frames[-1]] += count
+        for f in set(frames):
+            incl_counts[f] += count
+    pct = (lambda c: round(100 * c / total, 1)) if total else (lambda c: 0)
+    return {
+        "samples": total,
+        "file": str(path),
+        "self_top": [(f, pct(c)) for f, c in self_counts.most_common(top)],
+        "inclusive_top": [(f, pct(c)) for f, c in incl_counts.most_common(top + 10)],
+    }
+
+
+@dataclass
+class Case:
+    label: str
+    transport: str
+    serializer: str
+    subscribers: int
+
+
+def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
+             lat_duration: float, lat_rate: float | None = None,
+             profile: bool = False) -> dict[str, Any]:
+    port = server.ws_port if case.transport == "websocket" else server.rs_port
+    result: dict[str, Any] = {
+        "server": server.name, "case": case.label, "transport": case.transport,
+        "serializer": case.serializer, "subscribers": case.subscribers, "problems": [],
+    }
+    group = SubscriberGroup(case.transport, case.serializer, port, case.subscribers,
+                            opts.sub_procs)
+    pub = None
+    try:
+        group.wait_ready()
+        pub = Publisher(case.transport, case.serializer, port)
+        # warm-up: a short throughput burst, then check it arrived
+        group.command("phase", "warmup")
+        warm = drive_throughput(pub, group, 0.3, opts.window, opts.batch)
+        stats = group.command("phase", "throughput")
+        result["problems"] += [f"warm-up: {p}" for p in check(stats, warm["sent"],
+                                                               case.subscribers)]
+        # throughput
+        profiler = None
+        if profile:
+            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+            out = RESULTS_DIR / f"profile-{server.name}-{case.transport}-{case.subscribers}.txt"
+            profiler = Profiler(server.pid, duration, out)
+        server_cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
+        tp = drive_throughput(pub, group, duration, opts.window, opts.batch)
+        server_cpu = server.cpu_seconds() - server_cpu0
+        cpu_wall = time.perf_counter() - wall0
+        stats = group.command("phase", "latency")
+        if profiler is not None:
+            result["profile"] = profiler.finish()
+        elapsed = (tp["end"] - tp["t0"]) / 1e9
+        delivered = sum(stats.counts)
+        result["problems"] += check(stats, tp["sent"], case.subscribers)
+        result.update({
+            "duration_s": round(elapsed, 3),
+            "published": tp["sent"],
+            "delivered": delivered,
+            "expected": tp["sent"] * case.subscribers,
+            "events_per_s": round(delivered / elapsed),
+            "publishes_per_s": round(tp["sent"] / elapsed),
+            "drain_ms": round((tp["end"] - tp["send_end"]) / 1e6, 1),
+            "window_stalls": tp["stalls"],
+            "server_cpu_pct": round(100 * server_cpu / cpu_wall),
+            "client_cpu_pct": round(100 * (stats.cpu + tp["publisher_cpu"]) / cpu_wall),
+            "subscriber_cpu_s": round(stats.cpu, 2),
+            "publisher_cpu_s": round(tp["publisher_cpu"], 2),
+            "profiled": profile,
+        })
+        # latency at a pace well under capacity
+        capacity = tp["sent"] / elapsed
+        rate = lat_rate or min(opts.lat_rate, max(10.0, 0.5 * capacity))
+        lat = drive_paced(pub, group, rate, lat_duration, opts.window)
+        stats = group.command("stop")
+        result["problems"] += [f"latency phase: {p}" for p in check(stats, lat["sent"],
+                                                                     case.subscribers)]
+        values = sorted(stats.latencies)
+        result.update({
+            "lat_rate_target": round(rate),
+            "lat_rate": round(lat["rate"]),
+            "lat_samples": len(values),
+            "p50_ms": round(percentile(values, 0.50) / 1e6, 3),
+            "p99_ms": round(percentile(values, 0.99) / 1e6, 3),
+            "p999_ms": round(percentile(values, 0.999) / 1e6, 3),
+            "max_ms": round(values[-1] / 1e6, 3) if values else None,
+        })
+    except Exception as e:
+        result["problems"].append(f"failed: {type(e).__name__}: {e}")
+    finally:
+        if pub is not None:
+            pub.close()
+        group.close()
+    result["ok"] = not result["problems"]
+    return result
+
+
+# -- reporting ----------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = None
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        mem = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
+    import autobahn
+
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "cpu_model": model,
+        "mem_gib": mem,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "autobahn": autobahn.__version__,
+        "loadavg_before": os.getloadavg(),
+    }
+
+
+def fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ("server", "case", "transport/serializer", "subs", "events/s", "pub/s", "p50 ms",
+            "p99 ms", "lat @/s", "srv cpu", "cli cpu", "ok")
+    rows = [head]
+    for r in results:
+        rows.append((
+            r["server"], r["case"], f"{r['transport']}/{r['serializer']}",
+            str(r["subscribers"]), fmt(r.get("events_per_s"), ","),
+            fmt(r.get("publishes_per_s"), ","), fmt(r.get("p50_ms"), ".2f"),
+            fmt(r.get("p99_ms"), ".2f"), fmt(r.get("lat_rate"), ","),
+            fmt(r.get("server_cpu_pct"), "d") + "%", fmt(r.get("client_cpu_pct"), "d") + "%",
+            "yes" if r["ok"] else "NO",
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if j < 3 else c.rjust(w)
+                               for j, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def generator_verdict(router: list[dict[str, Any]], fake: list[dict[str, Any]]) -> list[str]:
+    notes = []
+    for f in fake:
+        r = next((r for r in router if (r["transport"], r["serializer"], r["subscribers"])
+                  == (f["transport"], f["serializer"], f["subscribers"])), None)
+        if r is None or not r.get("events_per_s") or not f.get("events_per_s"):
+            continue
+        ratio = f["events_per_s"] / r["events_per_s"]
+        notes.append(
+            f"{f['case']} {f['transport']}/{f['serializer']}: clients moved "
+            f"{f['events_per_s']:,} events/s through the fake server vs {r['events_per_s']:,} "
+            f"through cairn ({ratio:.1f}x); cairn used {r['server_cpu_pct']}% of a CPU, the "
+            f"clients {r['client_cpu_pct']}%")
+    return notes
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+ROUTER_CASES = [
+    Case("1->1", "websocket", "json", 1),
+    Case("1->1", "rawsocket", "msgpack", 1),
+    Case("1->10", "websocket", "json", 10),
+    Case("1->100", "websocket", "json", 100),
+]
+CHECK_CASES = [
+    Case("1->1", "websocket", "json", 1),
+    Case("1->1", "rawsocket", "msgpack", 1),
+    Case("1->100", "websocket", "json", 100),
+]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    cpus = len(os.sched_getaffinity(0))
+    p = argparse.ArgumentParser(prog="python -m bench.pubsub", description=__doc__.split("\n")[0])
+    p.add_argument("--duration", type=float, default=5.0,
+                   help="seconds of the throughput phase per router case (default 5)")
+    p.add_argument("--lat-duration", type=float, default=3.0,
+                   help="seconds of the paced latency phase per case (default 3)")
+    p.add_argument("--lat-rate", type=float, default=1000.0,
+                   help="publications/s in the latency phase, capped at half the measured "
+                        "capacity (default 1000)")
+    p.add_argument("--check-duration", type=float, default=3.0,
+                   help="seconds of each generator-check phase (default 3)")
+    p.add_argument("--window", type=int, default=1000,
+                   help="max publications ahead of the slowest subscriber (default 1000)")
+    p.add_argument("--batch", type=int, default=50,
+                   help="PUBLISH frames per socket write in the throughput phase (default 50)")
+    p.add_argument("--sub-procs", type=int, default=max(2, cpus // 2),
+                   help="subscriber processes per case (default max(2, cpus/2))")
+    p.add_argument("--no-check", action="store_true", help="skip the generator check")
+    p.add_argument("--profile", action="store_true",
+                   help="py-spy the router during each throughput phase "
+                        "(pip install py-spy; slows the router a little)")
+    p.add_argument("--output", type=Path, default=RESULTS_DIR / "pubsub.json")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    info = machine()
+    print(f"machine: {info['nproc']} CPUs ({info['usable_cpus']} usable), {info['cpu_model']}, "
+          f"Python {info['python']}, autobahn {info['autobahn']}", flush=True)
+    started = time.monotonic()
+    router_results: list[dict[str, Any]] = []
+    check_results: list[dict[str, Any]] = []
+    router_problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
+        router = RouterProcess(Path(tmp))
+        try:
+            for case in ROUTER_CASES:
+                print(f"  cairn {case.label} {case.transport}/{case.serializer} ...",
+                      end=" ", flush=True)
+                r = run_case(router, case, opts, opts.duration, opts.lat_duration,
+                             profile=opts.profile)
+                router_results.append(r)
+                print(f"{fmt(r.get('events_per_s'), ',')} events/s"
+                      + ("" if r["ok"] else f"  PROBLEMS: {r['problems']}"), flush=True)
+                if router.proc.poll() is not None:
+                    router_problems.append(f"router exited with {router.proc.returncode}")
+                    break
+            router_problems += [line for line in router.log_lines()
+                                if "slow consumer" in line or "aborted" in line
+                                or "Traceback" in line or "ERROR" in line][:20]
+        finally:
+            code = router.stop()
+            print(f"  router stopped (exit code {code})", flush=True)
+    if not opts.no_check:
+        fake = FakeBrokerProcess()
+        try:
+            for case in CHECK_CASES:
+                same = next((r for r in router_results
+                             if (r["transport"], r["serializer"], r["subscribers"])
+                             == (case.transport, case.serializer, case.subscribers)), {})
+                print(f"  fake  {case.label} {case.transport}/{case.serializer} ...",
+                      end=" ", flush=True)
+                r = run_case(fake, case, opts, opts.check_duration,
+                             min(opts.lat_duration, opts.check_duration),
+                             lat_rate=same.get("lat_rate_target"))
+                check_results.append(r)
+                print(f"{fmt(r.get('events_per_s'), ',')} events/s"
+                      + ("" if r["ok"] else f"  PROBLEMS: {r['problems']}"), flush=True)
+        finally:
+            fake.stop()
+    total = time.monotonic() - started
+
+    print()
+    print(table(router_results + check_results))
+    print()
+    print("events/s: events received by all subscribers / (last delivery - first send); "
+          "pub/s: PUBLISHes/s.")
+    print("p50/p99: publish->event latency in a paced run at 'lat @/s' publications/s. "
+          "srv/cli cpu: CPU")
+    print("of the server process / of all client processes during the throughput phase "
+          "(100% = one core).")
+    verdict = generator_verdict(router_results, check_results)
+    if verdict:
+        print("generator check:")
+        for line in verdict:
+            print(f"  {line}")
+    if router_problems:
+        print("router log / problems:")
+        for line in router_problems:
+            print(f"  {line}")
+    for r in router_results:
+        if "profile" in r:
+            print(f"router hot spots (py-spy, self time) {r['case']} "
+                  f"{r['transport']}/{r['serializer']}:")
+            for name, pct in r["profile"].get("self_top", [])[:10]:
+                print(f"  {pct:5.1f}%  {name}")
+    print(f"total {total:.0f} s")
+
+    opts.output.parent.mkdir(parents=True, exist_ok=True)
+    report = {
+        "benchmark": "pubsub",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": info,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
+        "router": router_results,
+        "generator_check": check_results,
+        "generator_verdict": verdict,
+        "router_problems": router_problems,
+        "total_s": round(total, 1),
+    }
+    opts.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {opts.output}")
+    ok = all(r["ok"] for r in router_results + check_results) and not router_problems
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

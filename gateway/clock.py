@@ -1,0 +1,115 @@
+"""The only place Cairn reads the clocks.
+
+A Pi has no real-time clock: its wall clock may be wrong for weeks and then jump. So every
+stored publication records the wall clock *and* ``CLOCK_BOOTTIME`` (which never jumps and
+counts through suspend) with this boot's id. When the offset between the two moves by more
+than :data:`STEP_THRESHOLD_NS`, the wall clock was stepped: :class:`StepDetector` reports it
+so the store can record an anchor, from which Spark re-bases earlier timestamps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+STEP_THRESHOLD_NS = 2_000_000_000  # 2 s: NTP slews smaller errors; bigger moves are steps
+_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+_SYNCED_PATHS = (Path("/run/systemd/timesync/synchronized"),)
+
+
+def wall_ns() -> int:
+    return time.time_ns()
+
+
+def boottime_ns() -> int:
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def boot_id() -> str:
+    try:
+        return _BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def clock_synchronized() -> bool:
+    """True when systemd-timesyncd (or chrony via the same flag file) says the clock is set."""
+    return any(p.exists() for p in _SYNCED_PATHS)
+
+
+def rfc3339(ms: int) -> str:
+    """Milliseconds since the epoch as ``2026-11-22T01:02:03.456Z``."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+
+
+def parse_rfc3339(text: str) -> int:
+    """An RFC 3339 timestamp as milliseconds since the epoch; ValueError if it is not one."""
+    if not isinstance(text, str) or "T" not in text.upper():
+        raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
+    value = text.strip()
+    if value[-1] in "zZ":
+        value = value[:-1] + "+00:00"
+    parsed = datetime.fromisoformat(value)
+    if parsed.tzinfo is None:
+        raise ValueError(f"RFC 3339 timestamp needs a time zone offset or Z: {text!r}")
+    return int(parsed.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of the clocks, taken when a publication is received."""
+
+    wall_ns: int
+    boottime_ns: int
+    synced: bool
+
+    @property
+    def wall_ms(self) -> int:
+        return self.wall_ns // 1_000_000
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A moment where wall time and boottime are paired for later re-basing: at start-up,
+    at every step of the wall clock, and when the clock becomes synchronized."""
+
+    reason: str  # "start" | "step" | "synced"
+    boot_id: str
+    boottime_ns: int
+    wall_ns: int
+    offset_before_ns: int | None
+    synced: bool
+
+
+class StepDetector:
+    """Watches wall - boottime; each :meth:`read` may also return an anchor to record."""
+
+    def __init__(self) -> None:
+        self.boot_id = boot_id()
+        self._offset: int | None = None
+        self._synced: bool | None = None
+        self._last_sync_check = 0
+
+    def read(self) -> tuple[Reading, Anchor | None]:
+        boot = boottime_ns()
+        wall = wall_ns()
+        was_synced = self._synced
+        if self._synced is None or boot - self._last_sync_check > 1_000_000_000:
+            self._synced = clock_synchronized()
+            self._last_sync_check = boot
+        reading = Reading(wall, boot, self._synced)
+        offset = wall - boot
+        reason = None
+        if self._offset is None:
+            reason = "start"
+        elif abs(offset - self._offset) > STEP_THRESHOLD_NS:
+            reason = "step"
+        elif self._synced and was_synced is False:
+            reason = "synced"
+        anchor = None
+        if reason is not None:
+            anchor = Anchor(reason, self.boot_id, boot, wall, self._offset, self._synced)
+        self._offset = offset
+        return reading, anchor

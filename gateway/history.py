@@ -1,0 +1,205 @@
+"""Event History: which publications are kept, and ``wamp.subscription.get_events``.
+
+Publications are stored once, in receive order (``seq``), under the first history rule of
+the realm that matches their topic. A subscription "has history" when a rule covers its
+pattern; its history is every stored publication its pattern matches, filtered by the
+caller's eligibility (authid/authrole lists), never reordered by timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from gateway.clock import parse_rfc3339, rfc3339
+from gateway.config import HistoryRule
+from gateway.core import Session, WampError
+from gateway.dealer import MetaResult
+from gateway.patterns import matches
+
+if TYPE_CHECKING:
+    from gateway.broker import Subscription
+    from gateway.router import Realm
+    from gateway.store import Store
+
+DEFAULT_PAGE_CAP = 1000
+_TIME_ARGS = {"from_time": ">=", "after_time": ">", "before_time": "<", "until_time": "<="}
+_PUBLICATION_ARGS = {"from_publication": ">=", "after_publication": ">",
+                     "before_publication": "<", "until_publication": "<="}
+_KNOWN_ARGS = {"reverse", "limit", "topic", *_TIME_ARGS, *_PUBLICATION_ARGS}
+
+
+class HistoryRules:
+    def __init__(self, rules: tuple[HistoryRule, ...]) -> None:
+        self.rules = rules
+        self._cache: dict[str, int | None] = {}
+
+    def rule_for(self, topic: str) -> int | None:
+        """Index of the rule that stores publications to ``topic``, or None."""
+        try:
+            return self._cache[topic]
+        except KeyError:
+            pass
+        found = next((i for i, r in enumerate(self.rules) if matches(r.uri, r.match, topic)),
+                     None)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[topic] = found
+        return found
+
+    def covers(self, uri: str, match: str) -> bool:
+        """Does some rule store every publication a subscription (uri, match) can match?"""
+        for rule in self.rules:
+            if (rule.uri, rule.match) == (uri, match):
+                return True
+            if match == "exact":
+                if matches(rule.uri, rule.match, uri):
+                    return True
+            elif rule.match == "prefix" and _fixed_start(uri, match).startswith(rule.uri):
+                return True
+        return False
+
+
+def _fixed_start(uri: str, match: str) -> str:
+    """The text every topic matched by a pattern subscription starts with."""
+    if match == "prefix":
+        return uri
+    fixed = []
+    for part in uri.split("."):
+        if not part:
+            break
+        fixed.append(part)
+    return ".".join(fixed)
+
+
+@dataclass
+class EventsQuery:
+    """Validated ``get_events`` keyword arguments."""
+
+    reverse: bool = False
+    limit: int | None = None
+    topic: str | None = None
+    times: tuple[tuple[str, int], ...] = ()         # (operator, ms)
+    publications: tuple[tuple[str, int], ...] = ()  # (operator, publication id)
+
+    @classmethod
+    def parse(cls, kwargs: dict[str, Any]) -> EventsQuery:
+        for name in kwargs:
+            if name not in _KNOWN_ARGS:
+                raise _invalid(name, "is not an argument of get_events (known: "
+                                     f"{', '.join(sorted(_KNOWN_ARGS))})")
+        reverse = kwargs.get("reverse", False)
+        if not isinstance(reverse, bool):
+            raise _invalid("reverse", f"must be true or false, got {reverse!r}")
+        limit = kwargs.get("limit")
+        if limit is not None and (not _is_int(limit) or limit <= 0):
+            raise _invalid("limit", f"must be a positive integer, got {limit!r}")
+        topic = kwargs.get("topic")
+        if topic is not None and (not isinstance(topic, str) or not topic):
+            raise _invalid("topic", f"must be a topic URI, got {topic!r}")
+        times = []
+        for name, op in _TIME_ARGS.items():
+            if name in kwargs:
+                try:
+                    times.append((op, parse_rfc3339(kwargs[name])))
+                except (ValueError, TypeError) as e:
+                    raise _invalid(name, f"must be an RFC 3339 timestamp: {e}") from None
+        publications = []
+        for name, op in _PUBLICATION_ARGS.items():
+            if name in kwargs:
+                value = kwargs[name]
+                if not _is_int(value) or value <= 0:
+                    raise _invalid(name, f"must be a positive integer publication id, "
+                                         f"got {value!r}")
+                publications.append((op, value))
+        return cls(reverse, limit, topic, tuple(times), tuple(publications))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _invalid(name: str, problem: str) -> WampError:
+    return WampError("wamp.error.invalid_argument", f"get_events: {name!r} {problem}")
+
+
+def _topic_condition(uri: str, match: str) -> tuple[str, list[Any]]:
+    if match == "exact":
+        return "topic = ?", [uri]
+    if match == "prefix":
+        if not uri:
+            return "1", []
+        upper = uri[:-1] + chr(ord(uri[-1]) + 1)
+        return "topic >= ? AND topic < ?", [uri, upper]
+    return "wildcard_match(?, topic)", [uri]
+
+
+async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscription,
+                     query: EventsQuery, page_cap: int) -> MetaResult:
+    where = ["realm = ?"]
+    params: list[Any] = [realm.name]
+    condition, values = _topic_condition(sub.uri, sub.match)
+    where.append(condition)
+    params += values
+    if query.topic is not None:
+        where.append("topic = ?")
+        params.append(query.topic)
+    where.append("(audience IS NULL OR eligible(audience, ?, ?))")
+    params += [caller.authid, caller.authrole]
+    for op, ms in query.times:
+        where.append(f"wall_ms {op} ?")
+        params.append(ms)
+    for op, publication in query.publications:
+        seq = await store.seq_of_publication(realm.name, publication)
+        if seq is None:
+            raise WampError("wamp.error.invalid_argument",
+                            f"get_events: publication {publication} is not in the stored history")
+        where.append(f"seq {op} ?")
+        params.append(seq)
+    page = min(query.limit or page_cap, page_cap)
+    order = "DESC" if query.reverse else "ASC"
+    rows = await store.query(
+        f"SELECT publication, topic, wall_ms, details, payload FROM publications "
+        f"WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?", [*params, page + 1])
+    events = [_event(sub.id, row) for row in rows[:page]]
+    return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
+
+
+def _event(subscription: int, row: tuple[Any, ...]) -> dict[str, Any]:
+    publication, topic, wall_ms, details, payload = row
+    args, kwargs = msgpack.unpackb(payload, raw=False)
+    event = {"timestamp": rfc3339(wall_ms), "subscription": subscription,
+             "publication": publication, "details": json.loads(details) if details else {}}
+    if args is not None:
+        event["args"] = args
+    if kwargs is not None:
+        event["kwargs"] = kwargs
+    return event
+
+
+def get_events_procedure(realm: Realm, page_cap: int = DEFAULT_PAGE_CAP):
+    """The ``wamp.subscription.get_events`` meta procedure for a realm."""
+
+    def procedure(caller: Session, args: list[Any], kwargs: dict[str, Any]):
+        if not args or not _is_int(args[0]):
+            raise WampError("wamp.error.invalid_argument",
+                            "get_events: the first argument must be a subscription id")
+        query = EventsQuery.parse(kwargs)
+        sub = realm.broker.by_id.get(args[0])
+        if sub is None:
+            raise WampError("wamp.error.no_such_subscription", f"no subscription {args[0]}")
+        if realm.authorizer.allowed(caller.authrole, sub.uri, "subscribe") is None:
+            raise WampError("wamp.error.not_authorized",
+                            f"session {caller.id} (authrole {caller.authrole!r}) may not "
+                            f"subscribe to {sub.uri!r}, so it may not read its history")
+        store = realm.store
+        if store is None or not realm.history.covers(sub.uri, sub.match):
+            raise WampError("wamp.error.invalid_argument",
+                            f"get_events: no history is kept for subscription {sub.id} "
+                            f"({sub.uri!r}, {sub.match}); add a [[realms.history]] rule")
+        return get_events(store, realm, caller, sub, query, page_cap)
+
+    return procedure

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Set up Cairn in ./.venv on a Debian machine with Python 3.11, installing what is missing.
+#   scripts/setup.sh            the router and drivers
+#   scripts/setup.sh test       plus the test tools (and the system packages tests use)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+PROFILE=${1:-run}
+
+apt_updated=""
+apt_install() {
+    local missing=()
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+        echo "setup: please install: ${missing[*]} (needs root and apt-get)" >&2
+        return 1
+    fi
+    echo "setup: installing ${missing[*]}" >&2
+    [ -n "$apt_updated" ] || { DEBIAN_FRONTEND=noninteractive apt-get update -qq; apt_updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+pip_install() {  # quiet on success, the whole log on failure
+    local log
+    log=$(mktemp)
+    if ! .venv/bin/python -m pip install -q "$@" >"$log" 2>&1; then
+        cat "$log" >&2; rm -f "$log"; return 1
+    fi
+    rm -f "$log"
+}
+
+if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+    apt_install python3-venv
+fi
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip_install --upgrade pip
+if [ "$PROFILE" = test ]; then
+    pip_install -e ".[test]"
+else
+    pip_install -e .
+fi
+.venv/bin/python -c "import gateway.server" # fails loudly if the install did not work

@@ -1,0 +1,364 @@
+"""Bad input gets a clear error and loses nothing.
+
+Whatever a peer sends, the router answers it or aborts that one session with
+``wamp.error.protocol_violation`` and a reason, closes the connection, and every other
+session keeps publishing, receiving and calling as before. The router never crashes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+from autobahn.wamp.types import PublishOptions
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.wamp_client import RawSocketPeer, raw_websocket
+
+ABORT, WELCOME, GOODBYE, ERROR, RESULT = 3, 2, 6, 8, 50
+PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
+HELLO = [1, "realm1", {"roles": {"publisher": {}, "subscriber": {}, "caller": {},
+                                  "callee": {}}}]
+
+
+@pytest.fixture(autouse=True)
+async def no_unhandled_loop_errors():
+    """Fail the test if anything in the router raised into the event loop."""
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    yield errors
+    loop.set_exception_handler(previous)
+    assert not errors, f"unhandled errors in the event loop: {errors}"
+
+
+# -- a witness: an autobahn session that must keep working ---------------------------------
+
+
+class Witness:
+    """A joined autobahn session that publishes to itself and calls its own procedure."""
+
+    def __init__(self, session: Any, name: str) -> None:
+        self.session = session
+        self.topic = f"com.witness.{name}.topic"
+        self.procedure = f"com.witness.{name}.echo"
+        self.inbox: asyncio.Queue = asyncio.Queue()
+
+    @classmethod
+    async def join(cls, client: Any, transport: str, name: str) -> Witness:
+        w = cls(await client(transport, "json"), name)
+        await w.session.subscribe(lambda *a: w.inbox.put_nowait(a), w.topic)
+        await w.session.register(lambda x: ["echo", x], w.procedure)
+        return w
+
+    async def check(self, n: int = 3) -> None:
+        """Still connected, still publishing, receiving and calling."""
+        assert self.session.is_attached(), "the witness session was dropped"
+        for i in range(n):
+            await self.session.publish(
+                self.topic, i, options=PublishOptions(acknowledge=True, exclude_me=False))
+        got = [await asyncio.wait_for(self.inbox.get(), 2) for _ in range(n)]
+        assert got == [(i,) for i in range(n)]
+        assert await asyncio.wait_for(self.session.call(self.procedure, 7), 2) == ["echo", 7]
+
+
+def _check_abort(msg: list[Any] | None, *words: str) -> str:
+    assert msg is not None, "the router closed the connection without an ABORT"
+    assert msg[0] == ABORT, f"expected ABORT, got {msg!r:.200}"
+    assert msg[2] == PROTOCOL_VIOLATION, msg
+    text = msg[1].get("message")
+    assert isinstance(text, str) and text.strip(), f"ABORT without a reason: {msg!r}"
+    for word in words:
+        assert re.search(word, text, re.IGNORECASE), f"{word!r} not in reason {text!r}"
+    return text
+
+
+# -- RawSocket -----------------------------------------------------------------------------
+
+
+async def raw_open(router: Any, serializer: str = "json", hello: bool = False) -> RawSocketPeer:
+    peer = await RawSocketPeer.open(router.rawsocket_port, serializer)
+    if hello:
+        peer.send(HELLO)
+        welcome = await peer.receive()
+        assert welcome is not None and welcome[0] == WELCOME, welcome
+    return peer
+
+
+async def raw_expect_abort(peer: RawSocketPeer, *words: str) -> str:
+    text = _check_abort(await peer.receive(), *words)
+    assert await peer.closed(), "the router did not close the connection after ABORT"
+    peer.close()
+    return text
+
+
+# -- WebSocket -----------------------------------------------------------------------------
+
+
+class WsPeer:
+    def __init__(self, proto: Any, inbox: asyncio.Queue, serializer: str) -> None:
+        self.proto, self.inbox, self.serializer = proto, inbox, serializer
+
+    def send_bytes(self, payload: bytes) -> None:
+        self.proto.sendMessage(payload, isBinary=self.serializer != "json")
+
+    def send(self, raw_message: list[Any]) -> None:
+        self.send_bytes(_encode(self.serializer, raw_message))
+
+    async def receive(self, timeout: float = 5) -> list[Any] | None:
+        payload = await asyncio.wait_for(self.inbox.get(), timeout)
+        if payload is None:
+            return None
+        return _decode(self.serializer, payload)
+
+    async def closed(self, timeout: float = 5) -> bool:
+        try:
+            while await asyncio.wait_for(self.inbox.get(), timeout) is not None:
+                pass
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.proto.sendClose(1000)
+
+
+def _encode(serializer: str, raw_message: Any) -> bytes:
+    if serializer == "json":
+        return json.dumps(raw_message).encode()
+    return msgpack.packb(raw_message)
+
+
+def _decode(serializer: str, payload: bytes) -> Any:
+    return json.loads(payload) if serializer == "json" else msgpack.unpackb(payload)
+
+
+async def ws_open(router: Any, serializer: str = "json", hello: bool = False) -> WsPeer:
+    proto, inbox = await raw_websocket(router, f"wamp.2.{serializer}")
+    peer = WsPeer(proto, inbox, serializer)
+    if hello:
+        peer.send(HELLO)
+        welcome = await peer.receive()
+        assert welcome is not None and welcome[0] == WELCOME, welcome
+    return peer
+
+
+async def ws_expect_abort(peer: WsPeer, *words: str) -> str:
+    text = _check_abort(await peer.receive(), *words)
+    assert await peer.closed(), "the router did not close the connection after ABORT"
+    return text
+
+
+# -- the cases -----------------------------------------------------------------------------
+
+# (id, send HELLO first?, what to send: bytes are sent as they are, anything else is
+#  serialized, words the ABORT reason must contain)
+CASES = [
+    ("not-json", False, b"[1, \"realm1\", {", [r"decode|json"]),
+    ("not-an-array", False, {"hello": "realm1"}, [r"array"]),
+    ("a-string", True, "PUBLISH", [r"array"]),
+    ("empty-array", False, [], [r"array"]),
+    ("unknown-type", False, [999, 1, {}], [r"unknown", r"999"]),
+    ("unknown-type-established", True, [999], [r"unknown", r"999"]),
+    ("type-not-int", True, ["16", 1, {}, "com.t"], [r"unknown|type"]),
+    ("publish-string-request", True, [16, "one", {}, "com.t"], [r"PUBLISH", r"request"]),
+    ("publish-float-request", True, [16, 1.5, {}, "com.t"], [r"PUBLISH", r"request"]),
+    ("publish-options-list", True, [16, 1, [], "com.t"], [r"PUBLISH", r"options"]),
+    ("publish-args-dict", True, [16, 1, {}, "com.t", {"a": 1}], [r"PUBLISH", r"arg"]),
+    ("publish-kwargs-list", True, [16, 1, {}, "com.t", [], [1]], [r"PUBLISH", r"kwarg"]),
+    ("publish-too-short", True, [16, 1, {}], [r"PUBLISH", r"length|len"]),
+    ("subscribe-options-string", True, [32, 1, "exact", "com.t"], [r"SUBSCRIBE", r"options"]),
+    ("subscribe-topic-int", True, [32, 1, {}, 42], [r"SUBSCRIBE", r"topic"]),
+    ("call-string-request", True, [48, "x", {}, "com.p"], [r"CALL", r"request"]),
+    ("hello-realm-int", False, [1, 7, {}], [r"HELLO", r"realm"]),
+    ("hello-details-list", False, [1, "realm1", []], [r"HELLO", r"details"]),
+    ("publish-topic-empty-component", True, [16, 1, {}, "a..b"], [r"PUBLISH", r"topic"]),
+    ("publish-topic-space", True, [16, 1, {}, "com.my topic"], [r"PUBLISH", r"topic"]),
+    ("subscribe-topic-empty-component", True, [32, 1, {}, "a..b"],
+     [r"SUBSCRIBE", r"topic"]),
+    ("subscribe-topic-space", True, [32, 1, {"match": "prefix"}, "a b"],
+     [r"SUBSCRIBE", r"topic"]),
+    ("register-procedure-hash", True, [64, 1, {}, "com.#p"], [r"REGISTER", r"procedure"]),
+    ("call-procedure-space", True, [48, 1, {}, "com. p"], [r"CALL", r"procedure"]),
+    ("publish-before-hello", False, [16, 1, {}, "com.t"], [r"HELLO", r"PUBLISH"]),
+    ("welcome-before-hello", False, [2, 1, {"roles": {"broker": {}}}], [r"HELLO", r"WELCOME"]),
+    ("second-hello", True, HELLO, [r"HELLO"]),
+    ("event-from-client", True, [36, 1, 2, {}], [r"EVENT"]),
+    ("result-from-client", True, [50, 1, {}], [r"RESULT"]),
+    ("welcome-from-client", True, [2, 1, {"roles": {"broker": {}}}], [r"WELCOME"]),
+    ("error-for-a-call", True, [8, 48, 1, {}, "com.err"], [r"ERROR"]),
+]
+
+
+@pytest.mark.parametrize(("hello", "data", "words"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+async def test_rawsocket_bad_message_aborts_only_that_session(router, client, hello, data,
+                                                              words):
+    witness = await Witness.join(client, "websocket", "ws")
+    peer = await raw_open(router, hello=hello)
+    peer.send_bytes(data) if isinstance(data, bytes) else peer.send(data)
+    await raw_expect_abort(peer, *words)
+    await witness.check()
+
+
+@pytest.mark.parametrize(("hello", "data", "words"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+async def test_websocket_bad_message_aborts_only_that_session(router, client, hello, data,
+                                                              words):
+    witness = await Witness.join(client, "rawsocket-tcp", "rs")
+    peer = await ws_open(router, hello=hello)
+    peer.send_bytes(data) if isinstance(data, bytes) else peer.send(data)
+    await ws_expect_abort(peer, *words)
+    await witness.check()
+
+
+async def test_rawsocket_bytes_that_are_not_msgpack(router, client):
+    witness = await Witness.join(client, "websocket", "ws")
+    peer = await raw_open(router, "msgpack")
+    peer.send_bytes(b"\xc1\x93\x01")  # 0xc1 is never used in MessagePack
+    await raw_expect_abort(peer, r"decode|msgpack")
+    peer = await raw_open(router, "msgpack", hello=True)
+    peer.send_bytes(b"\x94\x10\x01")  # an array of 4 that ends after 2 items
+    await raw_expect_abort(peer, r"decode|msgpack")
+    await witness.check()
+
+
+async def test_websocket_bytes_that_are_not_msgpack(router, client):
+    witness = await Witness.join(client, "rawsocket-tcp", "rs")
+    peer = await ws_open(router, "msgpack")
+    peer.send_bytes(b"\xc1\x93\x01")
+    await ws_expect_abort(peer, r"decode|msgpack")
+    await witness.check()
+
+
+async def test_rawsocket_oversized_message(router, client):
+    witness = await Witness.join(client, "websocket", "ws")
+    peer = await raw_open(router, hello=True)
+    peer.send([16, 1, {}, "com.big", ["x" * 100_000]])
+    await raw_expect_abort(peer, r"too big|exceeds|maximum")
+    await witness.check()
+
+
+async def test_websocket_oversized_message(router, client):
+    witness = await Witness.join(client, "rawsocket-tcp", "rs")
+    peer = await ws_open(router, hello=True)
+    peer.send([16, 1, {}, "com.big", ["x" * 100_000]])
+    await ws_expect_abort(peer, r"exceeds", r"65536")
+    await witness.check()
+
+
+@pytest.mark.parametrize("frame_type", [3, 7])
+async def test_rawsocket_invalid_frame_type(router, client, frame_type):
+    witness = await Witness.join(client, "websocket", "ws")
+    peer = await raw_open(router, hello=True)
+    peer.send_bytes(json.dumps([16, 1, {}, "com.t"]).encode(), frame_type=frame_type)
+    await raw_expect_abort(peer, r"frame type")
+    await witness.check()
+
+
+# -- property: random and mutated messages -------------------------------------------------
+
+PROBE = 4_242_424_242  # the request id of the CALL that checks a fuzzed session still works
+MESSAGE_TYPES = [1, 2, 3, 4, 5, 6, 8, 16, 17, 32, 33, 34, 35, 36, 48, 49, 50, 64, 65, 66, 67,
+                 68, 69, 70]
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12),
+    st.binary(max_size=6), st.sampled_from(["com.t", "a..b", "", "wamp.session.count",
+                                            "com.x y", "realm1", "exact", "prefix"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["match", "acknowledge", "receive_progress", "timeout", "exclude",
+                         "eligible", "disclose_me", "exclude_me", "roles", "authmethods",
+                         "authid", "invoke", "mode", "progress"]) | st.text(max_size=6),
+        inner, max_size=4),
+    max_leaves=10,
+)
+random_messages = st.builds(
+    lambda kind, fields: [kind, *fields],
+    st.sampled_from(MESSAGE_TYPES) | st.integers(-3, 260) | values,
+    st.lists(values, max_size=6),
+)
+TEMPLATES = [
+    HELLO,
+    [16, 11, {"acknowledge": True}, "com.fuzz.topic", [1, "two"], {"k": 3.5}],
+    [48, 12, {"timeout": 1000}, "wamp.session.count", [], {}],
+    [32, 13, {"match": "prefix"}, "com.fuzz"],
+    [64, 14, {"invoke": "roundrobin"}, "com.fuzz.procedure"],
+]
+
+
+@st.composite
+def mutated_messages(draw: Any) -> list[Any]:
+    msg = json.loads(json.dumps(draw(st.sampled_from(TEMPLATES))))
+    for _ in range(draw(st.integers(1, 3))):
+        op = draw(st.sampled_from(["replace", "delete", "insert", "option", "truncate"]))
+        i = draw(st.integers(0, len(msg)))
+        if op == "replace" and i < len(msg):
+            msg[i] = draw(values)
+        elif op == "delete" and i < len(msg):
+            del msg[i]
+        elif op == "insert":
+            msg.insert(i, draw(values))
+        elif op == "truncate":
+            msg = msg[:i]
+        else:
+            dicts = [x for x in msg if isinstance(x, dict)]
+            if dicts:
+                dicts[draw(st.integers(0, len(dicts) - 1))][draw(st.text(max_size=10) | st.sampled_from(
+                    ["roles", "match", "acknowledge", "timeout", "invoke", "exclude"]))] = draw(values)
+    return msg
+
+
+async def _answered_or_aborted(peer: RawSocketPeer, sent: list[Any]) -> str:
+    """Read until the router answers the probe, or aborts (or says goodbye) and closes."""
+    while True:
+        msg = await peer.receive(timeout=5)
+        assert msg is not None, f"connection closed without ABORT after {sent!r:.300}"
+        if msg[0] in (ABORT, GOODBYE):
+            assert isinstance(msg[2], str) and msg[2].startswith("wamp."), msg
+            assert msg[2] != "wamp.error.internal_error", f"router bug on {sent!r:.300}: {msg}"
+            if msg[0] == ABORT:
+                assert msg[1].get("message"), f"ABORT without a reason: {msg}"
+            assert await peer.closed(), f"not closed after {msg[0]} for {sent!r:.300}"
+            return "closed"
+        if msg[0] in (RESULT, ERROR) and PROBE in msg[1:3]:
+            return "answered"
+        if msg[0] == WELCOME:
+            peer.send([48, PROBE, {}, "wamp.session.count", []])
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(serializer=st.sampled_from(["json", "msgpack", "cbor"]), established=st.booleans(),
+       message=random_messages | mutated_messages())
+async def test_random_and_mutated_messages_are_answered_or_aborted(router, client, serializer,
+                                                                   established, message):
+    peer = await raw_open(router, serializer, hello=established)
+    try:
+        peer.send(message)
+        if established:
+            peer.send([48, PROBE, {}, "wamp.session.count", []])
+        await _answered_or_aborted(peer, message)
+    finally:
+        peer.close()
+    assert not router.node.router.realms["realm1"].sessions.keys() - {
+        s.session_id for s in []}
+
+
+async def test_router_works_after_a_fuzzing_run(router, client):
+    fresh = await client("rawsocket-tcp", "msgpack")
+    witness = Witness(fresh, "fresh")
+    await fresh.subscribe(lambda *a: witness.inbox.put_nowait(a), witness.topic)
+    await fresh.register(lambda x: ["echo", x], witness.procedure)
+    await witness.check()

@@ -1,0 +1,612 @@
+"""The broker (WAMP pub/sub) seen from real autobahn-python clients over real sockets.
+
+Each test proves one behaviour and is named after it. Asserting that an event does NOT
+arrive never sleeps: the test publishes a sentinel event afterwards and checks that the
+sentinel is the first thing the session sees (the router keeps the order of messages it
+sends to one session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import EventDetails, PublishOptions, SubscribeOptions
+
+from tests.conftest import RunningRouter, start_router
+from tests.wamp_client import SERIALIZERS, TRANSPORTS, Client, RawSocketPeer, connect
+
+TIMEOUT = 2
+SENTINEL = "--sentinel--"
+
+# WAMP message codes for the raw-protocol tests
+HELLO, WELCOME, ERROR, PUBLISH, PUBLISHED = 1, 2, 8, 16, 17
+SUBSCRIBE, SUBSCRIBED, UNSUBSCRIBE, UNSUBSCRIBED, EVENT = 32, 33, 34, 35, 36
+
+
+@dataclass
+class Received:
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    details: EventDetails
+
+
+class Inbox:
+    """Collects the events of one or more subscriptions, in arrival order."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Received] = asyncio.Queue()
+
+    def handler(self, *args: Any, details: EventDetails, **kwargs: Any) -> None:
+        self.queue.put_nowait(Received(args, kwargs, details))
+
+    async def next(self) -> Received:
+        return await asyncio.wait_for(self.queue.get(), TIMEOUT)
+
+    async def before_sentinel(self) -> list[Received]:
+        """Every event up to (not including) the next sentinel event."""
+        got = []
+        while (item := await self.next()).args != (SENTINEL,):
+            got.append(item)
+        return got
+
+    async def args_before_sentinel(self) -> list[tuple[Any, ...]]:
+        return [item.args for item in await self.before_sentinel()]
+
+
+async def listen(session: Client, topic: str, match: str = "exact",
+                 inbox: Inbox | None = None) -> Inbox:
+    inbox = inbox or Inbox()
+    await session.subscribe(inbox.handler, topic,
+                            options=SubscribeOptions(match=match, details_arg="details"))
+    return inbox
+
+
+def session_id(session: Client) -> int:
+    return session.welcome_details.session
+
+
+def authid(session: Client) -> str:
+    return session.welcome_details.authid
+
+
+async def acked(session: Client, topic: str, *args: Any, **options: Any) -> int:
+    """Publish with acknowledge=True and return the publication id."""
+    publication = await asyncio.wait_for(
+        session.publish(topic, *args, options=PublishOptions(acknowledge=True, **options)),
+        TIMEOUT)
+    return publication.id
+
+
+@pytest.fixture
+async def raw(router):
+    """A factory of raw RawSocket/JSON peers joined to realm1: returns (peer, welcome)."""
+    peers: list[RawSocketPeer] = []
+
+    async def make(realm: str = "realm1") -> tuple[RawSocketPeer, list[Any]]:
+        peer = await RawSocketPeer.open(router.rawsocket_port, "json")
+        peers.append(peer)
+        peer.send([HELLO, realm, {"roles": {"publisher": {}, "subscriber": {}}}])
+        welcome = await peer.receive(TIMEOUT)
+        assert welcome is not None and welcome[0] == WELCOME, welcome
+        return peer, welcome
+
+    yield make
+    for peer in peers:
+        peer.close()
+
+
+POLICY_CONFIG = """
+[router]
+listen = "127.0.0.1:0"
+rawsocket = ["127.0.0.1:0"]
+data_dir = "{data_dir}"
+
+[[realms]]
+name = "disclosing"
+anonymous_role = "device"
+
+  [[realms.roles]]
+  name = "device"
+  permissions = [
+    {{ uri = "", match = "prefix", allow = ["publish", "subscribe"] }},
+    {{ uri = "disclosed.", match = "prefix", allow = ["publish", "subscribe"], disclose = true }},
+  ]
+
+[[realms]]
+name = "restricted"
+anonymous_role = "sensor"
+
+  [[realms.roles]]
+  name = "sensor"
+  permissions = [
+    {{ uri = "app.", match = "prefix", allow = ["publish", "subscribe"] }},
+  ]
+"""
+
+
+@pytest.fixture
+async def policy_client(tmp_path):
+    """Like ``client``, on a router whose roles disclose publishers ("disclosing" realm) or
+    are allowed only under ``app.`` ("restricted" realm): ``await policy_client(realm)``."""
+    node = await start_router(POLICY_CONFIG.format(data_dir=tmp_path / "policy-data"))
+    running = RunningRouter(node, str(tmp_path / "no-unix-listener.sock"))
+    opened: list[Client] = []
+
+    async def make(realm: str, **kwargs: Any) -> Client:
+        session = await connect(running, "websocket", "json", realm=realm, **kwargs)
+        opened.append(session)
+        return session
+
+    yield make
+    for session in opened:
+        with contextlib.suppress(Exception):
+            if session.is_attached():
+                await asyncio.wait_for(session.leave(), 2)
+    await node.stop()
+
+
+# -- exact, prefix and wildcard subscriptions -------------------------------------------
+
+
+async def test_exact_subscription_receives_only_its_own_topic(client):
+    sub, pub = await client(), await client()
+    inbox = await listen(sub, "com.app.temp")
+    pub.publish("com.app.temp.sub", "child")
+    pub.publish("com.app.tem", "shorter")
+    pub.publish("com.app.temp", "exact")
+    pub.publish("com.app.temp", SENTINEL)
+    assert await inbox.args_before_sentinel() == [("exact",)]
+
+
+async def test_prefix_subscription_matches_by_string_prefix(client):
+    sub, pub = await client(), await client()
+    inbox = await listen(sub, "com.app", match="prefix")
+    for topic in ("com.app", "com.app.x", "com.apple", "com.ap", "org.com.app", "com.ap.p"):
+        pub.publish(topic, topic)
+    pub.publish("com.app.done", SENTINEL)
+    assert await inbox.args_before_sentinel() == [("com.app",), ("com.app.x",), ("com.apple",)]
+
+
+async def test_wildcard_subscription_matches_any_single_component(client):
+    sub, pub = await client(), await client()
+    inbox = await listen(sub, "sensor..temp", match="wildcard")
+    for topic in ("sensor.kitchen.temp", "sensor.attic.temp", "sensor.kitchen.humidity",
+                  "sensor.kitchen.extra.temp", "sensor.temp", "other.kitchen.temp"):
+        pub.publish(topic, topic)
+    pub.publish("sensor.done.temp", SENTINEL)
+    assert await inbox.args_before_sentinel() == [("sensor.kitchen.temp",),
+                                                  ("sensor.attic.temp",)]
+
+
+async def test_pattern_subscription_events_carry_the_concrete_topic(client):
+    sub, pub = await client(), await client()
+    prefix = await listen(sub, "com.app", match="prefix")
+    wildcard = await listen(sub, "com..pie", match="wildcard")
+    pub.publish("com.apple.pie", 1)
+    # autobahn falls back to the subscription's pattern when EVENT has no topic, so getting
+    # the concrete topic proves the router sent it
+    assert (await prefix.next()).details.topic == "com.apple.pie"
+    assert (await wildcard.next()).details.topic == "com.apple.pie"
+
+
+async def test_exact_subscription_events_carry_no_topic(client, raw):
+    peer, _ = await raw()
+    peer.send([SUBSCRIBE, 1, {}, "com.exact"])
+    subscribed = await peer.receive(TIMEOUT)
+    assert subscribed[:2] == [SUBSCRIBED, 1]
+    pub = await client()
+    pub.publish("com.exact", "x")
+    event = await peer.receive(TIMEOUT)
+    assert event[0] == EVENT and event[1] == subscribed[2]
+    assert "topic" not in event[3]
+    assert event[4] == ["x"]
+
+
+async def test_a_session_receives_one_event_per_matching_subscription(client):
+    sub, pub = await client(), await client()
+    inbox = Inbox()
+    await listen(sub, "com.a.b", inbox=inbox)
+    await listen(sub, "com.a", match="prefix", inbox=inbox)
+    await listen(sub, "com..b", match="wildcard", inbox=inbox)
+    pub.publish("com.a.b", "once")
+    pub.publish("com.a.b", SENTINEL)
+    got = await inbox.before_sentinel()
+    assert [r.args for r in got] == [("once",)] * 3
+    assert len({r.details.subscription.id for r in got}) == 3
+    assert len({r.details.publication for r in got}) == 1
+
+
+# -- subscription identity and unsubscribe ----------------------------------------------
+
+
+async def test_sessions_subscribing_to_the_same_topic_and_match_share_one_subscription(client):
+    a, b = await client(), await client("rawsocket-tcp", "msgpack")
+    sub_a = await a.subscribe(lambda *args: None, "com.shared")
+    sub_b = await b.subscribe(lambda *args: None, "com.shared")
+    assert sub_a.id == sub_b.id
+
+
+async def test_the_same_topic_with_another_match_policy_is_another_subscription(client):
+    a, b = await client(), await client()
+    exact = await a.subscribe(lambda *args: None, "com.shared")
+    prefix = await b.subscribe(lambda *args: None, "com.shared",
+                               options=SubscribeOptions(match="prefix"))
+    assert exact.id != prefix.id
+
+
+async def test_subscribing_twice_from_one_session_returns_the_same_subscription(client, raw):
+    peer, _ = await raw()
+    peer.send([SUBSCRIBE, 1, {}, "com.twice"])
+    peer.send([SUBSCRIBE, 2, {}, "com.twice"])
+    first, second = await peer.receive(TIMEOUT), await peer.receive(TIMEOUT)
+    assert first[:2] == [SUBSCRIBED, 1] and second[:2] == [SUBSCRIBED, 2]
+    assert first[2] == second[2]
+    pub = await client()
+    pub.publish("com.twice", "x")
+    pub.publish("com.twice", SENTINEL)
+    assert (await peer.receive(TIMEOUT))[4] == ["x"]
+    assert (await peer.receive(TIMEOUT))[4] == [SENTINEL]  # one EVENT, not two
+
+
+async def test_unsubscribe_stops_events(client):
+    sub, pub = await client(), await client()
+    inbox = Inbox()
+    subscription = await sub.subscribe(inbox.handler, "com.t",
+                                       options=SubscribeOptions(details_arg="details"))
+    await listen(sub, "com.sentinel", inbox=inbox)
+    await asyncio.wait_for(subscription.unsubscribe(), TIMEOUT)
+    pub.publish("com.t", "after unsubscribe")
+    pub.publish("com.sentinel", SENTINEL)
+    assert await inbox.args_before_sentinel() == []
+
+
+async def test_unsubscribing_one_subscriber_keeps_the_others_subscribed(client):
+    leaving, staying, pub = await client(), await client(), await client()
+    subscription = await leaving.subscribe(lambda *args: None, "com.t")
+    inbox = await listen(staying, "com.t")
+    await asyncio.wait_for(subscription.unsubscribe(), TIMEOUT)
+    pub.publish("com.t", "still here")
+    pub.publish("com.t", SENTINEL)
+    assert await inbox.args_before_sentinel() == [("still here",)]
+
+
+async def test_unsubscribing_an_unknown_subscription_gives_no_such_subscription(raw):
+    peer, _ = await raw()
+    peer.send([UNSUBSCRIBE, 7, 123456789])
+    reply = await peer.receive(TIMEOUT)
+    assert reply[:5] == [ERROR, UNSUBSCRIBE, 7, {}, "wamp.error.no_such_subscription"]
+
+
+async def test_unsubscribing_another_sessions_subscription_gives_no_such_subscription(
+        client, raw):
+    owner = await client()
+    subscription = await owner.subscribe(lambda *args: None, "com.owned")
+    peer, _ = await raw()
+    peer.send([UNSUBSCRIBE, 8, subscription.id])
+    reply = await peer.receive(TIMEOUT)
+    assert reply[:5] == [ERROR, UNSUBSCRIBE, 8, {}, "wamp.error.no_such_subscription"]
+
+
+async def test_unsubscribing_twice_gives_no_such_subscription(raw):
+    peer, _ = await raw()
+    peer.send([SUBSCRIBE, 1, {}, "com.t"])
+    subscription = (await peer.receive(TIMEOUT))[2]
+    peer.send([UNSUBSCRIBE, 2, subscription])
+    assert await peer.receive(TIMEOUT) == [UNSUBSCRIBED, 2]
+    peer.send([UNSUBSCRIBE, 3, subscription])
+    reply = await peer.receive(TIMEOUT)
+    assert reply[:5] == [ERROR, UNSUBSCRIBE, 3, {}, "wamp.error.no_such_subscription"]
+
+
+async def test_a_session_that_leaves_is_removed_from_its_subscriptions(client):
+    leaving, staying = await client(), await client()
+    subscription = await staying.subscribe(lambda *args: None, "com.t")
+    await leaving.subscribe(lambda *args: None, "com.t")
+    assert await staying.call("wamp.subscription.count_subscribers", subscription.id) == 2
+    await asyncio.wait_for(leaving.leave(), TIMEOUT)
+    assert await staying.call("wamp.subscription.count_subscribers", subscription.id) == 1
+
+
+# -- publisher exclusion ----------------------------------------------------------------
+
+
+async def test_publisher_does_not_receive_its_own_event_by_default(client):
+    pub = await client()
+    inbox = await listen(pub, "com.self")
+    pub.publish("com.self", "mine")
+    pub.publish("com.self", SENTINEL, options=PublishOptions(exclude_me=False))
+    assert await inbox.args_before_sentinel() == []
+
+
+async def test_publisher_receives_its_own_event_with_exclude_me_false(client):
+    pub = await client()
+    inbox = await listen(pub, "com.self")
+    pub.publish("com.self", "mine", options=PublishOptions(exclude_me=False))
+    pub.publish("com.self", SENTINEL, options=PublishOptions(exclude_me=False))
+    assert await inbox.args_before_sentinel() == [("mine",)]
+
+
+# -- subscriber black- and whitelisting -------------------------------------------------
+
+
+async def _two_subscribers(client, topic: str, **kwargs: Any):
+    a = await client(authid=kwargs.get("authid_a"))
+    b = await client(authid=kwargs.get("authid_b"))
+    return a, b, await listen(a, topic), await listen(b, topic)
+
+
+async def test_exclude_drops_the_listed_sessions(client):
+    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
+    pub = await client()
+    pub.publish("com.bw", "x", options=PublishOptions(exclude=[session_id(a)]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox_a.args_before_sentinel() == []
+    assert await inbox_b.args_before_sentinel() == [("x",)]
+
+
+async def test_eligible_delivers_only_to_the_listed_sessions(client):
+    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
+    pub = await client()
+    pub.publish("com.bw", "x", options=PublishOptions(eligible=[session_id(a)]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox_a.args_before_sentinel() == [("x",)]
+    assert await inbox_b.args_before_sentinel() == []
+
+
+async def test_an_empty_eligible_list_delivers_to_nobody(client):
+    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
+    pub = await client()
+    pub.publish("com.bw", "x", options=PublishOptions(eligible=[]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox_a.args_before_sentinel() == []
+    assert await inbox_b.args_before_sentinel() == []
+
+
+async def test_exclude_takes_precedence_over_eligible(client):
+    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
+    pub = await client()
+    pub.publish("com.bw", "x", options=PublishOptions(eligible=[session_id(a), session_id(b)],
+                                                      exclude=[session_id(b)]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox_a.args_before_sentinel() == [("x",)]
+    assert await inbox_b.args_before_sentinel() == []
+
+
+async def test_hello_authid_is_kept_as_the_anonymous_sessions_authid(client):
+    session = await client(authid="device-7")
+    assert authid(session) == "device-7"
+    assert session.welcome_details.authrole == "anonymous"
+
+
+async def test_exclude_authid_drops_sessions_with_a_listed_authid(client):
+    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw", authid_a="alice",
+                                                    authid_b="bob")
+    pub = await client()
+    pub.publish("com.bw", "x", options=PublishOptions(exclude_authid=["alice", "carol"]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox_a.args_before_sentinel() == []
+    assert await inbox_b.args_before_sentinel() == [("x",)]
+
+
+async def test_eligible_authid_delivers_only_to_sessions_with_a_listed_authid(client):
+    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw", authid_a="alice",
+                                                    authid_b="bob")
+    pub = await client()
+    pub.publish("com.bw", "x", options=PublishOptions(eligible_authid=["alice", "carol"]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox_a.args_before_sentinel() == [("x",)]
+    assert await inbox_b.args_before_sentinel() == []
+
+
+async def test_exclude_authrole_drops_only_sessions_with_a_listed_authrole(client):
+    # every session here is "anonymous": one publication excludes that role, one a role
+    # nobody has
+    sub, pub = await client(), await client()
+    inbox = await listen(sub, "com.bw")
+    pub.publish("com.bw", "mine excluded", options=PublishOptions(exclude_authrole=["anonymous"]))
+    pub.publish("com.bw", "other excluded", options=PublishOptions(exclude_authrole=["admin"]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox.args_before_sentinel() == [("other excluded",)]
+
+
+async def test_eligible_authrole_delivers_only_to_sessions_with_a_listed_authrole(client):
+    sub, pub = await client(), await client()
+    inbox = await listen(sub, "com.bw")
+    pub.publish("com.bw", "mine eligible",
+                options=PublishOptions(eligible_authrole=["anonymous", "admin"]))
+    pub.publish("com.bw", "other eligible", options=PublishOptions(eligible_authrole=["admin"]))
+    pub.publish("com.bw", SENTINEL)
+    assert await inbox.args_before_sentinel() == [("mine eligible",)]
+
+
+async def test_eligible_does_not_override_publisher_exclusion(client):
+    pub = await client()
+    inbox = await listen(pub, "com.self")
+    pub.publish("com.self", "x", options=PublishOptions(eligible=[session_id(pub)]))
+    pub.publish("com.self", SENTINEL, options=PublishOptions(exclude_me=False))
+    assert await inbox.args_before_sentinel() == []
+
+
+# -- acknowledge ------------------------------------------------------------------------
+
+
+async def test_acknowledged_publish_returns_the_publication_id_of_the_event(client):
+    sub, pub = await client(), await client()
+    inbox = await listen(sub, "com.ack")
+    publication = await acked(pub, "com.ack", "x")
+    assert isinstance(publication, int) and 1 <= publication <= 2**53
+    assert (await inbox.next()).details.publication == publication
+
+
+async def test_acknowledged_publish_without_subscribers_is_still_acknowledged(client):
+    pub = await client()
+    assert 1 <= await acked(pub, "com.nobody.listens", "x") <= 2**53
+
+
+async def test_every_publication_gets_its_own_id(client):
+    pub = await client()
+    ids = [await acked(pub, "com.ids", i) for i in range(5)]
+    assert len(set(ids)) == 5
+
+
+# -- publisher identification -----------------------------------------------------------
+
+
+async def test_a_disclosing_permission_makes_events_carry_the_publisher(policy_client):
+    sub = await policy_client("disclosing")
+    pub = await policy_client("disclosing", authid="meter-1")
+    inbox = await listen(sub, "disclosed.reading")
+    pub.publish("disclosed.reading", 42)
+    details = (await inbox.next()).details
+    assert details.publisher == session_id(pub)
+    assert details.publisher_authid == "meter-1"
+    assert details.publisher_authrole == "device"
+
+
+async def test_events_do_not_carry_the_publisher_without_disclosure(policy_client):
+    sub = await policy_client("disclosing")
+    pub = await policy_client("disclosing", authid="meter-1")
+    inbox = await listen(sub, "plain.reading")
+    pub.publish("plain.reading", 42)
+    details = (await inbox.next()).details
+    assert details.publisher is None
+    assert details.publisher_authid is None
+    assert details.publisher_authrole is None
+
+
+async def test_disclose_me_makes_that_event_carry_the_publisher(client, raw):
+    sub = await client()
+    inbox = await listen(sub, "com.who")
+    peer, welcome = await raw()
+    peer.send([PUBLISH, 1, {"disclose_me": True}, "com.who", ["disclosed"]])
+    peer.send([PUBLISH, 2, {}, "com.who", [SENTINEL]])
+    disclosed = await inbox.next()
+    assert disclosed.args == ("disclosed",)
+    assert disclosed.details.publisher == welcome[1]
+    assert disclosed.details.publisher_authid == welcome[2]["authid"]
+    assert disclosed.details.publisher_authrole == "anonymous"
+    undisclosed = await inbox.next()
+    assert undisclosed.args == (SENTINEL,)
+    assert undisclosed.details.publisher is None
+
+
+async def test_disclose_me_with_acknowledge_is_acknowledged(client, raw):
+    sub = await client()
+    inbox = await listen(sub, "com.who")
+    peer, _ = await raw()
+    peer.send([PUBLISH, 5, {"disclose_me": True, "acknowledge": True}, "com.who", []])
+    reply = await peer.receive(TIMEOUT)
+    assert reply[:2] == [PUBLISHED, 5]
+    assert (await inbox.next()).details.publication == reply[2]
+
+
+# -- authorization ----------------------------------------------------------------------
+
+
+async def test_publishing_to_a_wamp_topic_is_not_authorized(client):
+    pub = await client()
+    with pytest.raises(ApplicationError) as raised:
+        await acked(pub, "wamp.session.on_join", {"session": 1})
+    assert raised.value.error == "wamp.error.not_authorized"
+
+
+async def test_a_refused_publication_reaches_no_subscriber(client):
+    sub, pub = await client(), await client()
+    inbox = await listen(sub, "wamp.session.on_join")
+    with pytest.raises(ApplicationError):
+        await acked(pub, "wamp.session.on_join", "forged")
+    await listen(sub, "com.sentinel", inbox=inbox)
+    pub.publish("com.sentinel", SENTINEL)
+    assert await inbox.args_before_sentinel() == []
+
+
+async def test_a_refused_publication_without_acknowledge_gets_no_error(client):
+    # WAMP sends ERROR for PUBLISH only when acknowledge is set; autobahn treats an ERROR
+    # for a request it is not waiting for as a protocol error and drops the connection
+    pub = await client()
+    inbox = await listen(pub, "com.after")
+    pub.publish("wamp.forged", "x")
+    pub.publish("com.after", SENTINEL, options=PublishOptions(exclude_me=False))
+    assert await inbox.args_before_sentinel() == []
+    assert pub.is_attached()
+
+
+async def test_publishing_without_permission_is_not_authorized(policy_client):
+    pub = await policy_client("restricted")
+    with pytest.raises(ApplicationError) as raised:
+        await acked(pub, "other.topic", 1)
+    assert raised.value.error == "wamp.error.not_authorized"
+
+
+async def test_subscribing_without_permission_is_not_authorized(policy_client):
+    sub = await policy_client("restricted")
+    with pytest.raises(ApplicationError) as raised:
+        await asyncio.wait_for(sub.subscribe(lambda *args: None, "other.topic"), TIMEOUT)
+    assert raised.value.error == "wamp.error.not_authorized"
+
+
+async def test_publishing_and_subscribing_with_permission_is_allowed(policy_client):
+    sub, pub = await policy_client("restricted"), await policy_client("restricted")
+    inbox = await listen(sub, "app.reading")
+    publication = await acked(pub, "app.reading", 1)
+    assert (await inbox.next()).details.publication == publication
+
+
+# -- payloads, transports, fan-out ------------------------------------------------------
+
+PAYLOAD_ARGS = [
+    0, 1, -1, 2**31, 2**53, -(2**53), 2**63 - 1, -(2**63), 2**64 - 1,
+    3.141592653589793, -0.5, 1e300, 2.5e-300,
+    "", "ünïcødé ✓ 中文 🎉", "nul \u0000 inside, \"quotes\", \\ and\nnewline",
+    None, True, False,
+    [], [1, [2, [3, ["deep"]]]],
+    {"nested": {"deeper": {"list": [1, "two", 3.5, None]}}},
+]
+PAYLOAD_KWARGS = {
+    "ключ": "значение",
+    "emoji🎉": "🎉",
+    "big": 2**62 + 1,
+    "negative": -(2**40),
+    "float": 1.5e-10,
+    "empty": {},
+    "nested": {"a": {"b": {"c": [None, True, False, 0.25]}}},
+}
+
+
+def typed(value: Any) -> Any:
+    """``value`` with the type of every leaf, so 1 and 1.0 and True compare unequal."""
+    if isinstance(value, dict):
+        return {key: typed(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [typed(item) for item in value]
+    return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize("serializer", list(SERIALIZERS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_every_transport_and_serializer_delivers_args_and_kwargs_unchanged(
+        client, transport, serializer):
+    sub = await client(transport, serializer)
+    pub = await client(transport, serializer)
+    inbox = await listen(sub, "com.payload")
+    pub.publish("com.payload", *PAYLOAD_ARGS, **PAYLOAD_KWARGS)
+    event = await inbox.next()
+    assert typed(event.args) == typed(PAYLOAD_ARGS)
+    assert typed(event.kwargs) == typed(PAYLOAD_KWARGS)
+
+
+async def test_one_publication_reaches_each_of_50_subscribers_exactly_once(client):
+    kinds = [(t, s) for t in TRANSPORTS for s in SERIALIZERS]
+    subscribers = await asyncio.gather(*(client(*kinds[i % len(kinds)]) for i in range(50)))
+    inboxes = await asyncio.gather(*(listen(s, "com.fanout") for s in subscribers))
+    pub = await client()
+    publication = await acked(pub, "com.fanout", "hello")
+    pub.publish("com.fanout", SENTINEL)
+    for inbox in inboxes:
+        got = await inbox.before_sentinel()
+        assert [(r.args, r.details.publication) for r in got] == [(("hello",), publication)]

@@ -1,0 +1,209 @@
+"""Session lifecycle: HELLO -> WELCOME (or ABORT), GOODBYE both ways, protocol violations
+around the opening handshake, and GOODBYE to everyone when the router stops."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from autobahn.wamp import message
+from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
+
+from tests.conftest import TEST_CONFIG, RunningRouter, start_router
+from tests.wamp_client import RawSocketPeer, connect
+
+HELLO_ROLES = {"publisher": {}, "subscriber": {}, "caller": {}, "callee": {}}
+
+# What the router implements, so what WELCOME must announce: nothing more, nothing less.
+BROKER_FEATURES = {
+    "publisher_identification", "pattern_based_subscription", "session_meta_api",
+    "subscription_meta_api", "subscriber_blackwhite_listing", "publisher_exclusion",
+    "payload_transparency", "event_retention", "event_history",
+}
+DEALER_FEATURES = {
+    "caller_identification", "pattern_based_registration", "session_meta_api",
+    "registration_meta_api", "shared_registration", "call_timeout", "call_canceling",
+    "progressive_call_results", "payload_transparency",
+}
+
+
+async def hello(router: Any, realm: str = "realm1", serializer: str = "json",
+                **details: Any) -> tuple[RawSocketPeer, list[Any]]:
+    """A raw RawSocket peer that has sent HELLO; returns it with the router's answer."""
+    peer = await RawSocketPeer.open(router.rawsocket_port, serializer)
+    peer.send([1, realm, {"roles": HELLO_ROLES, **details}])
+    return peer, await peer.receive()
+
+
+async def joined(router: Any, **details: Any) -> tuple[RawSocketPeer, int]:
+    peer, welcome = await hello(router, **details)
+    assert welcome[0] == message.Welcome.MESSAGE_TYPE, welcome
+    return peer, welcome[1]
+
+
+def assert_abort(msg: list[Any] | None, reason: str, text_contains: str = "") -> None:
+    assert msg is not None, "the router closed the connection without ABORT"
+    assert msg[0] == message.Abort.MESSAGE_TYPE, msg
+    assert msg[2] == reason, msg
+    assert isinstance(msg[1].get("message"), str) and text_contains in msg[1]["message"], msg
+
+
+# -- HELLO -> WELCOME ----------------------------------------------------------------------
+
+
+async def test_welcome_announces_broker_and_dealer_with_exactly_the_implemented_features(
+        router):
+    peer, welcome = await hello(router)
+    try:
+        assert welcome[0] == message.Welcome.MESSAGE_TYPE
+        assert welcome[2]["roles"] == {
+            "broker": {"features": {f: True for f in BROKER_FEATURES}},
+            "dealer": {"features": {f: True for f in DEALER_FEATURES}},
+        }
+        # autobahn reads them back as the router's role features
+        roles = message.Welcome.parse(welcome).roles
+        assert isinstance(roles["broker"], RoleBrokerFeatures)
+        assert isinstance(roles["dealer"], RoleDealerFeatures)
+        assert {k for k, v in vars(roles["broker"]).items() if v} == BROKER_FEATURES
+        assert {k for k, v in vars(roles["dealer"]).items() if v} == DEALER_FEATURES
+    finally:
+        peer.close()
+
+
+async def test_welcome_details_reach_autobahn_session_details(client):
+    session = await client("rawsocket-tcp", "cbor", authid="probe-3")
+    details = session.welcome_details
+    assert details.realm == "realm1"
+    assert details.session == session.session_id
+    assert details.authid == "probe-3"
+    assert details.authrole == "anonymous"
+    assert details.authmethod == "anonymous"
+    assert details.authprovider == "static"
+
+
+async def test_session_ids_are_distinct_and_in_the_global_id_range(client, router):
+    sessions = [await client(t, s) for t, s in [("websocket", "json"), ("websocket", "msgpack"),
+                                                 ("rawsocket-tcp", "cbor"),
+                                                 ("rawsocket-unix", "json")]]
+    ids = [s.session_id for s in sessions]
+    peers = []
+    for _ in range(4):
+        peer, session_id = await joined(router)
+        peers.append(peer)
+        ids.append(session_id)
+    assert len(set(ids)) == len(ids)
+    assert all(isinstance(i, int) and 1 <= i <= 2**53 for i in ids), ids
+    for peer in peers:
+        peer.close()
+
+
+async def test_a_session_id_already_in_use_is_never_given_out_again(client, monkeypatch):
+    draws = iter([4711, 4711, 4711, 4712])
+    monkeypatch.setattr("gateway.router.global_id", lambda: next(draws))
+    first = await client()
+    second = await client()
+    assert (first.session_id, second.session_id) == (4711, 4712)
+
+
+# -- ABORT before WELCOME ------------------------------------------------------------------
+
+
+async def test_hello_for_an_unknown_realm_is_aborted_with_no_such_realm(router):
+    peer, answer = await hello(router, realm="com.nowhere")
+    assert_abort(answer, "wamp.error.no_such_realm", "com.nowhere")
+    assert await peer.closed()
+
+
+async def test_autobahn_join_of_an_unknown_realm_fails_with_no_such_realm(router):
+    with pytest.raises(ConnectionRefusedError, match="wamp.error.no_such_realm"):
+        await connect(router, realm="com.nowhere")
+
+
+async def test_a_message_other_than_hello_before_welcome_is_a_protocol_violation(router):
+    for first in ([32, 1, {}, "com.topic"],             # SUBSCRIBE
+                  [48, 1, {}, "com.proc"],              # CALL
+                  [16, 1, {}, "com.topic"],             # PUBLISH
+                  [6, {}, "wamp.close.close_realm"],    # GOODBYE
+                  [5, "secret", {}]):                   # AUTHENTICATE, unasked for
+        peer = await RawSocketPeer.open(router.rawsocket_port)
+        peer.send(first)
+        assert_abort(await peer.receive(), "wamp.error.protocol_violation", "HELLO")
+        assert await peer.closed()
+
+
+# -- after WELCOME -------------------------------------------------------------------------
+
+
+async def test_a_second_hello_is_aborted_with_protocol_violation(client, router):
+    observer = await client()
+    peer, session_id = await joined(router)
+    peer.send([1, "realm1", {"roles": HELLO_ROLES}])
+    assert_abort(await peer.receive(), "wamp.error.protocol_violation", "HELLO")
+    assert await peer.closed()
+    assert session_id not in await observer.call("wamp.session.list")
+    assert await observer.call("wamp.session.count") == 1  # the observer is unaffected
+
+
+async def test_goodbye_is_answered_with_goodbye_and_out_then_the_connection_closes(router):
+    peer, _ = await joined(router)
+    peer.send([6, {"message": "bye"}, "wamp.close.close_realm"])
+    answer = await peer.receive()
+    assert answer[0] == message.Goodbye.MESSAGE_TYPE, answer
+    assert answer[2] == "wamp.close.goodbye_and_out"
+    assert await peer.closed()
+
+
+async def test_autobahn_leave_is_answered_with_goodbye_and_out(client):
+    session = await client()
+    session.leave()
+    details = await asyncio.wait_for(session.left, 2)
+    assert details.reason == "wamp.close.goodbye_and_out"
+
+
+async def test_a_session_that_said_goodbye_is_gone_from_session_list(client):
+    observer, leaver = await client(), await client("rawsocket-unix", "msgpack")
+    leaver_id = leaver.session_id
+    assert leaver_id in await observer.call("wamp.session.list")
+    leaver.leave()
+    await asyncio.wait_for(leaver.left, 2)
+    assert await observer.call("wamp.session.list") == [observer.session_id]
+
+
+# -- the router stops ----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def own_router(tmp_path: Path):
+    """A router of the test's own, which the test stops itself (stopped again, harmlessly,
+    at teardown in case the test failed before)."""
+    path = tmp_path / "own.sock"
+    node = await start_router(TEST_CONFIG.format(unix_path=path, data_dir=tmp_path / "data"))
+    yield RunningRouter(node, str(path))
+    await node.stop()
+
+
+async def test_stopping_the_router_says_goodbye_system_shutdown_to_every_client(own_router):
+    clients = [await connect(own_router, t, s)
+               for t, s in [("websocket", "json"), ("websocket", "cbor"),
+                            ("rawsocket-tcp", "msgpack"), ("rawsocket-unix", "json")]]
+    clients.append(await connect(own_router, realm="realm2"))
+    await own_router.node.stop()
+    for c in clients:
+        details = await asyncio.wait_for(c.left, 2)
+        assert details.reason == "wamp.close.system_shutdown"
+        await asyncio.wait_for(c.disconnected, 2)
+    assert own_router.node.router.sessions == {}
+
+
+async def test_stopping_the_router_sends_goodbye_then_closes_the_connection(own_router):
+    peer, _ = await joined(own_router)
+    stopping = asyncio.ensure_future(own_router.node.stop())
+    goodbye = await peer.receive()
+    assert goodbye[0] == message.Goodbye.MESSAGE_TYPE, goodbye
+    assert goodbye[2] == "wamp.close.system_shutdown"
+    assert goodbye[1].get("message")
+    peer.send([6, {}, "wamp.close.goodbye_and_out"])  # the client's answer, as WAMP asks
+    assert await peer.closed()
+    await stopping
