@@ -89,6 +89,15 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy in processes incl. steal, busy in interrupts/softirqs) CPU seconds of the whole
+    machine so far, from /proc/stat. Loopback TCP work often lands in softirq time."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + steal) / CLK_TCK, (irq + softirq) / CLK_TCK
+
+
 def wait_for_ports(ports: list[int], alive: Any, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     for port in ports:
@@ -335,10 +344,15 @@ def drive_throughput(pub: Publisher, group: SubscriberGroup, duration: float, wi
     cpu0 = time.process_time()
     t0 = time.perf_counter_ns()
     deadline = t0 + int(duration * 1e9)
+    sample_every = 500_000_000
+    next_sample, samples = t0 + sample_every, [(t0, 0)]
     while True:
         now = time.perf_counter_ns()
         if now >= deadline:
             break
+        if now >= next_sample:
+            samples.append((now, sum(counts)))
+            next_sample += sample_every
         if seq + batch - min(counts) > window:
             stalls += 1
             time.sleep(0.0002)
@@ -348,8 +362,11 @@ def drive_throughput(pub: Publisher, group: SubscriberGroup, duration: float, wi
     send_end = time.perf_counter_ns()
     publisher_cpu = time.process_time() - cpu0
     delivered = wait_delivered(counts, seq, timeout=max(10.0, duration * 2))
+    rates = [(c1 - c0) / ((t1 - t0_) / 1e9)
+             for (t0_, c0), (t1, c1) in zip(samples, samples[1:], strict=False)]
     return {"sent": seq, "t0": t0, "send_end": send_end, "end": max(group.lasts),
-            "all_delivered": delivered, "stalls": stalls, "publisher_cpu": publisher_cpu}
+            "all_delivered": delivered, "stalls": stalls, "publisher_cpu": publisher_cpu,
+            "interval_rates": rates}
 
 
 def drive_paced(pub: Publisher, group: SubscriberGroup, rate: float, duration: float,
@@ -476,9 +493,12 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
             out = RESULTS_DIR / f"profile-{server.name}-{case.transport}-{case.subscribers}.txt"
             profiler = Profiler(server.pid, duration, out)
-        server_cpu0, wall0 = server.cpu_seconds(), time.perf_counter()
+        server_cpu0, busy0 = server.cpu_seconds(), machine_busy_seconds()
+        wall0 = time.perf_counter()
         tp = drive_throughput(pub, group, duration, opts.window, opts.batch)
         server_cpu = server.cpu_seconds() - server_cpu0
+        busy1 = machine_busy_seconds()
+        busy, irq = busy1[0] - busy0[0], busy1[1] - busy0[1]
         cpu_wall = time.perf_counter() - wall0
         stats = group.command("phase", "latency")
         if profiler is not None:
@@ -486,6 +506,8 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
         elapsed = (tp["end"] - tp["t0"]) / 1e9
         delivered = sum(stats.counts)
         result["problems"] += check(stats, tp["sent"], case.subscribers)
+        client_cpu = stats.cpu + tp["publisher_cpu"]
+        rates = sorted(tp["interval_rates"])
         result.update({
             "duration_s": round(elapsed, 3),
             "published": tp["sent"],
@@ -496,7 +518,13 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
             "drain_ms": round((tp["end"] - tp["send_end"]) / 1e6, 1),
             "window_stalls": tp["stalls"],
             "server_cpu_pct": round(100 * server_cpu / cpu_wall),
-            "client_cpu_pct": round(100 * (stats.cpu + tp["publisher_cpu"]) / cpu_wall),
+            "client_cpu_pct": round(100 * client_cpu / cpu_wall),
+            # what other programs on the machine used meanwhile, and interrupt/softirq time
+            "other_cpu_pct": round(100 * max(0.0, busy - server_cpu - client_cpu) / cpu_wall),
+            "softirq_cpu_pct": round(100 * irq / cpu_wall),
+            "interval_events_per_s": [round(r) for r in tp["interval_rates"]],
+            "interval_spread_pct": (round(100 * (rates[-1] - rates[0]) / rates[len(rates) // 2])
+                                    if len(rates) > 1 and rates[len(rates) // 2] else None),
             "subscriber_cpu_s": round(stats.cpu, 2),
             "publisher_cpu_s": round(tp["publisher_cpu"], 2),
             "profiled": profile,
@@ -556,6 +584,22 @@ def machine() -> dict[str, Any]:
     }
 
 
+def source_version() -> dict[str, Any]:
+    """The commit the router code comes from, and whether gateway/ has local changes."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                                  timeout=5, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    dirty = git("status", "--porcelain", "--", "gateway")
+    return {"commit": git("rev-parse", "HEAD"),
+            "gateway_dirty": None if dirty is None else bool(dirty)}
+
+
 def fmt(value: Any, spec: str = "") -> str:
     if value is None:
         return "-"
@@ -564,7 +608,7 @@ def fmt(value: Any, spec: str = "") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("server", "case", "transport/serializer", "subs", "events/s", "pub/s", "p50 ms",
-            "p99 ms", "lat @/s", "srv cpu", "cli cpu", "ok")
+            "p99 ms", "lat @/s", "srv cpu", "cli cpu", "other", "ok")
     rows = [head]
     for r in results:
         rows.append((
@@ -573,7 +617,7 @@ def table(results: list[dict[str, Any]]) -> str:
             fmt(r.get("publishes_per_s"), ","), fmt(r.get("p50_ms"), ".2f"),
             fmt(r.get("p99_ms"), ".2f"), fmt(r.get("lat_rate"), ","),
             fmt(r.get("server_cpu_pct"), "d") + "%", fmt(r.get("client_cpu_pct"), "d") + "%",
-            "yes" if r["ok"] else "NO",
+            fmt(r.get("other_cpu_pct"), "d") + "%", "yes" if r["ok"] else "NO",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = []
@@ -698,8 +742,13 @@ def main(argv: list[str] | None = None) -> int:
           "pub/s: PUBLISHes/s.")
     print("p50/p99: publish->event latency in a paced run at 'lat @/s' publications/s. "
           "srv/cli cpu: CPU")
-    print("of the server process / of all client processes during the throughput phase "
-          "(100% = one core).")
+    print("of the server process / of all client processes / of anything else on the machine "
+          "during the")
+    print("throughput phase (100% = one core). A large 'other' means the numbers are disturbed.")
+    busy = [r for r in router_results + check_results if (r.get("other_cpu_pct") or 0) > 15]
+    if busy:
+        print(f"WARNING: other load on the machine during {len(busy)} case(s); "
+              "rerun on a quiet machine")
     verdict = generator_verdict(router_results, check_results)
     if verdict:
         print("generator check:")
@@ -722,6 +771,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "pubsub",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": info,
+        "source": source_version(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()},
         "router": router_results,
         "generator_check": check_results,

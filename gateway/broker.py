@@ -122,6 +122,8 @@ class Broker:
 
     def _send_retained(self, session: Session, sub: Subscription, out: Outbox) -> None:
         for pub in self.realm.retention.for_subscriber(sub.uri, sub.match, session):
+            if sub.match != "exact" and not self.may_receive(session, pub.topic):
+                continue
             out.send(session, m.Event(
                 sub.id, pub.publication, args=pub.args, kwargs=pub.kwargs,
                 topic=pub.topic if sub.match != "exact" else None, retained=True,
@@ -238,10 +240,18 @@ class Broker:
                 enc_algo=msg.enc_algo, enc_key=msg.enc_key, enc_serializer=msg.enc_serializer,
                 **who,
             )
+            # A pattern subscription was authorized on its pattern; each concrete topic must
+            # be one its subscriber's role may subscribe to as well.
+            check_topic = sub.match != "exact"
             for receiver in sub.subscribers:
                 if receiver is skip or (eligible is not None and not eligible(receiver)):
                     continue
+                if check_topic and not self.may_receive(receiver, msg.topic):
+                    continue
                 out.send(receiver, event)
+
+    def may_receive(self, session: Session, topic: str) -> bool:
+        return self.realm.authorizer.allowed(session.authrole, topic, "subscribe") is not None
 
     def publish_internal(self, topic: str, args: list[Any], out: Outbox) -> None:
         """A publication from the router itself (meta events)."""

@@ -160,16 +160,31 @@ async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscript
         where.append(f"seq {op} ?")
         params.append(seq)
     page = min(query.limit or page_cap, page_cap)
-    order = "DESC" if query.reverse else "ASC"
-    rows = await store.query(
-        f"SELECT publication, topic, wall_ms, details, payload FROM publications "
-        f"WHERE {' AND '.join(where)} ORDER BY seq {order} LIMIT ?", [*params, page + 1])
-    events = [_event(sub.id, row) for row in rows[:page]]
-    return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
+    order, beyond = ("DESC", "<") if query.reverse else ("ASC", ">")
+    sql = (f"SELECT seq, publication, topic, wall_ms, details, payload FROM publications "
+           f"WHERE {' AND '.join(where)} AND seq {beyond} ? ORDER BY seq {order} LIMIT ?")
+    # A pattern subscription may match topics the caller's role may not subscribe to:
+    # those rows are skipped, and more are read until the page is full.
+    check_topic = sub.match != "exact"
+    events: list[dict[str, Any]] = []
+    last_seq = 2**63 - 1 if query.reverse else 0
+    more = False
+    while True:
+        rows = await store.query(sql, [*params, last_seq, page + 1])
+        for row in rows:
+            if len(events) == page:
+                more = True
+                break
+            if not check_topic or realm.broker.may_receive(caller, row[2]):
+                events.append(_event(sub.id, row))
+        if more or len(rows) <= page:
+            break
+        last_seq = rows[-1][0]
+    return MetaResult(args=[events], kwargs={"is_limit_reached": more})
 
 
 def _event(subscription: int, row: tuple[Any, ...]) -> dict[str, Any]:
-    publication, topic, wall_ms, details, payload = row
+    _, publication, topic, wall_ms, details, payload = row
     args, kwargs = msgpack.unpackb(payload, raw=False)
     event = {"timestamp": rfc3339(wall_ms), "subscription": subscription,
              "publication": publication, "details": json.loads(details) if details else {}}

@@ -105,6 +105,7 @@ class Router:
         self.realms = {rc.name: Realm(rc, store, self.clock, config.router.history_page_cap)
                        for rc in config.realms}
         self.sessions: dict[int, Session] = {}
+        self.stopping = False  # after shutdown(): no new sessions
 
     # -- the entry points ----------------------------------------------------------------
 
@@ -137,7 +138,8 @@ class Router:
         self._detach(session, out)
 
     def shutdown(self, out: Outbox) -> None:
-        """Say GOODBYE to every session (SIGTERM)."""
+        """Say GOODBYE to every session (SIGTERM); a HELLO coming later is refused."""
+        self.stopping = True
         for session in list(self.sessions.values()):
             out.send(session, m.Goodbye("wamp.close.system_shutdown", "the router is stopping"))
             out.close(session)
@@ -149,6 +151,9 @@ class Router:
     def _opening(self, session: Session, msg: m.Message, out: Outbox) -> None:
         if not isinstance(msg, m.Hello):
             raise ProtocolViolation(f"expected HELLO, got {type(msg).__name__.upper()}")
+        if self.stopping:
+            self.abort(session, "wamp.close.system_shutdown", "the router is stopping", out)
+            return
         realm = self.realms.get(msg.realm)
         if realm is None:
             self.abort(session, "wamp.error.no_such_realm",

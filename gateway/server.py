@@ -19,7 +19,7 @@ from autobahn.wamp import message as m
 from gateway.config import Config, Endpoint
 from gateway.core import Outbox, Session, Task, Timer
 from gateway.router import Router
-from gateway.store import Store
+from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
 
 log = logging.getLogger("cairn.server")
@@ -35,6 +35,8 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self.urls: list[str] = []
         self.store: Store | None = None
+        self._maintenance: asyncio.Task | None = None
+        self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
 
     # -- the outbox pump -----------------------------------------------------------------
@@ -127,6 +129,28 @@ class Node:
             realm.restore(subscriptions, retained)
         log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
                  path, len(retained), len(subscriptions), self.store.next_seq)
+        self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
+
+    def prune_rules(self) -> list[PruneRule]:
+        return [PruneRule(realm.name, i, rule.max_events,
+                          int(rule.max_age * 1000) if rule.max_age else None)
+                for realm in self.config.realms for i, rule in enumerate(realm.history)]
+
+    async def prune(self) -> None:
+        """Keep history within its bounds (per rule and overall); drops become gap records."""
+        if self.store is None:
+            return
+        reading, _ = self.router.clock.read()
+        await self.store.prune(self.prune_rules(), self.config.router.max_store_bytes,
+                               reading.wall_ms, reading.synced)
+
+    async def _maintain(self) -> None:
+        while True:
+            await asyncio.sleep(self.maintenance_interval)
+            try:
+                await self.prune()
+            except Exception:
+                log.exception("pruning the store failed; will try again")
 
     async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
@@ -169,7 +193,8 @@ class Node:
         self.flush(out)
         for server in self._servers:
             server.close()
-        await asyncio.sleep(0.2)  # let GOODBYEs reach the wire
+        if out.messages:
+            await asyncio.sleep(0.2)  # let GOODBYEs reach the wire
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1)
@@ -177,6 +202,8 @@ class Node:
             if endpoint.path:
                 with contextlib.suppress(OSError):
                     Path(endpoint.path).unlink()
+        if self._maintenance is not None:
+            self._maintenance.cancel()
         if self.store is not None:
             await self.store.close()
             self.store = None

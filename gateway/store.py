@@ -152,6 +152,16 @@ class Gap:
     reason: str
 
 
+@dataclass(frozen=True)
+class PruneRule:
+    """The bounds of one history rule of one realm."""
+
+    realm: str
+    index: int
+    max_events: int
+    max_age_ms: int | None
+
+
 @dataclass
 class _Pending:
     publications: list[StoredPublication] = field(default_factory=list)
@@ -199,6 +209,7 @@ class Store:
         self.next_seq = 1
         self.commit_latencies: list[float] = []  # seconds, recent commits (for metrics)
         self.failed_writes = 0
+        self._transaction = asyncio.Lock()  # one transaction at a time on the writer
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -329,6 +340,10 @@ class Store:
         self._pending.gaps.extend(batch.gaps)
 
     async def _commit(self, batch: _Pending) -> None:
+        async with self._transaction:
+            await self._commit_locked(batch)
+
+    async def _commit_locked(self, batch: _Pending) -> None:
         db = self._writer
         await db.execute("BEGIN IMMEDIATE")
         history = [p for p in batch.publications if p.history_rule is not None]
@@ -374,6 +389,98 @@ class Store:
                 "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)", (highest,))
         await db.execute("COMMIT")
 
+    # -- bounds --------------------------------------------------------------------------
+
+    async def set_synced_seq(self, seq: int) -> None:
+        """Everything up to ``seq`` has reached the central sink (the uploader says so)."""
+        async with self._transaction:
+            await self._writer.execute(
+                "INSERT INTO meta (key, value) VALUES ('synced_seq', ?) ON CONFLICT(key) "
+                "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)", (seq,))
+
+    async def synced_seq(self) -> int:
+        rows = await self.query("SELECT value FROM meta WHERE key = 'synced_seq'", ())
+        return int(rows[0][0]) if rows else 0
+
+    async def prune(self, rules: list[PruneRule], max_bytes: int, now_ms: int,
+                    clock_synced: bool) -> list[Gap]:
+        """Drop what is over the bounds, synced events first, and record each drop as a gap.
+
+        ``max_age`` is applied only while the clock is synchronized and only to events
+        recorded with a synchronized clock: a Pi that boots in 1970 must not mistake
+        everything it stored for ancient history.
+        """
+        gaps: list[Gap] = []
+        synced = await self.synced_seq()
+        async with self._transaction:
+            db = self._writer
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                for rule in rules:
+                    where, params = "realm = ? AND rule = ?", [rule.realm, rule.index]
+                    (count,), = await self._fetch(
+                        f"SELECT COUNT(*) FROM publications WHERE {where}", params)
+                    if count > rule.max_events:
+                        gaps += await self._drop(where, params, count - rule.max_events,
+                                                 synced, rule, "max_events")
+                    if rule.max_age_ms is not None and clock_synced:
+                        age_where = f"{where} AND clock_synced = 1 AND wall_ms < ?"
+                        age_params = [*params, now_ms - rule.max_age_ms]
+                        (old,), = await self._fetch(
+                            f"SELECT COUNT(*) FROM publications WHERE {age_where}", age_params)
+                        if old:
+                            gaps += await self._drop(age_where, age_params, old, synced, rule,
+                                                     "max_age")
+                while await self._used_bytes() > max_bytes:
+                    dropped = await self._drop("1", [], 1000, synced, None, "max_store_bytes")
+                    if not dropped:
+                        break
+                    gaps += dropped
+                now = int(time.time() * 1000)
+                await db.executemany(
+                    "INSERT INTO gaps (realm, rule, first_seq, last_seq, count, reason, wall_ms)"
+                    " VALUES (?,?,?,?,?,?,?)",
+                    [(g.realm, g.rule, g.first_seq, g.last_seq, g.count, g.reason, now)
+                     for g in gaps])
+                await db.execute("COMMIT")
+            except BaseException:
+                await db.execute("ROLLBACK")
+                raise
+        if gaps:
+            await self._writer.execute("PRAGMA incremental_vacuum")
+            for g in gaps:
+                log.warning("dropped %d events (seq %s..%s, %s) to stay within %s", g.count,
+                            g.first_seq, g.last_seq, g.realm or "all realms", g.reason)
+        return gaps
+
+    async def _drop(self, where: str, params: list[Any], count: int, synced: int,
+                    rule: PruneRule | None, reason: str) -> list[Gap]:
+        """Delete the ``count`` oldest rows matching ``where``: synced ones first."""
+        victims = await self._fetch(
+            f"SELECT seq, realm FROM publications WHERE {where} "
+            f"ORDER BY seq > ?, seq LIMIT ?", [*params, synced, count])
+        if not victims:
+            return []
+        await self._writer.executemany("DELETE FROM publications WHERE seq = ?",
+                                       [(seq,) for seq, _ in victims])
+        seqs = [seq for seq, _ in victims]
+        return [Gap(rule.realm if rule else None, rule.index if rule else None,
+                    min(seqs), max(seqs), len(seqs), reason)]
+
+    async def _fetch(self, sql: str, params: Iterable[Any]) -> list[tuple[Any, ...]]:
+        async with self._writer.execute(sql, tuple(params)) as cur:
+            return [tuple(row) for row in await cur.fetchall()]
+
+    async def _used_bytes(self) -> int:
+        (pages, free, size), = await self._fetch(
+            "SELECT * FROM pragma_page_count(), pragma_freelist_count(), pragma_page_size()", ())
+        return (pages - free) * size
+
+    async def gaps(self) -> list[tuple[Any, ...]]:
+        return await self.query(
+            "SELECT realm, rule, first_seq, last_seq, count, reason, wall_ms FROM gaps "
+            "ORDER BY id", ())
+
     # -- reading -------------------------------------------------------------------------
 
     async def load_subscriptions(self) -> list[tuple[int, str, str, str, str]]:
@@ -413,6 +520,7 @@ class Store:
 
 
 async def _configure(db: aiosqlite.Connection) -> None:
+    await db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new database
     await db.execute("PRAGMA journal_mode = WAL")
     await db.execute("PRAGMA synchronous = FULL")
     await db.execute("PRAGMA foreign_keys = ON")

@@ -57,6 +57,11 @@ def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, A
             msg = cls.parse(raw)
             if cls is m.Subscribe:  # autobahn allows empty components whatever the policy
                 _check_pattern(msg.topic, msg.match, "'topic' in SUBSCRIBE")
+            if cls in _WITH_PAYLOAD:
+                for name in ("args", "kwargs"):
+                    problem = _unportable(getattr(msg, name))
+                    if problem is not None:
+                        raise ProtocolError(f"{cls.__name__.upper()} {name}{problem}")
         except ProtocolError:
             raise
         except Exception as e:  # autobahn's parsers assume well-formed input in places
@@ -77,6 +82,34 @@ def _check_pattern(uri: str, match: str | None, what: str) -> None:
     # last component only in prefixes
     check_or_raise_uri(uri, what, allow_empty_components=match == "wildcard",
                        allow_last_empty=match == "prefix")
+
+
+_WITH_PAYLOAD = (m.Publish, m.Call, m.Yield, m.Error)
+
+
+def _unportable(value: Any) -> str | None:
+    """Where and why ``value`` cannot be carried by every serializer, or None if it can: what
+    a CBOR peer sends must reach JSON and MessagePack peers too, not be dropped on the way."""
+    kind = type(value)
+    if value is None or kind is str or kind is bytes or kind is float or kind is bool:
+        return None
+    if kind is int:
+        return None if -(2**63) <= value < 2**64 else ": integer out of the 64-bit range"
+    if kind is list:
+        for i, item in enumerate(value):
+            problem = _unportable(item)
+            if problem is not None:
+                return f"[{i}]{problem}"
+        return None
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return f": map key {key!r:.40} is not a string"
+            problem = _unportable(item)
+            if problem is not None:
+                return f"[{key!r:.40}]{problem}"
+        return None
+    return f": {kind.__name__} is not a value every WAMP serializer can carry"
 
 
 def _options(cls: type, raw: list[Any]) -> dict[str, Any]:
@@ -175,6 +208,7 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
         if self._session is not None:
             self._session.violation(
                 f"message of {msg_size} bytes exceeds the maximum of {max_msg_size} bytes")
+            self.failedByMe = True  # autobahn then drops the rest of the message unbuffered
         else:
             super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
 

@@ -12,8 +12,10 @@ import json
 import re
 import socket
 import struct
+from datetime import UTC, datetime
 from typing import Any
 
+import cbor2
 import msgpack
 import pytest
 from autobahn.wamp.types import PublishOptions
@@ -255,6 +257,68 @@ async def test_websocket_oversized_message(router, client):
     await witness.check()
 
 
+async def test_websocket_oversized_message_is_not_buffered(router, client):
+    """After the ABORT for an oversized message the router drops the rest of it unread into
+    memory: a peer announcing a 100 MB frame cannot make the router hold 100 MB."""
+    witness = await Witness.join(client, "rawsocket-tcp", "rs")
+    peer = await ws_open(router, "msgpack", hello=False)
+    peer.send(HELLO)
+    session_id = (await peer.receive())[1]
+    server_side = router.node.router.sessions[session_id].link.transport
+    transport = peer.proto.transport
+    # one masked binary frame of 100 MB (mask key 0), streamed by hand: 8 MB of it
+    transport.write(bytes([0x82, 0x80 | 127]) + struct.pack("!Q", 100 * 2**20) + bytes(4))
+    chunk = bytes(2**20)
+    for _ in range(8):
+        if peer.proto.transport is None:
+            break
+        transport.write(chunk)
+        while peer.proto.transport is not None and transport.get_write_buffer_size() > 2**20:
+            await asyncio.sleep(0.001)
+    text = await ws_expect_abort(peer, r"exceeds", r"65536")
+    assert "104857600" in text
+    buffered = sum(len(part) for part in server_side.frame_data or ())
+    buffered += sum(len(part) for part in server_side.message_data or ())
+    assert buffered <= 65536, f"the router buffered {buffered} bytes of an oversized message"
+    await witness.check()
+
+
+UNPORTABLE = [
+    ("json-huge-int", "json", b'[16, 1, {}, "com.t", [100000000000000000000000000]]',
+     [r"PUBLISH args\[0\]", "64-bit"]),
+    ("msgpack-ext-type", "msgpack", msgpack.packb([16, 1, {}, "com.t", [msgpack.ExtType(5, b"x")]]),
+     [r"PUBLISH args\[0\]", "ExtType"]),
+    ("cbor-datetime", "cbor", cbor2.dumps([16, 1, {}, "com.t", [], {"at": [datetime.now(UTC)]}]),
+     [r"PUBLISH kwargs\['at'\]\[0\]", "datetime"]),
+    ("cbor-set", "cbor", cbor2.dumps([48, 1, {}, "com.p", [{1, 2}]]), [r"CALL args\[0\]", "set"]),
+    ("cbor-int-key", "cbor", cbor2.dumps([48, 1, {}, "com.p", [{1: 2}]]),
+     [r"CALL args\[0\]", "key"]),
+    ("cbor-undefined", "cbor", cbor2.dumps([70, 1, {}, [cbor2.undefined]]),
+     [r"YIELD args\[0\]", "Undefined"]),
+]
+
+
+@pytest.mark.parametrize(("serializer", "data", "words"), [c[1:] for c in UNPORTABLE],
+                         ids=[c[0] for c in UNPORTABLE])
+async def test_payload_not_every_serializer_can_carry(router, client, serializer, data, words):
+    """Such a PUBLISH used to be acknowledged and then silently not delivered to subscribers
+    using another serializer (the router could not re-encode the EVENT for them)."""
+    received: list[tuple[str, Any]] = []
+    for ser in ("json", "msgpack", "cbor"):
+        sub = await client("websocket", ser)
+        await sub.subscribe(lambda *a, ser=ser: received.append((ser, a)), "com.t")
+    peer = await raw_open(router, serializer, hello=True)
+    peer.send_bytes(data)
+    await raw_expect_abort(peer, *words)
+    publisher = await client("rawsocket-tcp", serializer)
+    await publisher.publish("com.t", 1, options=PublishOptions(acknowledge=True))
+    for _ in range(100):
+        if len(received) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(received) == [("cbor", (1,)), ("json", (1,)), ("msgpack", (1,))]
+
+
 @pytest.mark.parametrize("frame_type", [3, 7])
 async def test_rawsocket_invalid_frame_type(router, client, frame_type):
     witness = await Witness.join(client, "websocket", "ws")
@@ -269,25 +333,47 @@ async def test_rawsocket_invalid_frame_type(router, client, frame_type):
 PROBE = 4_242_424_242  # the request id of the CALL that checks a fuzzed session still works
 MESSAGE_TYPES = [1, 2, 3, 4, 5, 6, 8, 16, 17, 32, 33, 34, 35, 36, 48, 49, 50, 64, 65, 66, 67,
                  68, 69, 70]
+OPTION_KEYS = ["match", "acknowledge", "receive_progress", "timeout", "exclude", "eligible",
+               "exclude_authid", "eligible_authrole", "disclose_me", "exclude_me", "roles",
+               "authmethods", "authid", "invoke", "mode", "progress", "retain"]
+URIS = ["com.fuzz.topic", "com.fuzz", "com.fuzz.procedure", "a..b", "", "com.x y", "realm1",
+        "wamp.session.count", "wamp.session.get", "wamp.subscription.lookup",
+        "wamp.subscription.match", "wamp.registration.list_callees", "wamp.session.list"]
+ids = st.sampled_from([0, 1, 2, 3, -1, 2**53, 2**53 + 1]) | st.integers(-(2**63), 2**64 - 1)
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=12),
-    st.binary(max_size=6), st.sampled_from(["com.t", "a..b", "", "wamp.session.count",
-                                            "com.x y", "realm1", "exact", "prefix"]),
+    st.none(), st.booleans(), ids, st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12), st.binary(max_size=6),
+    st.sampled_from([*URIS, "exact", "prefix", "wildcard", "roundrobin", "kill", "skip"]),
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-        st.sampled_from(["match", "acknowledge", "receive_progress", "timeout", "exclude",
-                         "eligible", "disclose_me", "exclude_me", "roles", "authmethods",
-                         "authid", "invoke", "mode", "progress"]) | st.text(max_size=6),
-        inner, max_size=4),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(OPTION_KEYS) | st.text(max_size=6), inner, max_size=4),
     max_leaves=10,
 )
-random_messages = st.builds(
-    lambda kind, fields: [kind, *fields],
-    st.sampled_from(MESSAGE_TYPES) | st.integers(-3, 260) | values,
-    st.lists(values, max_size=6),
+options = st.dictionaries(st.sampled_from(OPTION_KEYS), values, max_size=3)
+uris = st.sampled_from(URIS) | st.text(max_size=10)
+payload = st.sampled_from([[], [[]], [[], {}]]) | st.tuples(st.lists(values, max_size=3)).map(
+    list) | st.tuples(st.lists(values, max_size=3),
+                      st.dictionaries(st.text(max_size=5), values, max_size=3)).map(list)
+
+# messages of any type with any fields
+random_messages = st.builds(lambda kind, fields: [kind, *fields],
+                            st.sampled_from(MESSAGE_TYPES) | st.integers(-3, 260) | values,
+                            st.lists(values, max_size=6))
+# the right shape for what a client sends, with fuzzed ids, options, URIs and payloads
+well_formed = st.one_of(
+    st.builds(lambda r, o, u, p: [16, r, o, u, *p], ids, options, uris, payload),
+    st.builds(lambda r, o, u: [32, r, o, u], ids, options, uris),
+    st.builds(lambda r, s: [34, r, s], ids, ids),
+    st.builds(lambda r, o, u, p: [48, r, o, u, *p], ids, options, uris, payload),
+    st.builds(lambda r, o: [49, r, o], ids, options),
+    st.builds(lambda r, o, u: [64, r, o, u], ids, options, uris),
+    st.builds(lambda r, g: [66, r, g], ids, ids),
+    st.builds(lambda r, o, p: [70, r, o, *p], ids, options, payload),
+    st.builds(lambda t, r, u, p: [8, t, r, {}, u, *p], st.sampled_from([68, 48, 16]) | ids, ids,
+              uris, payload),
+    st.builds(lambda u: [6, {}, u], uris),
 )
 TEMPLATES = [
     HELLO,
@@ -300,6 +386,7 @@ TEMPLATES = [
 
 @st.composite
 def mutated_messages(draw: Any) -> list[Any]:
+    """A valid HELLO, PUBLISH, CALL, SUBSCRIBE or REGISTER with a few things changed."""
     msg = json.loads(json.dumps(draw(st.sampled_from(TEMPLATES))))
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(["replace", "delete", "insert", "option", "truncate"]))
@@ -312,11 +399,11 @@ def mutated_messages(draw: Any) -> list[Any]:
             msg.insert(i, draw(values))
         elif op == "truncate":
             msg = msg[:i]
-        else:
+        elif op == "option":
             dicts = [x for x in msg if isinstance(x, dict)]
             if dicts:
-                dicts[draw(st.integers(0, len(dicts) - 1))][draw(st.text(max_size=10) | st.sampled_from(
-                    ["roles", "match", "acknowledge", "timeout", "invoke", "exclude"]))] = draw(values)
+                target = draw(st.sampled_from(dicts))
+                target[draw(st.sampled_from(OPTION_KEYS) | st.text(max_size=8))] = draw(values)
     return msg
 
 
@@ -330,7 +417,7 @@ async def _answered_or_aborted(peer: RawSocketPeer, sent: list[Any]) -> str:
             assert msg[2] != "wamp.error.internal_error", f"router bug on {sent!r:.300}: {msg}"
             if msg[0] == ABORT:
                 assert msg[1].get("message"), f"ABORT without a reason: {msg}"
-            assert await peer.closed(), f"not closed after {msg[0]} for {sent!r:.300}"
+            assert await peer.closed(), f"not closed after {msg!r:.100} for {sent!r:.300}"
             return "closed"
         if msg[0] in (RESULT, ERROR) and PROBE in msg[1:3]:
             return "answered"
@@ -338,27 +425,97 @@ async def _answered_or_aborted(peer: RawSocketPeer, sent: list[Any]) -> str:
             peer.send([48, PROBE, {}, "wamp.session.count", []])
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(serializer=st.sampled_from(["json", "msgpack", "cbor"]), established=st.booleans(),
-       message=random_messages | mutated_messages())
-async def test_random_and_mutated_messages_are_answered_or_aborted(router, client, serializer,
-                                                                   established, message):
-    peer = await raw_open(router, serializer, hello=established)
+async def _fuzz_one(port: int, serializer: str, established: bool,
+                    messages: list[list[Any]]) -> str:
+    peer = await RawSocketPeer.open(port, serializer)
     try:
-        peer.send(message)
+        if established:
+            peer.send(HELLO)
+            welcome = await peer.receive()
+            assert welcome is not None and welcome[0] == WELCOME, welcome
+        for message in messages:
+            peer.send(message)
         if established:
             peer.send([48, PROBE, {}, "wamp.session.count", []])
-        await _answered_or_aborted(peer, message)
+        return await _answered_or_aborted(peer, messages)
     finally:
         peer.close()
-    assert not router.node.router.realms["realm1"].sessions.keys() - {
-        s.session_id for s in []}
 
 
-async def test_router_works_after_a_fuzzing_run(router, client):
-    fresh = await client("rawsocket-tcp", "msgpack")
-    witness = Witness(fresh, "fresh")
-    await fresh.subscribe(lambda *a: witness.inbox.put_nowait(a), witness.topic)
-    await fresh.register(lambda x: ["echo", x], witness.procedure)
+async def test_random_and_mutated_messages_are_answered_or_aborted(router, client):
+    """Hypothesis drives a client in a worker thread (a loop of its own per example) while the
+    router runs in the test's loop; afterwards a fresh autobahn client must still work."""
+    witness = await Witness.join(client, "websocket", "ws")
+
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(serializer=st.sampled_from(["json", "msgpack", "cbor"]), established=st.booleans(),
+           messages=st.lists(random_messages | mutated_messages() | well_formed,
+                             min_size=1, max_size=3))
+    def fuzz(serializer: str, established: bool, messages: list[list[Any]]) -> None:
+        asyncio.run(_fuzz_one(router.rawsocket_port, serializer, established, messages))
+
+    await asyncio.to_thread(fuzz)
+
     await witness.check()
+    fresh = Witness(await client("rawsocket-tcp", "msgpack"), "fresh")
+    await fresh.session.subscribe(lambda *a: fresh.inbox.put_nowait(a), fresh.topic)
+    await fresh.session.register(lambda x: ["echo", x], fresh.procedure)
+    await fresh.check()
+    for _ in range(50):  # every fuzzing session is gone: nothing leaked
+        if len(router.node.router.sessions) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert len(router.node.router.sessions) == 2
+
+
+# -- a subscriber that stops reading -------------------------------------------------------
+
+
+async def _stalled_subscriber(port: int, topic: str) -> RawSocketPeer:
+    """A RawSocket client with a tiny receive buffer that subscribes, then never reads."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    # a small StreamReader limit: the client stops reading once 16 kB are buffered
+    reader, writer = await asyncio.open_connection(sock=sock, limit=8192)
+    writer.write(bytes([0x7F, 0xF1, 0, 0]))
+    assert (await asyncio.wait_for(reader.readexactly(4), 5))[0] == 0x7F
+    peer = RawSocketPeer(reader, writer, "json")
+    peer.send(HELLO)
+    assert (await peer.receive())[0] == WELCOME
+    peer.send([32, 1, {}, topic])
+    assert (await peer.receive())[0] == 33  # SUBSCRIBED
+    return peer
+
+
+async def test_slow_subscriber_is_disconnected_and_nobody_else_loses_anything(router, client):
+    """Publish ~10 kB events until the router cuts off the subscriber that stopped reading
+    (once more than send_buffer_limit = 1 MiB waits for it), then 20 more."""
+    topic, blob = "com.flood", "x" * 10_000
+    publisher = await Witness.join(client, "websocket", "pub")
+    healthy = await client("rawsocket-unix", "msgpack")
+    received: list[int] = []
+    await healthy.subscribe(lambda i, data: received.append(i), topic)
+    slow = await _stalled_subscriber(router.rawsocket_port, topic)
+
+    published, cut_at = 0, None
+    while published < 1500 and (cut_at is None or published < cut_at + 20):
+        await asyncio.wait_for(publisher.session.publish(
+            topic, published, blob, options=PublishOptions(acknowledge=True)), 5)
+        published += 1
+        if cut_at is None and router.node.slow_consumers:
+            cut_at = published
+    assert cut_at is not None, f"the stalled subscriber was not cut off after {published} events"
+    assert router.node.slow_consumers == 1
+
+    for _ in range(200):
+        if len(received) == published:
+            break
+        await asyncio.sleep(0.02)
+    assert received == list(range(published)), "the healthy subscriber lost events"
+    assert await slow.closed(timeout=5), "the slow subscriber's connection is still open"
+    slow.close()
+    await publisher.check()

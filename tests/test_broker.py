@@ -125,6 +125,7 @@ anonymous_role = "sensor"
   name = "sensor"
   permissions = [
     {{ uri = "app.", match = "prefix", allow = ["publish", "subscribe"] }},
+    {{ uri = "app.secret.", match = "prefix", allow = ["publish"] }},
   ]
 """
 
@@ -555,6 +556,17 @@ async def test_publishing_and_subscribing_with_permission_is_allowed(policy_clie
     inbox = await listen(sub, "app.reading")
     publication = await acked(pub, "app.reading", 1)
     assert (await inbox.next()).details.publication == publication
+
+
+async def test_a_pattern_subscription_gets_no_event_its_role_may_not_subscribe_to(
+        policy_client):
+    sub, pub = await policy_client("restricted"), await policy_client("restricted")
+    with pytest.raises(ApplicationError):
+        await asyncio.wait_for(sub.subscribe(lambda *args: None, "app.secret.key"), TIMEOUT)
+    inbox = await listen(sub, "app.", match="prefix")
+    pub.publish("app.secret.key", "hunter2")
+    pub.publish("app.public", SENTINEL)
+    assert await inbox.args_before_sentinel() == []
 
 
 # -- payloads, transports, fan-out ------------------------------------------------------

@@ -55,20 +55,26 @@ async def call_error(aw: Any) -> ApplicationError:
 
 
 class Cancellable:
-    """An async procedure that never answers on its own and records being cancelled."""
+    """An async procedure that does not answer until released and records being cancelled."""
 
     def __init__(self) -> None:
         self.started = future()
         self.cancelled = future()
+        self._release = future()
 
     async def __call__(self, *args: Any, **kwargs: Any) -> str:
         self.started.set_result(args)
         try:
-            await asyncio.sleep(30)
+            await asyncio.wait_for(asyncio.shield(self._release), 30)
         except asyncio.CancelledError:
             self.cancelled.set_result(True)
             raise
         return "finished"
+
+    async def release(self) -> None:
+        """Let the procedure return (so no task is left behind for the loop to cancel)."""
+        self._release.set_result(None)
+        await asyncio.sleep(0)
 
 
 @pytest.fixture
@@ -154,12 +160,6 @@ async def test_callee_application_error_reaches_the_caller_with_uri_args_and_kwa
     assert error.kwargs == {"x": 2}
 
 
-async def test_call_to_an_unregistered_procedure_gets_no_such_procedure(client):
-    caller = await client()
-    error = await call_error(caller.call("com.nobody.home"))
-    assert error.error == "wamp.error.no_such_procedure"
-
-
 # -- registration errors ---------------------------------------------------------------------
 
 
@@ -190,15 +190,6 @@ async def test_calling_after_unregister_gets_no_such_procedure(client):
     assert error.error == "wamp.error.no_such_procedure"
 
 
-async def test_procedure_can_be_registered_again_after_unregister(client):
-    first = await client()
-    second = await client()
-    registration = await first.register(lambda: "first", "com.again")
-    await wait(registration.unregister())
-    await second.register(lambda: "second", "com.again")
-    assert await wait(first.call("com.again")) == "second"
-
-
 async def test_unregistering_an_unknown_registration_gets_no_such_registration(raw):
     peer = await raw(CALLEE_ROLES)
     peer.send([UNREGISTER, 7, 123456789])
@@ -221,6 +212,21 @@ async def test_registering_under_wamp_prefix_is_refused(client):
     callee = await client()
     error = await call_error(callee.register(lambda: 1, "wamp.my.procedure"))
     assert error.error == "wamp.error.invalid_uri"
+
+
+async def test_only_the_invoked_callee_can_answer_an_invocation(client, raw):
+    callee = await raw(CALLEE_ROLES)
+    await raw_register(callee, "com.mine")
+    impostor = await raw(CALLEE_ROLES)
+    caller = await client()
+    call = asyncio.ensure_future(caller.call("com.mine"))
+    invocation = await callee.receive(2)
+    impostor.send([YIELD, invocation[1], {}, ["forged"]])
+    impostor.send([ERROR, INVOCATION, invocation[1], {}, "com.forged"])
+    await asyncio.sleep(0.05)
+    assert not call.done()
+    callee.send([YIELD, invocation[1], {}, ["genuine"]])
+    assert await wait(call) == "genuine"
 
 
 # -- pattern-based registrations -------------------------------------------------------------
@@ -308,13 +314,6 @@ async def test_invoke_last_always_picks_the_last_registered_callee(client):
     await shared_callees(client, "last", 3, "com.shared.last")
     caller = await client()
     assert [await wait(caller.call("com.shared.last")) for _ in range(4)] == [2, 2, 2, 2]
-
-
-async def test_invoke_random_only_picks_registered_callees(client):
-    await shared_callees(client, "random", 3, "com.shared.random")
-    caller = await client()
-    answers = {await wait(caller.call("com.shared.random")) for _ in range(30)}
-    assert answers <= {0, 1, 2} and len(answers) > 1
 
 
 async def test_mismatched_invoke_policy_gets_procedure_already_exists(client):
@@ -574,24 +573,15 @@ async def raw_call_in_progress(client, raw, callee_roles: dict[str, Any] | None 
     return caller, callee, slow
 
 
-async def test_cancel_skip_answers_the_caller_at_once_and_leaves_the_callee_running(
+async def test_cancel_skip_answers_the_caller_at_once_without_interrupting_the_callee(
         client, raw):
-    caller, _, slow = await raw_call_in_progress(client, raw)
-    caller.send([CANCEL, 1, {"mode": "skip"}])
-    error = await caller.receive(2)
-    assert error[:5] == [ERROR, CALL, 1, {}, "wamp.error.canceled"]
-    await asyncio.sleep(0.2)
-    assert not slow.cancelled.done()
-
-
-async def test_cancel_skip_drops_the_callee_late_result(client, raw):
     caller, callee, _ = await raw_call_in_progress(client, raw, CALLEE_ROLES)
     invocation = await callee.receive(2)
     caller.send([CANCEL, 1, {"mode": "skip"}])
     assert (await caller.receive(2))[:5] == [ERROR, CALL, 1, {}, "wamp.error.canceled"]
+    assert await nothing_more(callee, 0.1)  # skip: no INTERRUPT
     callee.send([YIELD, invocation[1], {}, ["late"]])
-    assert await nothing_more(caller)
-    assert await nothing_more(callee, 0.05)  # no INTERRUPT in skip mode
+    assert await nothing_more(caller)  # the callee's late result is dropped
 
 
 async def test_cancel_kill_interrupts_the_callee_and_forwards_its_answer(client, raw):
@@ -603,16 +593,6 @@ async def test_cancel_kill_interrupts_the_callee_and_forwards_its_answer(client,
     assert await nothing_more(caller, 0.2)  # kill: the caller waits for the callee
     callee.send([ERROR, INVOCATION, invocation[1], {}, "wamp.error.canceled", ["stopped"]])
     assert await caller.receive(2) == [ERROR, CALL, 1, {}, "wamp.error.canceled", ["stopped"]]
-
-
-async def test_cancel_kill_cancels_an_autobahn_callee_coroutine(client, raw):
-    caller, _, slow = await raw_call_in_progress(client, raw)
-    caller.send([CANCEL, 1, {"mode": "kill"}])
-    assert await wait(slow.cancelled) is True
-    # kill: the caller gets the callee's own answer to the INTERRUPT (autobahn-python maps
-    # the CancelledError to wamp.error.runtime_error)
-    error = await caller.receive(2)
-    assert error[:4] == [ERROR, CALL, 1, {}]
 
 
 async def test_cancel_killnowait_answers_the_caller_at_once_and_interrupts_the_callee(
@@ -636,14 +616,13 @@ async def test_cancel_without_mode_is_killnowait(client, raw):
     assert (await caller.receive(2))[:5] == [ERROR, CALL, 1, {}, "wamp.error.canceled"]
 
 
-@pytest.mark.parametrize("mode", ["kill", "killnowait"])
-async def test_cancel_falls_back_to_skip_for_a_callee_without_call_canceling(client, raw, mode):
+async def test_cancel_falls_back_to_skip_for_a_callee_without_call_canceling(client, raw):
     caller, callee, _ = await raw_call_in_progress(client, raw, PLAIN_CALLEE_ROLES)
     invocation = await callee.receive(2)
     assert invocation[0] == INVOCATION
-    caller.send([CANCEL, 1, {"mode": mode}])
+    caller.send([CANCEL, 1, {"mode": "kill"}])  # kill would wait for the callee's answer
     assert (await caller.receive(2))[:5] == [ERROR, CALL, 1, {}, "wamp.error.canceled"]
-    assert await nothing_more(callee, 0.2)  # no INTERRUPT to a callee that cannot take it
+    assert await nothing_more(callee, 0.1)  # no INTERRUPT to a callee that cannot take it
     callee.send([YIELD, invocation[1], {}, ["late"]])
     assert await nothing_more(caller)
 
@@ -675,20 +654,17 @@ async def test_callee_leaving_mid_call_gives_the_caller_wamp_error_canceled(clie
         callee.disconnect()
     assert (await call_error(call)).error == "wamp.error.canceled"
     assert (await call_error(caller.call("com.slow"))).error == "wamp.error.no_such_procedure"
+    await slow.release()
 
 
-@pytest.mark.parametrize("how", ["goodbye", "disconnect"])
-async def test_caller_leaving_mid_call_interrupts_the_callee(client, how):
+async def test_caller_leaving_mid_call_interrupts_the_callee(client):
     callee = await client()
     caller = await client("rawsocket-tcp", "json")
     slow = Cancellable()
     await callee.register(slow, "com.slow")
     call = caller.call("com.slow")
     await wait(slow.started)
-    if how == "goodbye":
-        await wait(caller.leave())
-    else:
-        caller.disconnect()
+    await wait(caller.leave())
     assert await wait(slow.cancelled) is True
     with contextlib.suppress(BaseException):
         await wait(call)

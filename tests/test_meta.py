@@ -134,18 +134,13 @@ async def test_session_get_returns_the_session_details(client):
     assert mine["transport"]["serializer"] == "cbor"
 
 
-async def test_session_get_of_an_unknown_id_is_no_such_session(client):
-    me = await client()
-    error = await call_error(me, "wamp.session.get", me.session_id ^ 1 or 2)
-    assert error.error == "wamp.error.no_such_session"
-
-
-async def test_session_get_of_a_session_that_left_is_no_such_session(client):
+async def test_session_get_of_an_unknown_or_departed_session_is_no_such_session(client):
     me, gone = await client(), await client()
     gone_id = gone.session_id
     await left(gone)
-    error = await call_error(me, "wamp.session.get", gone_id)
-    assert error.error == "wamp.error.no_such_session"
+    for unknown in (gone_id, 4242):
+        error = await call_error(me, "wamp.session.get", unknown)
+        assert error.error == "wamp.error.no_such_session", unknown
 
 
 # -- wamp.subscription.* -------------------------------------------------------------------
@@ -201,35 +196,23 @@ async def test_subscription_list_groups_subscription_ids_by_match_policy(client)
     assert listed["wildcard"] == [w.id]
 
 
-async def test_subscription_list_and_count_subscribers_of_a_shared_subscription(client):
+async def test_subscription_list_and_count_subscribers_follow_subscribe_and_unsubscribe(
+        client):
     a, b, c = await client(), await client(), await client()
     sub_a = await a.subscribe(lambda *x: None, "com.shared")
     sub_b = await b.subscribe(lambda *x: None, "com.shared")
-    assert sub_a.id == sub_b.id  # one subscription, two subscribers
-    subscribers = await c.call("wamp.subscription.list_subscribers", sub_a.id)
+    sub_id = sub_a.id
+    assert sub_b.id == sub_id  # one subscription, two subscribers
+    subscribers = await c.call("wamp.subscription.list_subscribers", sub_id)
     assert sorted(subscribers) == sorted([a.session_id, b.session_id])
-    assert await c.call("wamp.subscription.count_subscribers", sub_a.id) == 2
+    assert await c.call("wamp.subscription.count_subscribers", sub_id) == 2
     await sub_b.unsubscribe()
-    assert await c.call("wamp.subscription.list_subscribers", sub_a.id) == [a.session_id]
-    assert await c.call("wamp.subscription.count_subscribers", sub_a.id) == 1
-
-
-async def test_subscription_procedures_on_an_unknown_id_are_no_such_subscription(client):
-    me = await client()
-    for procedure in ("wamp.subscription.get", "wamp.subscription.list_subscribers",
-                      "wamp.subscription.count_subscribers"):
-        error = await call_error(me, procedure, 4242)
-        assert error.error == "wamp.error.no_such_subscription", procedure
-
-
-async def test_subscription_is_gone_from_the_meta_api_after_its_last_unsubscribe(client):
-    me = await client()
-    sub = await me.subscribe(lambda *a: None, "com.gone")
-    sub_id = sub.id
-    await sub.unsubscribe()
-    assert await me.call("wamp.subscription.lookup", "com.gone") is None
-    assert (await call_error(me, "wamp.subscription.get", sub_id)).error == \
-        "wamp.error.no_such_subscription"
+    assert await c.call("wamp.subscription.list_subscribers", sub_id) == [a.session_id]
+    assert await c.call("wamp.subscription.count_subscribers", sub_id) == 1
+    await sub_a.unsubscribe()  # the last one: the subscription is deleted
+    assert await c.call("wamp.subscription.lookup", "com.shared") is None
+    error = await call_error(c, "wamp.subscription.count_subscribers", sub_id)
+    assert error.error == "wamp.error.no_such_subscription"
 
 
 # -- wamp.registration.* -------------------------------------------------------------------
@@ -281,36 +264,38 @@ async def test_registration_list_groups_registration_ids_by_match_policy(client)
     assert listed["wildcard"] == []
 
 
-async def test_registration_list_and_count_callees_of_a_shared_registration(client):
+async def test_registration_list_and_count_callees_follow_register_and_unregister(client):
     a, b, c = await client(), await client(), await client()
     options = RegisterOptions(invoke="roundrobin")
     reg_a = await a.register(lambda: "a", "com.shared.proc", options)
     reg_b = await b.register(lambda: "b", "com.shared.proc", options)
-    assert reg_a.id == reg_b.id
-    callees = await c.call("wamp.registration.list_callees", reg_a.id)
+    reg_id = reg_a.id
+    assert reg_b.id == reg_id  # one shared registration, two callees
+    callees = await c.call("wamp.registration.list_callees", reg_id)
     assert sorted(callees) == sorted([a.session_id, b.session_id])
-    assert await c.call("wamp.registration.count_callees", reg_a.id) == 2
+    assert await c.call("wamp.registration.count_callees", reg_id) == 2
     await reg_a.unregister()
-    assert await c.call("wamp.registration.list_callees", reg_b.id) == [b.session_id]
-    assert await c.call("wamp.registration.count_callees", reg_b.id) == 1
+    assert await c.call("wamp.registration.list_callees", reg_id) == [b.session_id]
+    assert await c.call("wamp.registration.count_callees", reg_id) == 1
+    await left(b)  # the last callee leaves: the registration is deleted
+    assert await c.call("wamp.registration.lookup", "com.shared.proc") is None
+    error = await call_error(c, "wamp.registration.count_callees", reg_id)
+    assert error.error == "wamp.error.no_such_registration"
 
 
-async def test_registration_procedures_on_an_unknown_id_are_no_such_registration(client):
+async def test_unknown_subscription_and_registration_ids_are_no_such_subscription_or_registration(
+        client):
     me = await client()
+    sub = await me.subscribe(lambda *a: None, "com.known")
+    reg = await me.register(lambda: 1, "com.known")
+    for procedure in ("wamp.subscription.get", "wamp.subscription.list_subscribers",
+                      "wamp.subscription.count_subscribers"):
+        error = await call_error(me, procedure, reg.id)  # a registration's id is not one
+        assert error.error == "wamp.error.no_such_subscription", procedure
     for procedure in ("wamp.registration.get", "wamp.registration.list_callees",
                       "wamp.registration.count_callees"):
-        error = await call_error(me, procedure, 4242)
+        error = await call_error(me, procedure, sub.id)
         assert error.error == "wamp.error.no_such_registration", procedure
-
-
-async def test_registration_is_gone_from_the_meta_api_when_its_callee_leaves(client):
-    me, callee = await client(), await client()
-    reg = await callee.register(lambda: 1, "com.rgone")
-    reg_id = reg.id
-    await left(callee)
-    assert await me.call("wamp.registration.lookup", "com.rgone") is None
-    assert (await call_error(me, "wamp.registration.get", reg_id)).error == \
-        "wamp.error.no_such_registration"
 
 
 # -- meta events: sessions -----------------------------------------------------------------
@@ -355,32 +340,24 @@ async def test_on_leave_is_published_when_the_transport_drops_without_goodbye(cl
 # -- meta events: subscriptions ------------------------------------------------------------
 
 
-async def test_first_subscribe_publishes_on_create_then_on_subscribe(client):
+async def test_subscribe_publishes_on_create_for_the_first_and_on_subscribe_for_each(client):
     watch = await MetaWatch(await client()).subscribe(*SUBSCRIPTION_EVENTS)
-    actor = await client()
-    sub = await actor.subscribe(lambda *a: None, "com.ev", SubscribeOptions(match="prefix"))
-    await watch.wait_for("wamp.subscription.on_subscribe", lambda a: a[1] == sub.id)
+    first, second = await client(), await client()
+    sub = await first.subscribe(lambda *a: None, "com.ev", SubscribeOptions(match="prefix"))
+    await second.subscribe(lambda *a: None, "com.ev", SubscribeOptions(match="prefix"))
+    await watch.wait_for("wamp.subscription.on_subscribe", lambda a: a[0] == second.session_id)
     events = watch.about(sub.id)
     assert [t for t, _ in events] == ["wamp.subscription.on_create",
+                                      "wamp.subscription.on_subscribe",
                                       "wamp.subscription.on_subscribe"]
-    create_args, subscribe_args = events[0][1], events[1][1]
-    assert create_args[0] == actor.session_id
+    create_args = events[0][1]
+    assert create_args[0] == first.session_id
     details = create_args[1]
     assert {k: details[k] for k in ("id", "uri", "match")} == {
         "id": sub.id, "uri": "com.ev", "match": "prefix"}
     assert _created_recently(details["created"])
-    assert subscribe_args == [actor.session_id, sub.id]
-
-
-async def test_subscribing_to_an_existing_subscription_publishes_only_on_subscribe(client):
-    first = await client()
-    sub = await first.subscribe(lambda *a: None, "com.ev2")
-    watch = await MetaWatch(await client()).subscribe(*SUBSCRIPTION_EVENTS)
-    second = await client()
-    await second.subscribe(lambda *a: None, "com.ev2")
-    await watch.wait_for("wamp.subscription.on_subscribe", lambda a: a[0] == second.session_id)
-    assert watch.about(sub.id) == [("wamp.subscription.on_subscribe",
-                                    [second.session_id, sub.id])]
+    assert events[1][1] == [first.session_id, sub.id]
+    assert events[2][1] == [second.session_id, sub.id]
 
 
 async def test_unsubscribe_publishes_on_unsubscribe_and_on_delete_after_the_last(client):
@@ -419,33 +396,25 @@ async def test_subscriptions_of_a_leaving_session_are_unsubscribed_and_deleted(c
 # -- meta events: registrations ------------------------------------------------------------
 
 
-async def test_first_register_publishes_on_create_then_on_register(client):
+async def test_register_publishes_on_create_for_the_first_and_on_register_for_each(client):
     watch = await MetaWatch(await client()).subscribe(*REGISTRATION_EVENTS)
-    actor = await client()
-    reg = await actor.register(lambda: 1, "com.rev", RegisterOptions(invoke="roundrobin"))
-    await watch.wait_for("wamp.registration.on_register", lambda a: a[1] == reg.id)
+    first, second = await client(), await client()
+    options = RegisterOptions(invoke="roundrobin")
+    reg = await first.register(lambda: 1, "com.rev", options)
+    await second.register(lambda: 2, "com.rev", options)
+    await watch.wait_for("wamp.registration.on_register", lambda a: a[0] == second.session_id)
     events = watch.about(reg.id)
     assert [t for t, _ in events] == ["wamp.registration.on_create",
+                                      "wamp.registration.on_register",
                                       "wamp.registration.on_register"]
-    create_args, register_args = events[0][1], events[1][1]
-    assert create_args[0] == actor.session_id
+    create_args = events[0][1]
+    assert create_args[0] == first.session_id
     details = create_args[1]
     assert {k: details[k] for k in ("id", "uri", "match", "invoke")} == {
         "id": reg.id, "uri": "com.rev", "match": "exact", "invoke": "roundrobin"}
     assert _created_recently(details["created"])
-    assert register_args == [actor.session_id, reg.id]
-
-
-async def test_joining_a_shared_registration_publishes_only_on_register(client):
-    first = await client()
-    options = RegisterOptions(invoke="roundrobin")
-    reg = await first.register(lambda: 1, "com.rev2", options)
-    watch = await MetaWatch(await client()).subscribe(*REGISTRATION_EVENTS)
-    second = await client()
-    await second.register(lambda: 2, "com.rev2", options)
-    await watch.wait_for("wamp.registration.on_register", lambda a: a[0] == second.session_id)
-    assert watch.about(reg.id) == [("wamp.registration.on_register",
-                                    [second.session_id, reg.id])]
+    assert events[1][1] == [first.session_id, reg.id]
+    assert events[2][1] == [second.session_id, reg.id]
 
 
 async def test_unregister_publishes_on_unregister_and_on_delete_after_the_last(client):
@@ -515,49 +484,32 @@ async def test_a_string_where_an_id_is_expected_is_invalid_argument(client):
     assert await me.call("wamp.session.count") == 1  # the caller's session is still fine
 
 
-async def test_an_id_that_is_not_an_integer_is_invalid_argument(client):
+async def test_a_missing_or_non_integer_id_is_invalid_argument(client):
     me = await client()
     for procedure in ID_PROCEDURES:
+        assert (await call_error(me, procedure)).error == "wamp.error.invalid_argument"
         for bad in (True, 1.5, None, [me.session_id], {"id": me.session_id}):
             error = await call_error(me, procedure, bad)
             assert error.error == "wamp.error.invalid_argument", (procedure, bad)
 
 
-async def test_a_missing_id_is_invalid_argument(client):
-    me = await client()
-    for procedure in ID_PROCEDURES:
-        error = await call_error(me, procedure)
-        assert error.error == "wamp.error.invalid_argument", procedure
-
-
-async def test_an_authroles_filter_that_is_not_a_list_is_invalid_argument(client):
+async def test_an_authroles_filter_that_is_not_a_list_of_strings_is_invalid_argument(client):
     me = await client()
     for procedure in ("wamp.session.list", "wamp.session.count"):
-        for roles in ("anonymous", {"role": "anonymous"}, 7):
-            error = await call_error(me, procedure, roles)
-            assert error.error == "wamp.error.invalid_argument", (procedure, roles)
-
-
-async def test_an_authroles_filter_with_non_string_roles_is_invalid_argument(client):
-    me = await client()
-    for procedure in ("wamp.session.list", "wamp.session.count"):
-        for roles in ([{"role": "anonymous"}], [["anonymous"]], [1], ["anonymous", None]):
+        for roles in ("anonymous", {"role": "anonymous"}, 7,
+                      [{"role": "anonymous"}], [["anonymous"]], [1], ["anonymous", None]):
             error = await call_error(me, procedure, roles)
             assert error.error == "wamp.error.invalid_argument", (procedure, roles)
     assert await me.call("wamp.session.count") == 1  # the caller's session is still fine
 
 
-async def test_a_uri_that_is_not_a_string_is_invalid_argument(client):
+async def test_a_uri_that_is_not_a_string_or_bad_lookup_options_are_invalid_argument(client):
     me = await client()
     for procedure in ("wamp.subscription.lookup", "wamp.subscription.match",
                       "wamp.registration.lookup", "wamp.registration.match"):
         for bad in (12, None, ["com.x"]):
             error = await call_error(me, procedure, bad)
             assert error.error == "wamp.error.invalid_argument", (procedure, bad)
-
-
-async def test_lookup_with_bad_options_is_invalid_argument(client):
-    me = await client()
     for procedure in ("wamp.subscription.lookup", "wamp.registration.lookup"):
         for options in ({"match": "regex"}, {"match": ["prefix"]}, "prefix", ["prefix"]):
             error = await call_error(me, procedure, "com.x", options)
@@ -567,37 +519,31 @@ async def test_lookup_with_bad_options_is_invalid_argument(client):
 # -- realms are separate -------------------------------------------------------------------
 
 
-async def test_sessions_of_another_realm_are_not_counted_or_listed(client):
+async def test_sessions_of_another_realm_are_invisible_to_the_session_meta_api(client):
     one = await client(realm="realm1")
     two_a, two_b = await client(realm="realm2"), await client(realm="realm2")
     assert await one.call("wamp.session.count") == 1
     assert await one.call("wamp.session.list") == [one.session_id]
+    error = await call_error(one, "wamp.session.get", two_a.session_id)
+    assert error.error == "wamp.error.no_such_session"
     assert sorted(await two_a.call("wamp.session.list")) == sorted(
         [two_a.session_id, two_b.session_id])
 
 
-async def test_a_session_of_another_realm_is_no_such_session(client):
-    one, two = await client(realm="realm1"), await client(realm="realm2")
-    error = await call_error(one, "wamp.session.get", two.session_id)
-    assert error.error == "wamp.error.no_such_session"
-
-
-async def test_subscriptions_of_another_realm_are_not_visible(client):
+async def test_subscriptions_and_registrations_of_another_realm_are_not_visible(client):
     one, two = await client(realm="realm1"), await client(realm="realm2")
     sub = await two.subscribe(lambda *a: None, "com.realm.topic")
+    reg = await two.register(lambda: 1, "com.realm.proc")
     assert await one.call("wamp.subscription.lookup", "com.realm.topic") is None
     assert await one.call("wamp.subscription.match", "com.realm.topic") is None
     assert await one.call("wamp.subscription.list") == {"exact": [], "prefix": [],
                                                          "wildcard": []}
     assert (await call_error(one, "wamp.subscription.get", sub.id)).error == \
         "wamp.error.no_such_subscription"
-
-
-async def test_registrations_of_another_realm_are_not_visible(client):
-    one, two = await client(realm="realm1"), await client(realm="realm2")
-    reg = await two.register(lambda: 1, "com.realm.proc")
     assert await one.call("wamp.registration.lookup", "com.realm.proc") is None
     assert await one.call("wamp.registration.match", "com.realm.proc") is None
+    assert await one.call("wamp.registration.list") == {"exact": [], "prefix": [],
+                                                         "wildcard": []}
     assert (await call_error(one, "wamp.registration.get", reg.id)).error == \
         "wamp.error.no_such_registration"
 

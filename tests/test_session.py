@@ -4,6 +4,8 @@ around the opening handshake, and GOODBYE to everyone when the router stops."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,18 +31,32 @@ DEALER_FEATURES = {
 }
 
 
-async def hello(router: Any, realm: str = "realm1", serializer: str = "json",
-                **details: Any) -> tuple[RawSocketPeer, list[Any]]:
-    """A raw RawSocket peer that has sent HELLO; returns it with the router's answer."""
-    peer = await RawSocketPeer.open(router.rawsocket_port, serializer)
+@pytest.fixture
+async def peers() -> AsyncIterator[Callable[..., Awaitable[RawSocketPeer]]]:
+    """Opens raw RawSocket peers to a router's port; all are closed at teardown."""
+    opened: list[RawSocketPeer] = []
+
+    async def open_peer(router: Any, serializer: str = "json") -> RawSocketPeer:
+        peer = await RawSocketPeer.open(router.rawsocket_port, serializer)
+        opened.append(peer)
+        return peer
+
+    yield open_peer
+    for peer in opened:
+        peer.close()
+
+
+async def hello(peer: RawSocketPeer, realm: str = "realm1", **details: Any) -> list[Any]:
+    """Send HELLO; return the router's answer."""
     peer.send([1, realm, {"roles": HELLO_ROLES, **details}])
-    return peer, await peer.receive()
+    return await peer.receive()
 
 
-async def joined(router: Any, **details: Any) -> tuple[RawSocketPeer, int]:
-    peer, welcome = await hello(router, **details)
+async def joined(peer: RawSocketPeer, **details: Any) -> int:
+    """Send HELLO, expect WELCOME; return the session id."""
+    welcome = await hello(peer, **details)
     assert welcome[0] == message.Welcome.MESSAGE_TYPE, welcome
-    return peer, welcome[1]
+    return welcome[1]
 
 
 def assert_abort(msg: list[Any] | None, reason: str, text_contains: str = "") -> None:
@@ -54,22 +70,19 @@ def assert_abort(msg: list[Any] | None, reason: str, text_contains: str = "") ->
 
 
 async def test_welcome_announces_broker_and_dealer_with_exactly_the_implemented_features(
-        router):
-    peer, welcome = await hello(router)
-    try:
-        assert welcome[0] == message.Welcome.MESSAGE_TYPE
-        assert welcome[2]["roles"] == {
-            "broker": {"features": {f: True for f in BROKER_FEATURES}},
-            "dealer": {"features": {f: True for f in DEALER_FEATURES}},
-        }
-        # autobahn reads them back as the router's role features
-        roles = message.Welcome.parse(welcome).roles
-        assert isinstance(roles["broker"], RoleBrokerFeatures)
-        assert isinstance(roles["dealer"], RoleDealerFeatures)
-        assert {k for k, v in vars(roles["broker"]).items() if v} == BROKER_FEATURES
-        assert {k for k, v in vars(roles["dealer"]).items() if v} == DEALER_FEATURES
-    finally:
-        peer.close()
+        router, peers):
+    welcome = await hello(await peers(router))
+    assert welcome[0] == message.Welcome.MESSAGE_TYPE
+    assert welcome[2]["roles"] == {
+        "broker": {"features": {f: True for f in BROKER_FEATURES}},
+        "dealer": {"features": {f: True for f in DEALER_FEATURES}},
+    }
+    # autobahn reads them back as the router's role features
+    roles = message.Welcome.parse(welcome).roles
+    assert isinstance(roles["broker"], RoleBrokerFeatures)
+    assert isinstance(roles["dealer"], RoleDealerFeatures)
+    assert {k for k, v in vars(roles["broker"]).items() if v} == BROKER_FEATURES
+    assert {k for k, v in vars(roles["dealer"]).items() if v} == DEALER_FEATURES
 
 
 async def test_welcome_details_reach_autobahn_session_details(client):
@@ -83,20 +96,15 @@ async def test_welcome_details_reach_autobahn_session_details(client):
     assert details.authprovider == "static"
 
 
-async def test_session_ids_are_distinct_and_in_the_global_id_range(client, router):
+async def test_session_ids_are_distinct_and_in_the_global_id_range(client, router, peers):
     sessions = [await client(t, s) for t, s in [("websocket", "json"), ("websocket", "msgpack"),
                                                  ("rawsocket-tcp", "cbor"),
                                                  ("rawsocket-unix", "json")]]
     ids = [s.session_id for s in sessions]
-    peers = []
     for _ in range(4):
-        peer, session_id = await joined(router)
-        peers.append(peer)
-        ids.append(session_id)
+        ids.append(await joined(await peers(router)))
     assert len(set(ids)) == len(ids)
     assert all(isinstance(i, int) and 1 <= i <= 2**53 for i in ids), ids
-    for peer in peers:
-        peer.close()
 
 
 async def test_a_session_id_already_in_use_is_never_given_out_again(client, monkeypatch):
@@ -110,24 +118,24 @@ async def test_a_session_id_already_in_use_is_never_given_out_again(client, monk
 # -- ABORT before WELCOME ------------------------------------------------------------------
 
 
-async def test_hello_for_an_unknown_realm_is_aborted_with_no_such_realm(router):
-    peer, answer = await hello(router, realm="com.nowhere")
-    assert_abort(answer, "wamp.error.no_such_realm", "com.nowhere")
+async def test_hello_for_an_unknown_realm_is_aborted_with_no_such_realm(router, peers):
+    peer = await peers(router)
+    assert_abort(await hello(peer, realm="com.nowhere"), "wamp.error.no_such_realm",
+                 "com.nowhere")
     assert await peer.closed()
-
-
-async def test_autobahn_join_of_an_unknown_realm_fails_with_no_such_realm(router):
+    # and an autobahn client sees its join refused with that reason
     with pytest.raises(ConnectionRefusedError, match="wamp.error.no_such_realm"):
         await connect(router, realm="com.nowhere")
 
 
-async def test_a_message_other_than_hello_before_welcome_is_a_protocol_violation(router):
+async def test_a_message_other_than_hello_before_welcome_is_a_protocol_violation(router,
+                                                                                 peers):
     for first in ([32, 1, {}, "com.topic"],             # SUBSCRIBE
                   [48, 1, {}, "com.proc"],              # CALL
                   [16, 1, {}, "com.topic"],             # PUBLISH
                   [6, {}, "wamp.close.close_realm"],    # GOODBYE
                   [5, "secret", {}]):                   # AUTHENTICATE, unasked for
-        peer = await RawSocketPeer.open(router.rawsocket_port)
+        peer = await peers(router)
         peer.send(first)
         assert_abort(await peer.receive(), "wamp.error.protocol_violation", "HELLO")
         assert await peer.closed()
@@ -136,30 +144,31 @@ async def test_a_message_other_than_hello_before_welcome_is_a_protocol_violation
 # -- after WELCOME -------------------------------------------------------------------------
 
 
-async def test_a_second_hello_is_aborted_with_protocol_violation(client, router):
+async def test_a_second_hello_is_aborted_with_protocol_violation(client, router, peers):
     observer = await client()
-    peer, session_id = await joined(router)
-    peer.send([1, "realm1", {"roles": HELLO_ROLES}])
-    assert_abort(await peer.receive(), "wamp.error.protocol_violation", "HELLO")
+    peer = await peers(router)
+    session_id = await joined(peer)
+    assert_abort(await hello(peer), "wamp.error.protocol_violation", "HELLO")
     assert await peer.closed()
     assert session_id not in await observer.call("wamp.session.list")
     assert await observer.call("wamp.session.count") == 1  # the observer is unaffected
 
 
-async def test_goodbye_is_answered_with_goodbye_and_out_then_the_connection_closes(router):
-    peer, _ = await joined(router)
+async def test_goodbye_is_answered_with_goodbye_and_out_then_the_connection_closes(
+        client, router, peers):
+    peer = await peers(router)
+    await joined(peer)
     peer.send([6, {"message": "bye"}, "wamp.close.close_realm"])
     answer = await peer.receive()
     assert answer[0] == message.Goodbye.MESSAGE_TYPE, answer
     assert answer[2] == "wamp.close.goodbye_and_out"
     assert await peer.closed()
-
-
-async def test_autobahn_leave_is_answered_with_goodbye_and_out(client):
+    # and autobahn's leave() ends in onLeave with the router's reason
     session = await client()
     session.leave()
     details = await asyncio.wait_for(session.left, 2)
     assert details.reason == "wamp.close.goodbye_and_out"
+    await asyncio.wait_for(session.disconnected, 2)
 
 
 async def test_a_session_that_said_goodbye_is_gone_from_session_list(client):
@@ -174,36 +183,52 @@ async def test_a_session_that_said_goodbye_is_gone_from_session_list(client):
 # -- the router stops ----------------------------------------------------------------------
 
 
-@pytest.fixture
-async def own_router(tmp_path: Path):
-    """A router of the test's own, which the test stops itself (stopped again, harmlessly,
-    at teardown in case the test failed before)."""
+@contextlib.asynccontextmanager
+async def own_router(tmp_path: Path) -> AsyncIterator[RunningRouter]:
+    """A router of the test's own, which the test stops itself (or this does, if the test
+    fails first)."""
     path = tmp_path / "own.sock"
     node = await start_router(TEST_CONFIG.format(unix_path=path, data_dir=tmp_path / "data"))
-    yield RunningRouter(node, str(path))
-    await node.stop()
+    try:
+        yield RunningRouter(node, str(path))
+    except BaseException:
+        await node.stop()
+        raise
 
 
-async def test_stopping_the_router_says_goodbye_system_shutdown_to_every_client(own_router):
-    clients = [await connect(own_router, t, s)
-               for t, s in [("websocket", "json"), ("websocket", "cbor"),
-                            ("rawsocket-tcp", "msgpack"), ("rawsocket-unix", "json")]]
-    clients.append(await connect(own_router, realm="realm2"))
-    await own_router.node.stop()
-    for c in clients:
-        details = await asyncio.wait_for(c.left, 2)
-        assert details.reason == "wamp.close.system_shutdown"
-        await asyncio.wait_for(c.disconnected, 2)
-    assert own_router.node.router.sessions == {}
+async def test_stopping_the_router_says_goodbye_system_shutdown_to_every_client(tmp_path):
+    async with own_router(tmp_path) as router:
+        clients = [await connect(router, t, s)
+                   for t, s in [("websocket", "json"), ("websocket", "cbor"),
+                                ("rawsocket-tcp", "msgpack"), ("rawsocket-unix", "json")]]
+        clients.append(await connect(router, realm="realm2"))
+        await router.node.stop()
+        for c in clients:
+            details = await asyncio.wait_for(c.left, 2)
+            assert details.reason == "wamp.close.system_shutdown"
+            await asyncio.wait_for(c.disconnected, 2)
+        assert router.node.router.sessions == {}
 
 
-async def test_stopping_the_router_sends_goodbye_then_closes_the_connection(own_router):
-    peer, _ = await joined(own_router)
-    stopping = asyncio.ensure_future(own_router.node.stop())
-    goodbye = await peer.receive()
-    assert goodbye[0] == message.Goodbye.MESSAGE_TYPE, goodbye
-    assert goodbye[2] == "wamp.close.system_shutdown"
-    assert goodbye[1].get("message")
-    peer.send([6, {}, "wamp.close.goodbye_and_out"])  # the client's answer, as WAMP asks
-    assert await peer.closed()
-    await stopping
+async def test_stopping_the_router_sends_goodbye_then_closes_the_connection(tmp_path, peers):
+    async with own_router(tmp_path) as router:
+        peer = await peers(router)
+        await joined(peer)
+        stopping = asyncio.ensure_future(router.node.stop())
+        goodbye = await peer.receive()
+        assert goodbye[0] == message.Goodbye.MESSAGE_TYPE, goodbye
+        assert goodbye[2] == "wamp.close.system_shutdown"
+        assert goodbye[1].get("message")
+        peer.send([6, {}, "wamp.close.goodbye_and_out"])  # the client's answer, as WAMP asks
+        assert await peer.closed()
+        await stopping
+
+
+async def test_a_connection_open_when_the_router_stops_cannot_join_afterwards(tmp_path,
+                                                                                 peers):
+    async with own_router(tmp_path) as router:
+        peer = await peers(router)  # connected, no HELLO yet
+        await router.node.stop()
+        assert_abort(await hello(peer), "wamp.close.system_shutdown")
+        assert await peer.closed()
+        assert router.node.router.sessions == {}

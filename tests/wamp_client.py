@@ -44,7 +44,8 @@ class Client(ApplicationSession):
         if not self.left.done():
             self.left.set_result(details)
         if not self.joined.done():
-            self.joined.set_exception(ConnectionRefusedError(f"{details.reason}: {details.message}"))
+            refused = ConnectionRefusedError(f"{details.reason}: {details.message}")
+            self.joined.set_exception(refused)
         super().onLeave(details)
 
     def onDisconnect(self) -> None:
@@ -116,7 +117,7 @@ class RawSocketPeer:
             await asyncio.wait_for(self.reader.read(), timeout)
         except ConnectionResetError:
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
