@@ -36,6 +36,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import shlex
 import signal
 import socket
 import subprocess
@@ -118,7 +119,7 @@ class RouterProcess:
 
     name = "cairn"
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, command: str | None = None) -> None:
         self.ws_port, self.rs_port = free_port(), free_port()
         self.config = workdir / "bench.toml"
         self.config.write_text(ROUTER_TOML.format(ws_port=self.ws_port, rs_port=self.rs_port,
@@ -126,6 +127,8 @@ class RouterProcess:
         self.log_path = workdir / "router.log"
         cairn = Path(sys.executable).parent / "cairn"
         cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "gateway.cli"]
+        if command:
+            cmd = shlex.split(command)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen([*cmd, "router", "--config", str(self.config)],
                                      stdout=self._log, stderr=subprocess.STDOUT,
@@ -164,25 +167,25 @@ class RouterProcess:
         return self.proc.returncode
 
 
-def _fake_broker_main(ws_port: int, rs_port: int) -> None:
+def _fake_broker_main(ws_port: int, rs_port: int, batched: bool) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        await serve_fake_broker(ws_port, rs_port, stop)
+        await serve_fake_broker(ws_port, rs_port, stop, batched)
 
     asyncio.run(main())
 
 
 class FakeBrokerProcess:
-    """The generator check's trivial fan-out server, in its own process like the router."""
+    """The generator check's trivial fan-out server, in its own process like the router:
+    "fake" writes one frame per event per subscriber like cairn, "fake-batch" coalesces."""
 
-    name = "fake"
-
-    def __init__(self) -> None:
+    def __init__(self, batched: bool) -> None:
+        self.name = "fake-batch" if batched else "fake"
         self.ws_port, self.rs_port = free_port(), free_port()
-        self.proc = CTX.Process(target=_fake_broker_main, args=(self.ws_port, self.rs_port),
-                                daemon=True)
+        self.proc = CTX.Process(target=_fake_broker_main, daemon=True,
+                                args=(self.ws_port, self.rs_port, batched))
         self.proc.start()
         self.pid = self.proc.pid
         try:
@@ -431,7 +434,8 @@ class Profiler:
 
 
 def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
-    """Self and inclusive sample counts per function from py-spy's raw (folded) output."""
+    """Self and inclusive sample shares per function of the event-loop thread, from
+    py-spy's raw (folded) output."""
     self_counts: Counter[str] = Counter()
     incl_counts: Counter[str] = Counter()
     total = 0
@@ -444,6 +448,8 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
         if not stack or not count_text.isdigit():
             continue
         count = int(count_text)
+        if "run_forever" not in stack:
+            continue  # another thread (e.g. the SQLite worker), not the event loop
         total += count
         frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0].rsplit("/", 1)[-1]
                   + ")" if " (" in f else f for f in stack.split(";")]
@@ -465,6 +471,11 @@ class Case:
     transport: str
     serializer: str
     subscribers: int
+
+    @property
+    def id(self) -> str:
+        short = {"websocket": "ws", "rawsocket": "rs"}[self.transport]
+        return f"{short}-{self.serializer}-{self.subscribers}"
 
 
 def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
@@ -490,8 +501,9 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
         # throughput
         profiler = None
         if profile:
-            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-            out = RESULTS_DIR / f"profile-{server.name}-{case.transport}-{case.subscribers}.txt"
+            opts.output.parent.mkdir(parents=True, exist_ok=True)
+            out = (opts.output.parent
+                   / f"profile-{server.name}-{case.transport}-{case.subscribers}.txt")
             profiler = Profiler(server.pid, duration, out)
         server_cpu0, busy0 = server.cpu_seconds(), machine_busy_seconds()
         wall0 = time.perf_counter()
@@ -638,10 +650,10 @@ def generator_verdict(router: list[dict[str, Any]], fake: list[dict[str, Any]]) 
             continue
         ratio = f["events_per_s"] / r["events_per_s"]
         notes.append(
-            f"{f['case']} {f['transport']}/{f['serializer']}: clients moved "
-            f"{f['events_per_s']:,} events/s through the fake server vs {r['events_per_s']:,} "
-            f"through cairn ({ratio:.1f}x); cairn used {r['server_cpu_pct']}% of a CPU, the "
-            f"clients {r['client_cpu_pct']}%")
+            f"{f['case']} {f['transport']}/{f['serializer']}: the same clients moved "
+            f"{f['events_per_s']:,} events/s through {f['server']} vs {r['events_per_s']:,} "
+            f"through cairn ({ratio:.1f}x); with cairn, cairn used {r['server_cpu_pct']}% of "
+            f"a CPU and the clients {r['client_cpu_pct']}%")
     return notes
 
 
@@ -654,10 +666,11 @@ ROUTER_CASES = [
     Case("1->10", "websocket", "json", 10),
     Case("1->100", "websocket", "json", 100),
 ]
-CHECK_CASES = [
-    Case("1->1", "websocket", "json", 1),
-    Case("1->1", "rawsocket", "msgpack", 1),
-    Case("1->100", "websocket", "json", 100),
+CHECK_CASES = [  # (batched fake server?, case)
+    (False, Case("1->1", "websocket", "json", 1)),
+    (False, Case("1->1", "rawsocket", "msgpack", 1)),
+    (False, Case("1->100", "websocket", "json", 100)),
+    (True, Case("1->100", "websocket", "json", 100)),
 ]
 
 
@@ -679,16 +692,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="PUBLISH frames per socket write in the throughput phase (default 50)")
     p.add_argument("--sub-procs", type=int, default=max(2, cpus // 2),
                    help="subscriber processes per case (default max(2, cpus/2))")
+    p.add_argument("--cases", metavar="IDS",
+                   help="comma-separated subset: ws-json-1, rs-msgpack-1, ws-json-10, "
+                        "ws-json-100 (default: all)")
     p.add_argument("--no-check", action="store_true", help="skip the generator check")
     p.add_argument("--profile", action="store_true",
                    help="py-spy the router during each throughput phase "
-                        "(pip install py-spy; slows the router a little)")
+                        "(pip install py-spy; it pauses the router for each sample, so "
+                        "profiled numbers come out lower)")
+    p.add_argument("--router-cmd", metavar="CMD",
+                   help="command that runs the router, before 'router --config FILE' "
+                        "(default: the venv's cairn), e.g. to run it under a tracer")
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "pubsub.json")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
+    wanted = set(opts.cases.split(",")) if opts.cases else None
+    known = {c.id for c in ROUTER_CASES}
+    if wanted and not wanted <= known:
+        print(f"unknown case(s) {sorted(wanted - known)}; known: {sorted(known)}",
+              file=sys.stderr)
+        return 2
+
+    def selected(case: Case) -> bool:
+        return wanted is None or case.id in wanted
+
     info = machine()
     print(f"machine: {info['nproc']} CPUs ({info['usable_cpus']} usable), {info['cpu_model']}, "
           f"Python {info['python']}, autobahn {info['autobahn']}", flush=True)
@@ -697,9 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     check_results: list[dict[str, Any]] = []
     router_problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
-        router = RouterProcess(Path(tmp))
+        router = RouterProcess(Path(tmp), opts.router_cmd)
         try:
-            for case in ROUTER_CASES:
+            for case in [c for c in ROUTER_CASES if selected(c)]:
                 print(f"  cairn {case.label} {case.transport}/{case.serializer} ...",
                       end=" ", flush=True)
                 r = run_case(router, case, opts, opts.duration, opts.lat_duration,
@@ -716,14 +746,18 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             code = router.stop()
             print(f"  router stopped (exit code {code})", flush=True)
-    if not opts.no_check:
-        fake = FakeBrokerProcess()
+    for batched in (False, True):
+        cases = [c for b, c in CHECK_CASES if b == batched and selected(c)
+                 and not opts.no_check]
+        if not cases:
+            continue
+        fake = FakeBrokerProcess(batched)
         try:
-            for case in CHECK_CASES:
+            for case in cases:
                 same = next((r for r in router_results
                              if (r["transport"], r["serializer"], r["subscribers"])
                              == (case.transport, case.serializer, case.subscribers)), {})
-                print(f"  fake  {case.label} {case.transport}/{case.serializer} ...",
+                print(f"  {fake.name} {case.label} {case.transport}/{case.serializer} ...",
                       end=" ", flush=True)
                 r = run_case(fake, case, opts, opts.check_duration,
                              min(opts.lat_duration, opts.check_duration),

@@ -436,13 +436,18 @@ class SubscriberSession(asyncio.Protocol):
 
 
 class FakeBroker:
-    """Just enough of a broker for the benchmark clients: one topic, no checks. Events for a
-    socket read's worth of PUBLISHes are framed once and written to each subscriber in one
-    write, so its own cost per event is far below a real router's."""
+    """Just enough of a broker for the benchmark clients: one topic, no checks.
 
-    def __init__(self) -> None:
+    ``batched=True``: the events for a socket read's worth of PUBLISHes are framed once and
+    written to each subscriber in one write, so the server costs next to nothing and the
+    clients' ceiling shows. ``batched=False``: one write per event per subscriber, the way
+    the router writes, so the clients pay the same wake-ups and syscalls as against it.
+    """
+
+    def __init__(self, batched: bool = True) -> None:
         self.subscribers: list[_FakeConn] = []
         self.next_id = 1
+        self.batched = batched
 
     def new_id(self) -> int:
         self.next_id += 1
@@ -496,7 +501,7 @@ class _FakeConn(asyncio.Protocol):
             elif kind == GOODBYE:
                 self._send([GOODBYE, {}, "wamp.close.goodbye_and_out"])
                 self.transport.close()
-        if events:
+        if events and self.broker.batched:
             framed: dict[tuple[str, str], bytes] = {}
             for sub in self.broker.subscribers:
                 key = (sub.kind, sub.codec.name)
@@ -504,6 +509,15 @@ class _FakeConn(asyncio.Protocol):
                 if data is None:
                     data = framed[key] = sub.frame_all(events)
                 sub.transport.write(data)
+        elif events:
+            for event in events:
+                framed = {}
+                for sub in self.broker.subscribers:
+                    key = (sub.kind, sub.codec.name)
+                    data = framed.get(key)
+                    if data is None:
+                        data = framed[key] = sub.frame_all([event])
+                    sub.transport.write(data)
 
     def frame_all(self, payloads: list[bytes]) -> bytes:
         if self.kind == "websocket":
@@ -547,9 +561,10 @@ class _FakeConn(asyncio.Protocol):
             self.transport.write(rs_frame(payload))
 
 
-async def serve_fake_broker(ws_port: int, rs_port: int, stop: asyncio.Event) -> None:
+async def serve_fake_broker(ws_port: int, rs_port: int, stop: asyncio.Event,
+                            batched: bool = True) -> None:
     loop = asyncio.get_running_loop()
-    broker = FakeBroker()
+    broker = FakeBroker(batched)
     servers = [
         await loop.create_server(lambda: _FakeConn(broker, "websocket"), "127.0.0.1", ws_port),
         await loop.create_server(lambda: _FakeConn(broker, "rawsocket"), "127.0.0.1", rs_port),

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
         config = cfg.load(getattr(args, "config", None))

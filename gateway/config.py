@@ -142,6 +142,9 @@ def load(path: str | Path | None) -> Config:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(source, "-", f"cannot read file: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(source, "-", f"cannot read file: not UTF-8 text ({e.reason} at byte "
+                                       f"{e.start})") from e
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -197,11 +200,13 @@ def _realm(v: _Validator, t: dict[str, Any], at: str) -> RealmConfig:
         raise ConfigError(v.source, f"{at}.name", "missing (every realm needs a name)")
     v.uri(name, f"{at}.name")
     roles = tuple(_role(v, r, f"{at}.roles[{i}]") for i, r in enumerate(v.tables(t, "roles", at)))
+    _unique(v, [r.name for r in roles], f"{at}.roles", "name", "role")
     role_names = {r.name for r in roles}
     anonymous_role = v.get(t, at, "anonymous_role", str, None)
     if anonymous_role is not None and anonymous_role not in role_names:
         raise ConfigError(v.source, f"{at}.anonymous_role", f"no role named {anonymous_role!r}")
     users = tuple(_user(v, u, f"{at}.users[{i}]") for i, u in enumerate(v.tables(t, "users", at)))
+    _unique(v, [u.authid for u in users], f"{at}.users", "authid", "user")
     for i, user in enumerate(users):
         if user.role not in role_names:
             raise ConfigError(v.source, f"{at}.users[{i}].role", f"no role named {user.role!r}")
@@ -209,6 +214,12 @@ def _realm(v: _Validator, t: dict[str, Any], at: str) -> RealmConfig:
         _history(v, h, f"{at}.history[{i}]") for i, h in enumerate(v.tables(t, "history", at))
     )
     return RealmConfig(name, anonymous_role, roles, users, history)
+
+
+def _unique(v: _Validator, names: list[str], at: str, key: str, what: str) -> None:
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(v.source, f"{at}[{i}].{key}", f"duplicate {what} {name!r}")
 
 
 def _role(v: _Validator, t: dict[str, Any], at: str) -> Role:
@@ -286,7 +297,7 @@ class _Validator:
             return default
         value = table[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(self.source, f"{at}.{key}",
+            raise ConfigError(self.source, f"{at}.{key}" if at else key,
                               f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
         return value
 

@@ -212,11 +212,12 @@ class Node:
 async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     """Run the router until SIGTERM or SIGINT."""
     node = Node(config)
-    await node.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # before start(): a signal that comes once "listening" is logged must stop us cleanly
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await node.start()
     if ready is not None:
         ready.set()
     await stop.wait()

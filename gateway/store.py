@@ -295,38 +295,48 @@ class Store:
             await future
 
     async def _write_loop(self) -> None:
+        backoff = 0.0  # > 0 while writes fail: retry slower, unless someone is waiting
         while True:
             if not self._pending and self._closing:
                 return
-            if not self._pending or not self._wake.is_set():
+            if not self._wake.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.flush_interval)
+                    await asyncio.wait_for(self._wake.wait(), backoff or self.flush_interval)
             self._wake.clear()
             if not self._pending:
-                if self._closing:
-                    return
                 continue
             batch, self._pending = self._pending, _Pending()
             started = time.perf_counter()
             try:
                 await self._commit(batch)
             except sqlite3.Error as e:
-                self.failed_writes += len(batch.publications)
-                log.error("cannot store %d publications: %s", len(batch.publications), e)
-                with contextlib.suppress(sqlite3.Error):
-                    await self._writer.execute("ROLLBACK")
-                error = StorageError(f"the store could not write: {e}")
-                for w in batch.waiters:
-                    if not w.done():
-                        w.set_exception(error)
-                        w.exception()  # a waiter nobody awaits must not log "never retrieved"
-                self._record_loss(batch, str(e))
+                if not backoff:
+                    log.error("the store cannot write (%s): acknowledged publishes get an "
+                              "error, live routing goes on; retrying", e)
+                backoff = min(max(backoff * 2, 0.1), 5.0)
+                self._fail(batch, e)
+                if self._closing:
+                    log.error("closing with unwritten data: %d publications lost",
+                              len(self._pending.publications))
+                    return
                 continue
+            if backoff:
+                log.warning("the store writes again")
+                backoff = 0.0
             self.commit_latencies.append(time.perf_counter() - started)
             del self.commit_latencies[:-1000]
             for w in batch.waiters:
                 if not w.done():
                     w.set_result(None)
+
+    def _fail(self, batch: _Pending, e: sqlite3.Error) -> None:
+        self.failed_writes += len(batch.publications)
+        error = StorageError(f"the store could not write: {e}")
+        for w in batch.waiters:
+            if not w.done():
+                w.set_exception(error)
+                w.exception()  # a waiter nobody awaits must not log "never retrieved"
+        self._record_loss(batch, str(e))
 
     def _record_loss(self, batch: _Pending, reason: str) -> None:
         """Publications that failed to store are recorded as a gap (retried with the next
@@ -341,7 +351,12 @@ class Store:
 
     async def _commit(self, batch: _Pending) -> None:
         async with self._transaction:
-            await self._commit_locked(batch)
+            try:
+                await self._commit_locked(batch)
+            except sqlite3.Error:
+                with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+                    await self._writer.execute("ROLLBACK")
+                raise
 
     async def _commit_locked(self, batch: _Pending) -> None:
         db = self._writer
