@@ -1,14 +1,15 @@
 """Pub/sub benchmark for the Cairn router: throughput and publish->event latency.
 
-Run from the repository root::
+Run from the repository root (``make bench`` does the same)::
 
-    .venv/bin/python -m bench.pubsub [--duration 5] [--profile]
+    .venv/bin/python -m bench.pubsub [--duration 5] [--cases ws-json-100] [--profile]
 
-It starts ``cairn router`` as a subprocess on free 127.0.0.1 ports and drives it with real
-WAMP clients over real sockets (see :mod:`bench.wire`):
+It starts ``cairn router`` as a subprocess on free 127.0.0.1 ports (config in a temporary
+directory, no history rules, so this measures the live path) and drives it with real WAMP
+clients over real sockets (see :mod:`bench.wire`):
 
 - one publisher (in this process, blocking socket, pre-serialized PUBLISH frames, no
-  acknowledgement) and N subscribers spread over several processes;
+  acknowledgement) and N subscriber sessions spread over ``--sub-procs`` processes;
 - throughput phase: the publisher sends in batches as fast as the router takes them for
   ``--duration`` seconds, but never more than ``--window`` publications ahead of the slowest
   subscriber (the subscribers publish their counts in shared memory), so nothing queues
@@ -16,15 +17,21 @@ WAMP clients over real sockets (see :mod:`bench.wire`):
   received by all subscribers / (last delivery - first send);
 - latency phase: a paced run (``--lat-rate`` publications/s, capped at half the measured
   capacity so queueing does not dominate) for ``--lat-duration`` seconds; every event
-  carries its send timestamp and subscribers record receive - send;
+  carries its send timestamp (``perf_counter_ns``, CLOCK_MONOTONIC) and subscribers record
+  receive - send;
 - generator check: the same client code against a trivial fan-out server
-  (:class:`bench.wire.FakeBroker`) in its own process, showing the client side's ceiling.
+  (:class:`bench.wire.FakeBroker`) in its own process: "fake" writes one frame per event per
+  subscriber as the router does, "fake-batch" coalesces them and shows the clients' ceiling.
 
 Every subscriber checks the sequence numbers of what it receives; a case is marked not ok
-when any subscriber missed, duplicated or reordered an event.
+when any subscriber missed, duplicated or reordered an event, or its connection dropped.
+CPU use of the server, of the clients and of anything else on the machine is measured
+during each throughput phase, so a disturbed run shows ("other" column).
 
-The table goes to stdout, the details (with a machine description) to
-``bench/results/pubsub.json``.
+The table goes to stdout, the details (with a machine description and the git commit) to
+``bench/results/pubsub.json``. ``--profile`` samples the router with py-spy during each
+throughput phase and lists the hot spots; ``--router-cmd`` runs the router under another
+command (e.g. a wrapper that enables cProfile or traces GC pauses).
 """
 
 from __future__ import annotations
@@ -168,6 +175,9 @@ class RouterProcess:
 
 
 def _fake_broker_main(ws_port: int, rs_port: int, batched: bool) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -212,6 +222,8 @@ class FakeBrokerProcess:
 
 def _subscriber_main(transport: str, serializer: str, port: int, first: int, n: int,
                      counts: Any, lasts: Any, conn: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     try:
         asyncio.run(_subscriber_async(transport, serializer, port, first, n, counts, lasts,
                                       conn))
@@ -278,6 +290,7 @@ class SubscriberGroup:
         self.lasts = CTX.RawArray("q", n)
         self.procs: list[Any] = []
         self.conns: list[Any] = []
+        self.stopped = False
         procs = max(1, min(procs, n))
         first = 0
         for i in range(procs):
@@ -306,6 +319,7 @@ class SubscriberGroup:
 
     def command(self, command: str, arg: str | None = None) -> PhaseStats:
         """Ends the current phase (and starts ``arg`` for "phase"); returns its stats."""
+        self.stopped = self.stopped or command == "stop"
         for conn in self.conns:
             conn.send((command, arg))
         merged = PhaseStats()
@@ -320,7 +334,7 @@ class SubscriberGroup:
 
     def close(self) -> None:
         for p in self.procs:
-            p.join(3)
+            p.join(3 if self.stopped else 0)
             if p.is_alive():
                 p.terminate()
                 p.join(3)
@@ -698,8 +712,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-check", action="store_true", help="skip the generator check")
     p.add_argument("--profile", action="store_true",
                    help="py-spy the router during each throughput phase "
-                        "(pip install py-spy; it pauses the router for each sample, so "
-                        "profiled numbers come out lower)")
+                        "(pip install py-spy; sampling is non-blocking, so time in C calls and "
+                        "syscalls counts as the calling Python function's own time)")
     p.add_argument("--router-cmd", metavar="CMD",
                    help="command that runs the router, before 'router --config FILE' "
                         "(default: the venv's cairn), e.g. to run it under a tracer")
@@ -707,8 +721,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwind through the finally blocks that stop the router
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
     wanted = set(opts.cases.split(",")) if opts.cases else None
     known = {c.id for c in ROUTER_CASES}
     if wanted and not wanted <= known:

@@ -8,9 +8,22 @@ would allow it. No matching rule means deny.
 
 from __future__ import annotations
 
-from autobahn.wamp.message import Hello
+import hmac
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
 
-from gateway.config import Permission, RealmConfig
+from autobahn.wamp import message as m
+from autobahn.wamp.auth import compute_wcs
+from autobahn.wamp.message import Hello
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from gateway.config import Permission, RealmConfig, User
 from gateway.core import Session, WampError, global_id
 from gateway.patterns import matches
 
@@ -62,22 +75,150 @@ class Authorizer:
         return rule
 
 
+AUTH_FAILED = "wamp.error.authentication_failed"
+
+
+@dataclass
+class _Pending:
+    """What the router asked in CHALLENGE, kept until AUTHENTICATE."""
+
+    method: str
+    user: User
+    expected: bytes = b""  # ticket: the secret; wampcra: the signature
+    challenge: bytes = b""  # cryptosign: the 32 random bytes
+    pubkey: str = ""
+
+
 class Authenticator:
-    """Decides HELLO: welcome (with authid/role), challenge, or refuse."""
+    """HELLO -> identity (anonymous) or CHALLENGE; AUTHENTICATE -> identity or refusal.
+
+    Methods, tried in the client's order of preference: ``cryptosign`` (Ed25519; the user
+    lists ``pubkeys``), ``wampcra`` (HMAC-SHA256 over a challenge; salted when the user
+    has ``salt``, in which case ``secret`` holds the derived key), ``ticket`` (the secret
+    itself) and ``anonymous`` (when the realm has an ``anonymous_role``).
+    """
 
     def __init__(self, config: RealmConfig) -> None:
         self.config = config
+        self.users = {u.authid: u for u in config.users}
 
-    def hello(self, session: Session, hello: Hello) -> None:
-        """Fill in the session's identity, or raise WampError to abort."""
-        methods = hello.authmethods or ["anonymous"]
-        if "anonymous" in methods and self.config.anonymous_role:
-            session.authid = hello.authid or f"anonymous-{global_id():x}"
-            session.authrole = self.config.anonymous_role
-            session.authmethod = "anonymous"
-            session.authprovider = "static"
-            return
-        raise WampError(
-            "wamp.error.no_auth_method",
-            f"realm {self.config.name!r} offers none of the authmethods {methods}",
-        )
+    def hello(self, session: Session, hello: Hello) -> m.Challenge | None:
+        """Identify the session (return None) or return the CHALLENGE to send.
+        Raises WampError to abort."""
+        offered = hello.authmethods or ["anonymous"]
+        for method in offered:
+            if method == "anonymous" and self.config.anonymous_role:
+                session.authid = hello.authid or f"anonymous-{global_id():x}"
+                session.authrole = self.config.anonymous_role
+                session.authmethod, session.authprovider = "anonymous", "static"
+                return None
+            if method in ("ticket", "wampcra", "cryptosign"):
+                challenge = self._challenge(session, hello, method)
+                if challenge is not None:
+                    return challenge
+        if any(m in ("ticket", "wampcra", "cryptosign") for m in offered):
+            # Do not tell a guesser whether the authid exists.
+            raise WampError(AUTH_FAILED, "authentication failed")
+        raise WampError("wamp.error.no_auth_method",
+                        f"realm {self.config.name!r} accepts none of the authmethods {offered}")
+
+    def _challenge(self, session: Session, hello: Hello, method: str) -> m.Challenge | None:
+        user = self.users.get(hello.authid or "")
+        if method == "cryptosign":
+            pubkey = str((hello.authextra or {}).get("pubkey", "")).lower()
+            if user is None:
+                user = next((u for u in self.users.values() if pubkey in u.pubkeys), None)
+            if user is None or pubkey not in user.pubkeys:
+                return None
+            challenge = secrets.token_bytes(32)
+            session.pending_auth = _Pending(method, user, challenge=challenge, pubkey=pubkey)
+            return m.Challenge("cryptosign", {"challenge": challenge.hex(),
+                                              "channel_binding": None})
+        if user is None or user.secret is None:
+            return None
+        if method == "ticket":
+            session.pending_auth = _Pending(method, user, expected=user.secret.encode())
+            return m.Challenge("ticket", {})
+        challenge = json.dumps({
+            "authid": user.authid, "authrole": user.role, "authmethod": "wampcra",
+            "authprovider": "static", "session": session.id, "nonce": secrets.token_hex(16),
+            "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        })
+        session.pending_auth = _Pending(method, user,
+                                        expected=compute_wcs(user.secret.encode(), challenge))
+        extra: dict[str, Any] = {"challenge": challenge}
+        if user.salt:
+            extra.update(salt=user.salt, iterations=user.iterations, keylen=user.keylen)
+        return m.Challenge("wampcra", extra)
+
+    def authenticate(self, session: Session, msg: m.Authenticate) -> None:
+        """Check the answer to our CHALLENGE; fill in the identity or raise WampError."""
+        pending: _Pending | None = session.pending_auth
+        session.pending_auth = None
+        if pending is None:
+            raise WampError(AUTH_FAILED, "AUTHENTICATE without a CHALLENGE")
+        if not _answer_ok(pending, msg.signature):
+            raise WampError(AUTH_FAILED, "authentication failed")
+        session.authid = pending.user.authid
+        session.authrole = pending.user.role
+        session.authmethod = pending.method
+        session.authprovider = "static"
+        if pending.method == "cryptosign":
+            session.authextra = {"pubkey": pending.pubkey}
+
+
+def _answer_ok(pending: _Pending, signature: Any) -> bool:
+    if not isinstance(signature, str):
+        return False
+    if pending.method == "cryptosign":
+        return _cryptosign_ok(pending, signature)
+    return hmac.compare_digest(signature.encode(), pending.expected)
+
+
+def _cryptosign_ok(pending: _Pending, signature_hex: str) -> bool:
+    """autobahn sends hex(signature (64 bytes) + the signed challenge (32 bytes))."""
+    try:
+        raw = bytes.fromhex(signature_hex)
+        key = Ed25519PublicKey.from_public_bytes(bytes.fromhex(pending.pubkey))
+    except ValueError:
+        return False
+    if len(raw) not in (64, 96) or (len(raw) == 96 and raw[64:] != pending.challenge):
+        return False
+    try:
+        key.verify(raw[:64], pending.challenge)
+    except InvalidSignature:
+        return False
+    return True
+
+
+class AuthThrottle:
+    """Slows down guessing: after ``allowed`` failed logins from one address within
+    ``window`` seconds, that address is refused until the window has passed. Other
+    addresses are not affected."""
+
+    def __init__(self, allowed: int = 5, window: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.allowed, self.window, self.clock = allowed, window, clock
+        self._failures: dict[str, list[float]] = {}
+
+    def _recent(self, peer: str) -> list[float]:
+        cutoff = self.clock() - self.window
+        recent = [t for t in self._failures.get(peer, ()) if t > cutoff]
+        if recent:
+            self._failures[peer] = recent
+        else:
+            self._failures.pop(peer, None)
+        return recent
+
+    def refused_for(self, peer: str) -> float:
+        """Seconds this address must still wait, or 0."""
+        recent = self._recent(peer)
+        if len(recent) < self.allowed:
+            return 0.0
+        return max(0.0, recent[-self.allowed] + self.window - self.clock())
+
+    def failed(self, peer: str) -> None:
+        self._failures.setdefault(peer, []).append(self.clock())
+        if len(self._failures) > 10_000:  # forget the oldest addresses under a flood
+            for stale in list(self._failures)[:1000]:
+                del self._failures[stale]

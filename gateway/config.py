@@ -7,6 +7,7 @@ such as ``realms[0].roles[1].permissions[0].match``) and what is wrong, so that
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -62,9 +63,16 @@ class Role:
 
 @dataclass(frozen=True)
 class User:
+    """A principal. ``secret`` serves ticket and wampcra (with ``salt`` it is the derived
+    key, see README); ``pubkeys`` (hex Ed25519 public keys) serve cryptosign."""
+
     authid: str
     role: str
     secret: str | None = None
+    salt: str | None = None
+    iterations: int = 1000
+    keylen: int = 32
+    pubkeys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,14 +257,45 @@ def _role(v: _Validator, t: dict[str, Any], at: str) -> Role:
 
 
 def _user(v: _Validator, t: dict[str, Any], at: str) -> User:
-    v.keys(t, at, {"authid", "role", "secret"})
+    v.keys(t, at, {"authid", "role", "secret", "secret_file", "secret_env", "salt",
+                   "iterations", "keylen", "pubkeys"})
     authid = v.get(t, at, "authid", str, None)
     role = v.get(t, at, "role", str, None)
     if not authid:
         raise ConfigError(v.source, f"{at}.authid", "missing")
     if not role:
         raise ConfigError(v.source, f"{at}.role", "missing")
-    return User(authid, role, v.get(t, at, "secret", str, None))
+    pubkeys = []
+    for i, key in enumerate(v.get(t, at, "pubkeys", list, [])):
+        if not isinstance(key, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", key):
+            raise ConfigError(v.source, f"{at}.pubkeys[{i}]",
+                              "must be an Ed25519 public key as 64 hex digits")
+        pubkeys.append(key.lower())
+    return User(authid, role, _secret(v, t, at), v.get(t, at, "salt", str, None),
+                v.positive(t, at, "iterations", User.iterations),
+                v.positive(t, at, "keylen", User.keylen), tuple(pubkeys))
+
+
+def _secret(v: _Validator, t: dict[str, Any], at: str) -> str | None:
+    """The secret inline, or read from a file or an environment variable (so the config
+    file itself can be world-readable)."""
+    given = [k for k in ("secret", "secret_file", "secret_env") if k in t]
+    if len(given) > 1:
+        raise ConfigError(v.source, f"{at}.{given[1]}", f"give only one of {', '.join(given)}")
+    if "secret_file" in t:
+        path = v.get(t, at, "secret_file", str, None)
+        try:
+            return Path(path).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ConfigError(v.source, f"{at}.secret_file",
+                              f"cannot read {path}: {e.strerror}") from e
+    if "secret_env" in t:
+        name = v.get(t, at, "secret_env", str, None)
+        if name not in os.environ:
+            raise ConfigError(v.source, f"{at}.secret_env",
+                              f"environment variable {name} is not set")
+        return os.environ[name]
+    return v.get(t, at, "secret", str, None)
 
 
 def _history(v: _Validator, t: dict[str, Any], at: str) -> HistoryRule:

@@ -13,7 +13,7 @@ from typing import Any
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from gateway.auth import Authenticator, Authorizer
+from gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle
 from gateway.broker import Broker
 from gateway.clock import StepDetector
 from gateway.config import Config, RealmConfig
@@ -98,6 +98,16 @@ class Realm:
                         out)
 
 
+def peer_address(peer: str | None) -> str:
+    """'tcp4:10.0.0.7:53211' -> 'tcp4:10.0.0.7': failed logins are counted per address."""
+    if not peer:
+        return "unknown"
+    kind, _, rest = peer.partition(":")
+    if kind.startswith("tcp") and ":" in rest:
+        return f"{kind}:{rest.rpartition(':')[0]}"
+    return peer
+
+
 class Router:
     def __init__(self, config: Config, store: Store | None = None) -> None:
         self.config = config
@@ -106,6 +116,7 @@ class Router:
                        for rc in config.realms}
         self.sessions: dict[int, Session] = {}
         self.stopping = False  # after shutdown(): no new sessions
+        self.throttle = AuthThrottle()
 
     # -- the entry points ----------------------------------------------------------------
 
@@ -149,7 +160,10 @@ class Router:
     # -- before WELCOME ------------------------------------------------------------------
 
     def _opening(self, session: Session, msg: m.Message, out: Outbox) -> None:
-        if not isinstance(msg, m.Hello):
+        if isinstance(msg, m.Authenticate) and session.pending_auth is not None:
+            self._authenticate(session, msg, out)
+            return
+        if not isinstance(msg, m.Hello) or session.realm is not None:
             raise ProtocolViolation(f"expected HELLO, got {type(msg).__name__.upper()}")
         if self.stopping:
             self.abort(session, "wamp.close.system_shutdown", "the router is stopping", out)
@@ -159,19 +173,43 @@ class Router:
             self.abort(session, "wamp.error.no_such_realm",
                        f"no realm {msg.realm!r} on this router", out)
             return
-        try:
-            realm.authenticator.hello(session, msg)
-        except WampError as e:
-            self.abort(session, e.uri, e.message or e.uri, out)
+        address = peer_address(session.transport.get("peer"))
+        wait = self.throttle.refused_for(address)
+        if wait:
+            self.abort(session, AUTH_FAILED, f"too many failed logins from {address}; "
+                                             f"try again in {wait:.0f} s", out)
             return
-        self._welcome(session, realm, msg, out)
-
-    def _welcome(self, session: Session, realm: Realm, hello: m.Hello, out: Outbox) -> None:
         session.id = global_id()
         while session.id in self.sessions:
             session.id = global_id()
         session.realm = realm
-        session.roles = hello.roles or {}
+        session.roles = msg.roles or {}
+        try:
+            challenge = realm.authenticator.hello(session, msg)
+        except WampError as e:
+            self._refuse(session, e, out)
+            return
+        if challenge is not None:
+            out.send(session, challenge)
+            return
+        self._welcome(session, realm, out)
+
+    def _authenticate(self, session: Session, msg: m.Authenticate, out: Outbox) -> None:
+        realm = session.realm
+        assert realm is not None
+        try:
+            realm.authenticator.authenticate(session, msg)
+        except WampError as e:
+            self._refuse(session, e, out)
+            return
+        self._welcome(session, realm, out)
+
+    def _refuse(self, session: Session, e: WampError, out: Outbox) -> None:
+        if e.uri == AUTH_FAILED:
+            self.throttle.failed(peer_address(session.transport.get("peer")))
+        self.abort(session, e.uri, e.message or e.uri, out)
+
+    def _welcome(self, session: Session, realm: Realm, out: Outbox) -> None:
         session.established = True
         self.sessions[session.id] = session
         out.send(session, m.Welcome(

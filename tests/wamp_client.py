@@ -11,7 +11,7 @@ from autobahn.asyncio.rawsocket import WampRawSocketClientFactory
 from autobahn.asyncio.wamp import ApplicationSession
 from autobahn.asyncio.websocket import WampWebSocketClientFactory, WebSocketClientFactory
 from autobahn.asyncio.websocket import WebSocketClientProtocol as _WSClientProtocol
-from autobahn.wamp import types
+from autobahn.wamp import auth, types
 from autobahn.wamp.serializer import CBORSerializer, JsonSerializer, MsgPackSerializer
 
 SERIALIZERS = {"json": JsonSerializer, "msgpack": MsgPackSerializer, "cbor": CBORSerializer}
@@ -22,8 +22,12 @@ class Client(ApplicationSession):
     """An autobahn session whose join/leave can be awaited."""
 
     def __init__(self, config: types.ComponentConfig, authmethods: list[str] | None = None,
-                 authid: str | None = None) -> None:
+                 authid: str | None = None, secret: str | None = None,
+                 cryptosign_key: Any = None, authextra: dict | None = None) -> None:
         super().__init__(config)
+        self._secret = secret
+        self._cryptosign_key = cryptosign_key
+        self._authextra = authextra
         loop = asyncio.get_running_loop()
         self.joined: asyncio.Future = loop.create_future()
         self.left: asyncio.Future = loop.create_future()
@@ -33,7 +37,26 @@ class Client(ApplicationSession):
         self.welcome_details: types.SessionDetails | None = None
 
     def onConnect(self) -> None:
-        self.join(self.config.realm, authmethods=self._authmethods, authid=self._authid)
+        authextra = self._authextra
+        if self._cryptosign_key is not None and authextra is None:
+            authextra = {"pubkey": self._cryptosign_key.public_key()}
+        self.join(self.config.realm, authmethods=self._authmethods, authid=self._authid,
+                  authextra=authextra)
+
+    def onChallenge(self, challenge: types.Challenge) -> Any:
+        """Answer as autobahn's own clients do (ticket, wampcra with or without salt,
+        cryptosign)."""
+        if challenge.method == "ticket":
+            return self._secret
+        if challenge.method == "wampcra":
+            key = self._secret.encode()
+            if "salt" in challenge.extra:
+                key = auth.derive_key(self._secret, challenge.extra["salt"],
+                                      challenge.extra["iterations"], challenge.extra["keylen"])
+            return auth.compute_wcs(key, challenge.extra["challenge"]).decode("ascii")
+        if challenge.method == "cryptosign":
+            return self._cryptosign_key.sign_challenge(challenge)
+        raise ValueError(f"unexpected challenge {challenge.method}")
 
     def onJoin(self, details: types.SessionDetails) -> None:
         self.welcome_details = details
