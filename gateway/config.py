@@ -31,14 +31,18 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a listener binds: TCP ``host:port`` or ``unix:/path``."""
+    """Where a listener binds: TCP ``host:port`` (``tls:host:port`` for TLS) or
+    ``unix:/path``."""
 
     host: str | None = None
     port: int | None = None
     path: str | None = None
+    tls: bool = False
 
     def __str__(self) -> str:
-        return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
+        if self.path:
+            return f"unix:{self.path}"
+        return f"{'tls:' if self.tls else ''}{self.host}:{self.port}"
 
     @property
     def is_loopback(self) -> bool:
@@ -96,6 +100,12 @@ class RealmConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    cert: Path
+    key: Path
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     listen: Endpoint = Endpoint("127.0.0.1", 8080)
     rawsocket: tuple[Endpoint, ...] = ()
@@ -105,6 +115,11 @@ class RouterConfig:
     history_page_cap: int = 1000
     max_store_bytes: int = 2 * 1024**3
     log_level: str = "info"
+    tls: TlsConfig | None = None
+
+    @property
+    def endpoints(self) -> tuple[Endpoint, ...]:
+        return (self.listen, *self.rawsocket)
 
 
 @dataclass(frozen=True)
@@ -173,12 +188,14 @@ def parse(data: dict[str, Any], source: str) -> Config:
             raise ConfigError(source, f"realms[{i}].name", f"duplicate realm {name!r}")
     if not realms:
         raise ConfigError(source, "realms", "at least one [[realms]] table is required")
-    return Config(source=source, router=router, realms=realms)
+    config = Config(source=source, router=router, realms=realms)
+    _check_exposure(config)
+    return config
 
 
 def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
-                   "history_page_cap", "max_store_bytes", "log_level"})
+                   "history_page_cap", "max_store_bytes", "log_level", "tls"})
     d = RouterConfig()
     listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
     rawsocket = tuple(
@@ -189,7 +206,13 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     if level not in ("debug", "info", "warning", "error"):
         raise ConfigError(v.source, f"{at}.log_level",
                           f"must be debug, info, warning or error, not {level!r}")
+    tls = _tls(v, v.get(t, at, "tls", dict, None), f"{at}.tls")
+    for i, endpoint in enumerate((listen, *rawsocket)):
+        if endpoint is not None and endpoint.tls and tls is None:
+            key = f"{at}.listen" if i == 0 else f"{at}.rawsocket[{i - 1}]"
+            raise ConfigError(v.source, key, "a tls: listener needs [router.tls] cert and key")
     return RouterConfig(
+        tls=tls,
         listen=listen or d.listen,
         rawsocket=rawsocket,
         data_dir=Path(v.get(t, at, "data_dir", str, str(d.data_dir))),
@@ -199,6 +222,33 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
         max_store_bytes=v.positive(t, at, "max_store_bytes", d.max_store_bytes),
         log_level=level,
     )
+
+
+def _tls(v: _Validator, t: dict[str, Any] | None, at: str) -> TlsConfig | None:
+    if t is None:
+        return None
+    v.keys(t, at, {"cert", "key"})
+    paths = {}
+    for name in ("cert", "key"):
+        value = v.get(t, at, name, str, None)
+        if value is None:
+            raise ConfigError(v.source, f"{at}.{name}", "missing (a PEM file path)")
+        if not Path(value).is_file():
+            raise ConfigError(v.source, f"{at}.{name}", f"no such file: {value}")
+        paths[name] = Path(value)
+    return TlsConfig(paths["cert"], paths["key"])
+
+
+def _check_exposure(config: Config) -> None:
+    """Refuse a listener reachable from the network when no realm can authenticate anyone:
+    it would let anyone on the LAN in anonymously."""
+    exposed = [e for e in config.router.endpoints if not e.is_loopback]
+    if exposed and not any(realm.users for realm in config.realms):
+        raise ConfigError(
+            config.source, "router.listen" if exposed[0] is config.router.listen
+            else "router.rawsocket",
+            f"{exposed[0]} is reachable from the network but no realm has [[realms.users]]: "
+            f"add users (ticket, wampcra or cryptosign) or listen on 127.0.0.1 only")
 
 
 def _realm(v: _Validator, t: dict[str, Any], at: str) -> RealmConfig:
@@ -391,10 +441,14 @@ class _Validator:
             return Endpoint(path=text[5:])
         host, sep, port = text.rpartition(":")
         host = host.strip("[]")
+        tls = text.startswith("tls:")
+        host, sep, port = text.removeprefix("tls:").rpartition(":")
+        host = host.strip("[]")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(self.source, at,
-                              f"expected 'host:port' or 'unix:/path', not {text!r}")
-        return Endpoint(host=host, port=int(port))
+                              f"expected 'host:port', 'tls:host:port' or 'unix:/path', "
+                              f"not {text!r}")
+        return Endpoint(host=host, port=int(port), tls=tls)
 
 
 _KIND_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array",

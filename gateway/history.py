@@ -30,6 +30,7 @@ _TIME_ARGS = {"from_time": ">=", "after_time": ">", "before_time": "<", "until_t
 _PUBLICATION_ARGS = {"from_publication": ">=", "after_publication": ">",
                      "before_publication": "<", "until_publication": "<="}
 _KNOWN_ARGS = {"reverse", "limit", "topic", *_TIME_ARGS, *_PUBLICATION_ARGS}
+_MAX_ID = 2**53  # WAMP ids are integers in [1, 2**53]
 
 
 class HistoryRules:
@@ -83,7 +84,7 @@ class EventsQuery:
     limit: int | None = None
     topic: str | None = None
     times: tuple[tuple[str, int], ...] = ()         # (operator, ms)
-    publications: tuple[tuple[str, int], ...] = ()  # (operator, publication id)
+    publications: tuple[tuple[str, int], ...] = ()  # (argument name, publication id)
 
     @classmethod
     def parse(cls, kwargs: dict[str, Any]) -> EventsQuery:
@@ -108,13 +109,13 @@ class EventsQuery:
                 except (ValueError, TypeError) as e:
                     raise _invalid(name, f"must be an RFC 3339 timestamp: {e}") from None
         publications = []
-        for name, op in _PUBLICATION_ARGS.items():
+        for name in _PUBLICATION_ARGS:
             if name in kwargs:
                 value = kwargs[name]
-                if not _is_int(value) or value <= 0:
-                    raise _invalid(name, f"must be a positive integer publication id, "
-                                         f"got {value!r}")
-                publications.append((op, value))
+                if not _is_int(value) or not 1 <= value <= _MAX_ID:
+                    raise _invalid(name, f"must be a publication id (an integer from 1 to "
+                                         f"2**53), got {value!r}")
+                publications.append((name, value))
         return cls(reverse, limit, topic, tuple(times), tuple(publications))
 
 
@@ -152,12 +153,12 @@ async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscript
     for op, ms in query.times:
         where.append(f"wall_ms {op} ?")
         params.append(ms)
-    for op, publication in query.publications:
+    for name, publication in query.publications:
         seq = await store.seq_of_publication(realm.name, publication)
         if seq is None:
-            raise WampError("wamp.error.invalid_argument",
-                            f"get_events: publication {publication} is not in the stored history")
-        where.append(f"seq {op} ?")
+            raise _invalid(name, f"names publication {publication}, which is not in the "
+                                 f"stored history")
+        where.append(f"seq {_PUBLICATION_ARGS[name]} ?")
         params.append(seq)
     page = min(query.limit or page_cap, page_cap)
     order, beyond = ("DESC", "<") if query.reverse else ("ASC", ">")

@@ -148,6 +148,29 @@ class Router:
         session.closed = True
         self._detach(session, out)
 
+    def reload(self, config: Config, out: Outbox) -> None:
+        """New users, roles and permissions for the running realms (SIGHUP). Realms and
+        history rules change only with a restart. Sessions whose role is gone are closed."""
+        for rc in config.realms:
+            realm = self.realms.get(rc.name)
+            if realm is None:
+                log.warning("reload: new realm %r needs a restart", rc.name)
+                continue
+            realm.config = rc
+            realm.authenticator = Authenticator(rc)
+            realm.authorizer = Authorizer(rc)  # a fresh decision cache
+            roles = {r.name for r in rc.roles}
+            for session in list(realm.sessions.values()):
+                if session.authrole not in roles:
+                    log.info("reload: closing session %s: role %r was removed", session.id,
+                             session.authrole)
+                    out.send(session, m.Goodbye("wamp.close.killed",
+                                                f"role {session.authrole!r} was removed"))
+                    out.close(session)
+                    session.closed = True
+                    self._detach(session, out)
+        self.config = config
+
     def shutdown(self, out: Outbox) -> None:
         """Say GOODBYE to every session (SIGTERM); a HELLO coming later is refused."""
         self.stopping = True

@@ -11,12 +11,13 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import time
 from pathlib import Path
 
 from autobahn.wamp import message as m
 
-from gateway.config import Config, Endpoint
+from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
 from gateway.core import Outbox, Session, Task, Timer
 from gateway.router import Router
 from gateway.store import PruneRule, Store
@@ -157,9 +158,9 @@ class Node:
         cfg = self.config.router
         listen = cfg.listen
         server = await loop.create_server(lambda: HttpFront(self._ws, self.http), listen.host,
-                                          listen.port)
+                                          listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
-        ws_url = f"ws://{listen.host}:{self.port}/ws"
+        ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"
         self._ws = websocket_factory(self, ws_url)
         self._servers.append(server)
         self.urls.append(ws_url)
@@ -171,7 +172,8 @@ class Node:
             else:
                 port = rs.sockets[0].getsockname()[1]
                 self.rawsocket_ports.append(port)
-                self.urls.append(f"rawsocket+tcp://{endpoint.host}:{port}")
+                scheme = "rawsocket+tls" if endpoint.tls else "rawsocket+tcp"
+                self.urls.append(f"{scheme}://{endpoint.host}:{port}")
         log.info("listening: %s", "  ".join(self.urls))
 
     async def _listen_rawsocket(self, loop: asyncio.AbstractEventLoop,
@@ -185,7 +187,33 @@ class Node:
             server = await loop.create_unix_server(factory, str(path))
             os.chmod(path, 0o660)
             return server
-        return await loop.create_server(factory, endpoint.host, endpoint.port)
+        return await loop.create_server(factory, endpoint.host, endpoint.port,
+                                        ssl=self._tls(endpoint))
+
+    def _tls(self, endpoint: Endpoint) -> ssl.SSLContext | None:
+        tls = self.config.router.tls
+        if not endpoint.tls or tls is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(tls.cert, tls.key)
+        return context
+
+    def reload(self) -> None:
+        """SIGHUP: re-read users and roles from the config file. Sessions stay; those whose
+        role is gone are closed. A config with an error is logged and ignored."""
+        if self.config.source == EMBEDDED:
+            log.info("SIGHUP: running on the embedded default, nothing to reload")
+            return
+        try:
+            config = load(self.config.source)
+        except ConfigError as e:
+            log.error("SIGHUP: keeping the running config: %s", e)
+            return
+        out = Outbox()
+        self.router.reload(config, out)
+        self.flush(out)
+        log.info("SIGHUP: reloaded users and roles from %s", config.source)
 
     async def stop(self) -> None:
         out = Outbox()
@@ -217,6 +245,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     # before start(): a signal that comes once "listening" is logged must stop us cleanly
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, node.reload)
     await node.start()
     if ready is not None:
         ready.set()
