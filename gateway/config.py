@@ -177,7 +177,7 @@ def load(path: str | Path | None) -> Config:
 
 def parse(data: dict[str, Any], source: str) -> Config:
     v = _Validator(source)
-    v.keys(data, "", {"router", "realms", "sensors", "mqtt", "sync"})
+    v.keys(data, "", {"router", "realms", "driver", "sensors", "mqtt", "sync"})
     router = _router(v, v.table(data, "router"), "router")
     realms = tuple(
         _realm(v, table, f"realms[{i}]") for i, table in enumerate(v.tables(data, "realms"))

@@ -1,0 +1,62 @@
+"""The ``[driver]`` section shared by every driver: how it reaches the router.
+
+```toml
+[driver]
+router = "rawsocket+unix:/run/cairn/wamp.sock"  # or ws://127.0.0.1:8080/ws, rawsocket+tcp://h:p
+realm = "realm1"
+authid = "sensors"        # optional: ticket/wampcra login (else anonymous)
+secret_env = "CAIRN_SENSOR_SECRET"   # or secret / secret_file
+backlog = 1000            # readings kept while the router is away; the oldest go first
+```
+
+Each driver validates its own sections ([[sensors]], [mqtt]) with the same
+:class:`gateway.config.ConfigError`, naming file, key and problem.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.config import EMBEDDED, ConfigError, _secret, _Validator
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    router: str = "ws://127.0.0.1:8080/ws"
+    realm: str = "realm1"
+    authid: str | None = None
+    secret: str | None = None
+    backlog: int = 1000
+
+
+def read_toml(path: str | Path | None) -> tuple[dict[str, Any], str]:
+    """The raw TOML document and its name for error messages."""
+    if path is None:
+        return {}, EMBEDDED
+    source = str(path)
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8")), source
+    except OSError as e:
+        raise ConfigError(source, "-", f"cannot read file: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(source, "-", f"invalid TOML: {e}") from e
+
+
+def parse_driver(data: dict[str, Any], source: str) -> DriverConfig:
+    v = _Validator(source)
+    t = v.table(data, "driver")
+    at = "driver"
+    v.keys(t, at, {"router", "realm", "authid", "secret", "secret_file", "secret_env",
+                   "backlog"})
+    d = DriverConfig()
+    router = v.get(t, at, "router", str, d.router)
+    if not router.startswith(("ws://", "wss://", "rawsocket+tcp://", "rawsocket+unix:")):
+        raise ConfigError(source, f"{at}.router",
+                          f"expected ws://host:port/ws, rawsocket+tcp://host:port or "
+                          f"rawsocket+unix:/path, not {router!r}")
+    return DriverConfig(router=router, realm=v.get(t, at, "realm", str, d.realm),
+                        authid=v.get(t, at, "authid", str, None), secret=_secret(v, t, at),
+                        backlog=v.positive(t, at, "backlog", d.backlog))

@@ -1,0 +1,280 @@
+"""What every driver shares: its WAMP session to the router, a bounded backlog, and the
+rules for when a reading is worth publishing.
+
+A driver never blocks on the router. Readings go into a bounded backlog (oldest dropped
+and counted when it is full) that a background task drains in order, each publication
+``retain: true`` + ``acknowledge: true``, so a reading leaves the backlog only once the
+router has stored it. When the router goes away the task reconnects with backoff and
+carries on where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from autobahn.asyncio.rawsocket import WampRawSocketClientFactory
+from autobahn.asyncio.wamp import ApplicationSession
+from autobahn.asyncio.websocket import WampWebSocketClientFactory
+from autobahn.wamp import auth, types
+from autobahn.wamp.exception import ApplicationError, TransportLost
+from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
+
+log = logging.getLogger("cairn.driver")
+
+# Errors after which a publication is worth trying again; anything else is dropped.
+_RETRYABLE = {"cairn.error.storage_failed", "wamp.error.canceled"}
+
+
+def reading_topic(device_id: str) -> str:
+    return f"sensor.{device_id}"
+
+
+def status_topic(device_id: str) -> str:
+    return f"gateway.device.{device_id}.status"
+
+
+@dataclass
+class Publication:
+    topic: str
+    kwargs: dict[str, Any]
+    retain: bool = True
+
+
+class _Session(ApplicationSession):
+    def __init__(self, config: types.ComponentConfig, authid: str | None,
+                 secret: str | None) -> None:
+        super().__init__(config)
+        self._authid, self._secret = authid, secret
+        loop = asyncio.get_running_loop()
+        self.joined: asyncio.Future = loop.create_future()
+        self.gone: asyncio.Future = loop.create_future()
+
+    def onConnect(self) -> None:
+        methods = ["ticket", "wampcra"] if self._secret else ["anonymous"]
+        self.join(self.config.realm, authmethods=methods, authid=self._authid)
+
+    def onChallenge(self, challenge: types.Challenge) -> str:
+        if challenge.method == "ticket":
+            return self._secret
+        key = self._secret.encode()
+        if "salt" in challenge.extra:
+            key = auth.derive_key(self._secret, challenge.extra["salt"],
+                                  challenge.extra["iterations"], challenge.extra["keylen"])
+        return auth.compute_wcs(key, challenge.extra["challenge"]).decode("ascii")
+
+    def onJoin(self, details: types.SessionDetails) -> None:
+        if not self.joined.done():
+            self.joined.set_result(details)
+
+    def onLeave(self, details: types.CloseDetails) -> None:
+        if not self.joined.done():
+            self.joined.set_exception(ConnectionRefusedError(f"{details.reason}: "
+                                                             f"{details.message}"))
+        super().onLeave(details)
+
+    def onDisconnect(self) -> None:
+        if not self.joined.done():
+            self.joined.set_exception(ConnectionError("connection closed before WELCOME"))
+        if not self.gone.done():
+            self.gone.set_result(None)
+
+
+async def open_session(url: str, realm: str, authid: str | None = None,
+                       secret: str | None = None, timeout: float = 10) -> _Session:
+    """Connect and join. ``url`` is what the router prints when it starts:
+    ``ws://host:port/ws``, ``rawsocket+tcp://host:port`` or ``rawsocket+unix:/path``."""
+    loop = asyncio.get_running_loop()
+    session = _Session(types.ComponentConfig(realm=realm), authid, secret)
+    if url.startswith(("ws://", "wss://")):
+        factory = WampWebSocketClientFactory(lambda: session, url=url,
+                                             serializers=[JsonSerializer()])
+        host, port = factory.host, factory.port
+        await loop.create_connection(factory, host, port, ssl=True if factory.isSecure else None)
+    elif url.startswith("rawsocket+unix:"):
+        factory = WampRawSocketClientFactory(lambda: session, serializer=MsgPackSerializer())
+        await loop.create_unix_connection(factory, url.removeprefix("rawsocket+unix:"))
+    elif url.startswith("rawsocket+tcp://"):
+        host, _, port = url.removeprefix("rawsocket+tcp://").rpartition(":")
+        factory = WampRawSocketClientFactory(lambda: session, serializer=MsgPackSerializer())
+        await loop.create_connection(factory, host, int(port))
+    else:
+        raise ValueError(f"unsupported router URL {url!r} (use ws://, rawsocket+tcp:// or "
+                         f"rawsocket+unix:)")
+    await asyncio.wait_for(session.joined, timeout)
+    return session
+
+
+@dataclass
+class LinkStats:
+    queued: int = 0
+    published: int = 0
+    dropped_full: int = 0      # oldest readings dropped because the backlog was full
+    dropped_refused: int = 0   # publications the router refused for good
+    reconnects: int = 0
+    connected: bool = False
+    last_error: str | None = None
+
+
+class RouterLink:
+    """A driver's connection to the router, with a bounded, ordered backlog."""
+
+    def __init__(self, url: str, realm: str, *, authid: str | None = None,
+                 secret: str | None = None, backlog: int = 1000,
+                 max_backoff: float = 10.0) -> None:
+        self.url, self.realm, self.authid, self.secret = url, realm, authid, secret
+        self.backlog: deque[Publication] = deque()
+        self.backlog_limit = backlog
+        self.max_backoff = max_backoff
+        self.stats = LinkStats()
+        self._ready = asyncio.Event()
+        self._session: _Session | None = None
+
+    def publish(self, topic: str, kwargs: dict[str, Any], retain: bool = True) -> None:
+        """Queue a publication; never blocks. When the backlog is full the oldest goes."""
+        if len(self.backlog) >= self.backlog_limit:
+            self.backlog.popleft()
+            self.stats.dropped_full += 1
+            if self.stats.dropped_full in (1, 10, 100) or self.stats.dropped_full % 1000 == 0:
+                log.warning("backlog full (%d): %d oldest readings dropped so far",
+                            self.backlog_limit, self.stats.dropped_full)
+        self.backlog.append(Publication(topic, kwargs, retain))
+        self.stats.queued += 1
+        self._ready.set()
+
+    async def run(self) -> None:
+        """Connect, drain, and reconnect with backoff, forever."""
+        backoff = 0.2
+        while True:
+            try:
+                self._session = await open_session(self.url, self.realm, self.authid,
+                                                   self.secret)
+            except (TimeoutError, OSError, ConnectionError, ValueError) as e:
+                self._note_down(f"cannot reach the router at {self.url}: {e}")
+            else:
+                log.info("connected to %s (realm %s)", self.url, self.realm)
+                self.stats.connected = True
+                backoff = 0.2
+                await self._drain(self._session)
+                self.stats.connected = False
+                self.stats.reconnects += 1
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, self.max_backoff)
+
+    def _note_down(self, error: str) -> None:
+        if self.stats.last_error != error:
+            log.warning("%s; %d readings waiting", error, len(self.backlog))
+        self.stats.last_error = error
+
+    async def _drain(self, session: _Session) -> None:
+        while not session.gone.done():
+            if not self.backlog:
+                self._ready.clear()
+                waiter = asyncio.ensure_future(self._ready.wait())
+                await asyncio.wait([waiter, session.gone], return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                continue
+            item = self.backlog[0]
+            try:
+                await session.publish(item.topic, **item.kwargs, options=types.PublishOptions(
+                    retain=item.retain, acknowledge=True))
+            except ApplicationError as e:
+                if e.error in _RETRYABLE:
+                    self._note_down(f"the router could not store a reading ({e.error})")
+                    await asyncio.sleep(1.0)
+                    continue
+                log.error("the router refused %s: %s %s; dropping it", item.topic, e.error,
+                          e.args[0] if e.args else "")
+                self.stats.dropped_refused += 1
+            except (TransportLost, ConnectionError) as e:
+                self._note_down(f"lost the router: {e}")
+                return
+            if self.backlog and self.backlog[0] is item:
+                self.backlog.popleft()
+                self.stats.published += 1
+        self._note_down("lost the router")
+
+    async def close(self) -> None:
+        if self._session is not None and self._session.is_attached():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._session.leave(), 2)
+
+
+@dataclass
+class ChangeFilter:
+    """Publish a reading when a value moved by more than its deadband since the last
+    publication, or when ``heartbeat`` seconds passed without one."""
+
+    deadband: dict[str, float] = field(default_factory=dict)
+    default_deadband: float = 0.0
+    heartbeat: float = 60.0
+    _last: dict[str, float] | None = None
+    _last_time: float = 0.0
+
+    def should_publish(self, values: dict[str, float], now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        if self._last is None or now - self._last_time >= self.heartbeat or \
+                set(values) != set(self._last):
+            return self._take(values, now)
+        for name, value in values.items():
+            band = self.deadband.get(name, self.default_deadband)
+            if abs(value - self._last[name]) > band:
+                return self._take(values, now)
+        return False
+
+    def _take(self, values: dict[str, float], now: float) -> bool:
+        self._last, self._last_time = dict(values), now
+        return True
+
+
+@dataclass
+class DeviceStatus:
+    """ok / stale / error, published (retained) only when it changes."""
+
+    device_id: str
+    link: RouterLink
+    state: str | None = None
+    reason: str | None = None
+
+    def set(self, state: str, reason: str | None = None) -> None:
+        if (state, reason) == (self.state, self.reason):
+            return
+        if state != self.state:
+            log.info("device %s: %s%s", self.device_id, state, f" ({reason})" if reason else "")
+        self.state, self.reason = state, reason
+        self.link.publish(status_topic(self.device_id),
+                          {"status": state, "reason": reason, "since": time.time()})
+
+
+class Device:
+    """A sensor as the gateway sees it: readings through a ChangeFilter, status that goes
+    stale when readings stop and error when the driver says so."""
+
+    def __init__(self, device_id: str, link: RouterLink, change: ChangeFilter,
+                 stale_after: float) -> None:
+        self.device_id = device_id
+        self.link = link
+        self.change = change
+        self.stale_after = stale_after
+        self.status = DeviceStatus(device_id, link)
+        self.last_reading = time.monotonic()
+
+    def reading(self, values: dict[str, float], extra: dict[str, Any] | None = None) -> None:
+        self.last_reading = time.monotonic()
+        self.status.set("ok")
+        if self.change.should_publish(values):
+            self.link.publish(reading_topic(self.device_id), {**values, **(extra or {})})
+
+    def error(self, reason: str) -> None:
+        self.status.set("error", reason)
+
+    def check_stale(self) -> None:
+        if self.status.state == "ok" and \
+                time.monotonic() - self.last_reading > self.stale_after:
+            self.status.set("stale", f"no reading for {self.stale_after:.0f} s")
