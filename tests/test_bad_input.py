@@ -188,6 +188,9 @@ CASES = [
      [r"SUBSCRIBE", r"topic"]),
     ("subscribe-topic-space", True, [32, 1, {"match": "prefix"}, "a b"],
      [r"SUBSCRIBE", r"topic"]),
+    ("subscribe-prefix-empty-component", True, [32, 1, {"match": "prefix"}, "a..b"],
+     [r"SUBSCRIBE", r"topic"]),
+    ("subscribe-exact-empty-topic", True, [32, 1, {}, ""], [r"SUBSCRIBE", r"topic"]),
     ("register-procedure-hash", True, [64, 1, {}, "com.#p"], [r"REGISTER", r"procedure"]),
     ("call-procedure-space", True, [48, 1, {}, "com. p"], [r"CALL", r"procedure"]),
     ("publish-before-hello", False, [16, 1, {}, "com.t"], [r"HELLO", r"PUBLISH"]),
@@ -220,6 +223,41 @@ async def test_websocket_bad_message_aborts_only_that_session(router, client, he
     peer.send_bytes(data) if isinstance(data, bytes) else peer.send(data)
     await ws_expect_abort(peer, *words)
     await witness.check()
+
+
+async def test_patterns_that_are_valid_for_their_match_policy_are_accepted(router):
+    peer = await raw_open(router, hello=True)
+    for request, (kind, options, uri) in enumerate([
+        (32, {"match": "wildcard"}, "a..b"), (32, {"match": "wildcard"}, ".a."),
+        (32, {"match": "prefix"}, "com."), (32, {"match": "prefix"}, "com.x"),
+        (32, {}, "com.x"), (64, {"match": "wildcard"}, "com..p"),
+        (64, {"match": "prefix"}, "com.p."),
+    ], start=1):
+        peer.send([kind, request, options, uri])
+        reply = await peer.receive()  # SUBSCRIBED or REGISTERED
+        assert reply[:2] == [kind + 1, request] and isinstance(reply[2], int), (uri, reply)
+    peer.close()
+
+
+async def test_messages_after_a_bad_one_are_dropped_and_the_abort_still_arrives(router, client):
+    """Closing a socket with unread input makes the kernel reset it and throw away what is
+    still queued for the peer, the ABORT included; the router must read until the peer closes."""
+    received: list[Any] = []
+    subscriber = await client("websocket", "json")
+    await subscriber.subscribe(lambda *a: received.append(a), "com.after")
+    peer = await raw_open(router, hello=True)
+    valid = [16, 2, {}, "com.after", ["x" * 1000]]
+    peer.send([16, 1, {}, "a..b"])
+    for _ in range(2000):  # 2 MB of valid PUBLISHes behind the bad one
+        peer.send(valid)
+    await raw_expect_abort(peer, r"PUBLISH", r"topic")
+    await subscriber.publish("com.after", "ok", options=PublishOptions(acknowledge=True,
+                                                                        exclude_me=False))
+    for _ in range(100):
+        if received:
+            break
+        await asyncio.sleep(0.01)
+    assert received == [("ok",)], "a message sent after the bad one was delivered"
 
 
 async def test_rawsocket_bytes_that_are_not_msgpack(router, client):

@@ -13,13 +13,18 @@ from gateway import config as cfg
 FULL = """
 [router]
 listen = "0.0.0.0:9090"
-rawsocket = ["127.0.0.1:9091", "unix:/run/cairn/wamp.sock", "[::1]:9092"]
+rawsocket = ["127.0.0.1:9091", "unix:/run/cairn/wamp.sock", "[::1]:9092",
+             "tls:0.0.0.0:9443"]
 data_dir = "/var/lib/cairn"
 max_message_size = 262144
 send_buffer_limit = 2097152
 history_page_cap = 500
 max_store_bytes = 1073741824
 log_level = "debug"
+
+[router.tls]
+cert = "@DIR@/cert.pem"
+key = "@DIR@/key.pem"
 
 [sensors]
 anything = "is validated by the drivers"
@@ -56,6 +61,20 @@ anonymous_role = "guest"
   [[realms.users]]
   authid = "observer"
   role = "guest"
+  secret_file = "@DIR@/observer.secret"
+
+  [[realms.users]]
+  authid = "gate"
+  role = "device"
+  secret_env = "CAIRN_TEST_GATE_SECRET"
+  salt = "salt123"
+  iterations = 2000
+  keylen = 16
+
+  [[realms.users]]
+  authid = "tractor"
+  role = "device"
+  pubkeys = ["@PUBKEY@"]
 
   [[realms.history]]
   uri = "sensor"
@@ -112,16 +131,26 @@ def test_embedded_default():
     assert realm.history == (cfg.HistoryRule("sensor", "prefix", 1_000_000, 90 * 86400),)
 
 
-def test_full_example_with_every_key(tmp_path):
-    path = write(tmp_path, FULL)
+PUBKEY = "0123456789abcdef" * 4
+
+
+def test_full_example_with_every_key(tmp_path, monkeypatch):
+    for name in ("cert.pem", "key.pem"):
+        (tmp_path / name).write_text("-----BEGIN PEM-----\n")
+    (tmp_path / "observer.secret").write_text("from-a-file\n")
+    monkeypatch.setenv("CAIRN_TEST_GATE_SECRET", "from-the-env")
+    path = write(tmp_path, FULL.replace("@DIR@", str(tmp_path)).replace("@PUBKEY@",
+                                                                         PUBKEY.upper()))
     config = cfg.load(path)
     assert config.source == str(path)
     r = config.router
     assert r.listen == cfg.Endpoint("0.0.0.0", 9090) and not r.listen.is_loopback
     assert r.rawsocket == (cfg.Endpoint("127.0.0.1", 9091),
-                           cfg.Endpoint(path="/run/cairn/wamp.sock"), cfg.Endpoint("::1", 9092))
+                           cfg.Endpoint(path="/run/cairn/wamp.sock"), cfg.Endpoint("::1", 9092),
+                           cfg.Endpoint("0.0.0.0", 9443, tls=True))
     assert [str(e) for e in r.rawsocket] == ["127.0.0.1:9091", "unix:/run/cairn/wamp.sock",
-                                             "::1:9092"]
+                                             "::1:9092", "tls:0.0.0.0:9443"]
+    assert r.tls == cfg.TlsConfig(tmp_path / "cert.pem", tmp_path / "key.pem")
     assert r.data_dir == Path("/var/lib/cairn")
     assert (r.max_message_size, r.send_buffer_limit) == (262144, 2097152)
     assert (r.history_page_cap, r.max_store_bytes) == (500, 1073741824)
@@ -136,8 +165,12 @@ def test_full_example_with_every_key(tmp_path):
         cfg.Permission("sensor..temperature", "wildcard", frozenset({"subscribe", "call"})),
         cfg.Permission("com.farm.status", "exact", frozenset({"call"}), disclose=True),
     )
-    assert farm.users == (cfg.User("pump-1", "device", "s3cret"),
-                          cfg.User("observer", "guest", None))
+    assert farm.users == (
+        cfg.User("pump-1", "device", "s3cret"),
+        cfg.User("observer", "guest", "from-a-file"),
+        cfg.User("gate", "device", "from-the-env", salt="salt123", iterations=2000, keylen=16),
+        cfg.User("tractor", "device", pubkeys=(PUBKEY,)),
+    )
     assert farm.history == (cfg.HistoryRule("sensor", "prefix", 5000, 12 * 3600),
                             cfg.HistoryRule("alarm..raised", "wildcard", 1_000_000, None))
     realm2 = config.realm("realm2")
@@ -233,6 +266,35 @@ MISTAKES = [
     ("disclose-is-a-string",
      _replace(PERMISSION, '{ uri = "", match = "prefix", disclose = "yes" }'),
      "realms[0].roles[0].permissions[0].disclose", [r"expected true or false"]),
+    ("tls-listener-without-tls-table",
+     _replace('[router]\n', '[router]\nrawsocket = ["tls:127.0.0.1:9443"]\n'),
+     "router.rawsocket[0]", [r"needs \[router.tls\]"]),
+    ("tls-cert-missing-file",
+     _replace('[router]\n', '[router]\ntls = { cert = "/nonexistent/c.pem", key = "k" }\n'),
+     "router.tls.cert", [r"no such file"]),
+    ("tls-unknown-key", _replace('[router]\n', '[router]\ntls = { certificate = "c" }\n'),
+     "router.tls.certificate", [r"unknown key"]),
+    ("network-listener-without-users",
+     _replace('listen = "127.0.0.1:8080"', 'listen = "0.0.0.0:8080"'), "router.listen",
+     [r"reachable from the network", r"users"]),
+    ("two-secrets",
+     BASE + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n  secret = "x"\n'
+            '  secret_env = "CAIRN_TEST_UNSET"\n',
+     "realms[0].users[0].secret_env", [r"only one of"]),
+    ("secret-env-not-set",
+     BASE + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n'
+            '  secret_env = "CAIRN_TEST_SURELY_UNSET_VARIABLE"\n',
+     "realms[0].users[0].secret_env", [r"CAIRN_TEST_SURELY_UNSET_VARIABLE is not set"]),
+    ("secret-file-missing",
+     BASE + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n'
+            '  secret_file = "/nonexistent/secret"\n',
+     "realms[0].users[0].secret_file", [r"cannot read /nonexistent/secret"]),
+    ("pubkey-not-hex",
+     BASE + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n  pubkeys = ["xyz"]\n',
+     "realms[0].users[0].pubkeys[0]", [r"64 hex digits"]),
+    ("iterations-zero",
+     BASE + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n  iterations = 0\n',
+     "realms[0].users[0].iterations", [r"positive integer"]),
     ("duplicate-realm", BASE + '\n[[realms]]\nname = "realm2"\n[[realms]]\nname = "realm1"\n',
      "realms[2].name", [r"duplicate realm 'realm1'"]),
     ("no-realm", '[router]\nlisten = "127.0.0.1:8080"\n', "realms", [r"at least one"]),
