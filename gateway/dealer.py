@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from gateway.patterns import PatternMap
 
 if TYPE_CHECKING:
     from gateway.router import Realm
+
+log = logging.getLogger("cairn.dealer")
 
 INVOKE_POLICIES = ("single", "roundrobin", "random", "first", "last")
 CANCEL_MODES = ("skip", "kill", "killnowait")
@@ -179,6 +182,10 @@ class Dealer:
                 value = await result
             except WampError as e:
                 o.send(caller, _call_error(msg.request, e))
+            except Exception as e:  # e.g. the store failed: the caller still gets an answer
+                log.exception("meta procedure %s failed", msg.procedure)
+                o.send(caller, _call_error(msg.request, WampError(
+                    "cairn.error.internal", f"{msg.procedure} failed: {type(e).__name__}: {e}")))
             else:
                 o.send(caller, _meta_result(msg.request, value))
 

@@ -36,6 +36,7 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self.urls: list[str] = []
         self.store: Store | None = None
+        self.connections: set = set()  # open transports (gateway.transport.Connection)
         self._maintenance: asyncio.Task | None = None
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
@@ -218,6 +219,10 @@ class Node:
     async def stop(self) -> None:
         out = Outbox()
         self.router.shutdown(out)
+        for connection in list(self.connections):
+            if not connection.session.established:  # connected, but no session yet
+                self.router.abort(connection.session, "wamp.close.system_shutdown",
+                                  "the router is stopping", out)
         self.flush(out)
         for server in self._servers:
             server.close()

@@ -131,6 +131,7 @@ class Connection:
     def onOpen(self, transport: Any) -> None:
         self.transport = transport
         self._open = True
+        self.node.connections.add(self)
         details = transport.transport_details
         self.session.transport = {
             "type": self.kind,
@@ -140,6 +141,7 @@ class Connection:
 
     def onClose(self, was_clean: bool) -> None:
         self._open = False
+        self.node.connections.discard(self)
         self.node.lost(self.session)
 
     def onMessage(self, msg: m.Message) -> None:  # not used: our protocols call receive()

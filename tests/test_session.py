@@ -236,8 +236,6 @@ async def test_a_connection_open_when_the_router_stops_cannot_join_afterwards(tm
         assert router.node.router.sessions == {}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Node.stop closes only the transports of established "
-                   "sessions; a connection that has not sent HELLO yet stays open")
 async def test_stopping_the_router_closes_connections_that_have_not_joined(tmp_path, peers):
     async with own_router(tmp_path) as router:
         peer = await peers(router)  # connected, no HELLO yet
