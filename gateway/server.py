@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import ssl
 import time
 from pathlib import Path
+from typing import Any
 
 from autobahn.wamp import message as m
 
+from gateway.clock import rfc3339
 from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
 from gateway.core import Outbox, Session, Task, Timer
-from gateway.router import Router
+from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
 
@@ -105,6 +108,34 @@ class Node:
             return 200, "text/plain; charset=utf-8", self._status_text().encode()
         return 404, "text/plain", b"not found\n"
 
+    def _status_procedure(self, realm: Realm):
+        async def status(caller: Session, args: list, kwargs: dict) -> dict:
+            return await self.status(realm)
+        return status
+
+    async def status(self, realm: Realm) -> dict[str, Any]:
+        """What the dashboard's status strip and ``cairn doctor`` show."""
+        reading, _ = self.router.clock.read()
+        store: dict[str, Any] = {}
+        if self.store is not None:
+            store = await self.store.summary(realm.name)
+        sync_file = self.config.router.data_dir / "sync-status.json"
+        sync = None
+        if sync_file.exists():
+            with contextlib.suppress(OSError, ValueError):
+                sync = json.loads(sync_file.read_text())
+        return {
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "sessions": len(realm.sessions),
+            "realm": realm.name,
+            "store": store,
+            "retained_topics": len(realm.retention),
+            "clock": {"synchronized": reading.synced, "boot_id": self.router.clock.boot_id,
+                      "now": rfc3339(reading.wall_ms)},
+            "sync": sync,
+            "slow_consumers": self.slow_consumers,
+        }
+
     def _status_text(self) -> str:
         realms = ", ".join(self.router.realms)
         return (f"Cairn router\nrealms: {realms}\nsessions: {len(self.router.sessions)}\n"
@@ -129,6 +160,7 @@ class Node:
         for realm in self.router.realms.values():
             realm.store = self.store
             realm.restore(subscriptions, retained)
+            realm.dealer.meta_procedures["cairn.router.status"] = self._status_procedure(realm)
         log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
                  path, len(retained), len(subscriptions), self.store.next_seq)
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())

@@ -28,7 +28,7 @@ from typing import Any
 import aiosqlite
 import msgpack
 
-from gateway.clock import Anchor
+from gateway.clock import Anchor, rfc3339
 from gateway.patterns import wildcard_matches
 
 log = logging.getLogger("cairn.store")
@@ -527,6 +527,22 @@ class Store:
             "SELECT seq FROM publications WHERE publication = ? AND realm = ?",
             (publication, realm))
         return rows[0][0] if rows else None
+
+    async def summary(self, realm: str) -> dict[str, Any]:
+        """Size and span of the stored history, for status displays."""
+        (count, first, last, oldest, newest), = await self.query(
+            "SELECT COUNT(*), MIN(seq), MAX(seq), MIN(wall_ms), MAX(wall_ms) FROM publications"
+            " WHERE realm = ?", (realm,))
+        (gaps, dropped), = await self.query(
+            "SELECT COUNT(*), COALESCE(SUM(count), 0) FROM gaps WHERE realm = ? OR realm IS NULL",
+            (realm,))
+        (anchors,), = await self.query(
+            "SELECT COUNT(*) FROM anchors WHERE reason = 'step'", ())
+        return {"bytes": await self.size_bytes(), "events": count, "first_seq": first,
+                "last_seq": last, "synced_seq": await self.synced_seq(),
+                "oldest": rfc3339(oldest) if oldest is not None else None,
+                "newest": rfc3339(newest) if newest is not None else None,
+                "gaps": gaps, "dropped_events": dropped, "clock_steps": anchors}
 
     async def size_bytes(self) -> int:
         rows = await self.query("SELECT page_count * page_size FROM pragma_page_count(), "
