@@ -15,12 +15,11 @@ Each driver validates its own sections ([[sensors]], [mqtt]) with the same
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from gateway.config import EMBEDDED, ConfigError, _secret, _Validator
+from gateway.config import ConfigError, _secret, _Validator
+from gateway.config import read_document as read_toml  # noqa: F401  (drivers' entry point)
 
 
 @dataclass(frozen=True)
@@ -30,19 +29,6 @@ class DriverConfig:
     authid: str | None = None
     secret: str | None = None
     backlog: int = 1000
-
-
-def read_toml(path: str | Path | None) -> tuple[dict[str, Any], str]:
-    """The raw TOML document and its name for error messages."""
-    if path is None:
-        return {}, EMBEDDED
-    source = str(path)
-    try:
-        return tomllib.loads(Path(path).read_text(encoding="utf-8")), source
-    except OSError as e:
-        raise ConfigError(source, "-", f"cannot read file: {e.strerror}") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(source, "-", f"invalid TOML: {e}") from e
 
 
 def parse_driver(data: dict[str, Any], source: str) -> DriverConfig:

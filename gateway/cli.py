@@ -45,7 +45,26 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Validate a config file: exit 0 if it is good, "
                                             "2 with a message naming the key if not.")
     check.add_argument("config", metavar="FILE", nargs="?")
+    for module in _component_clis():
+        before = set(commands.choices)
+        module.add_commands(commands)
+        for name in set(commands.choices) - before:
+            commands.choices[name].set_defaults(handler=module.main)
     return parser
+
+
+def _component_clis() -> list:
+    """The other components' commands (sync, and the drivers once they are installed)."""
+    import importlib
+
+    modules = []
+    for name in ("drivers.cli", "drivers.mqtt_cli", "sync.cli"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+    return modules
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command not in ("router", "check-config"):
+        setup_logging(getattr(args, "log_level", None) or "info")
+        return args.handler(args)
     try:
         config = cfg.load(getattr(args, "config", None))
     except cfg.ConfigError as e:

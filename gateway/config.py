@@ -158,8 +158,14 @@ anonymous_role = "anonymous"
 
 def load(path: str | Path | None) -> Config:
     """Load and validate a config file; ``None`` gives the embedded default."""
+    return parse(*read_document(path))
+
+
+def read_document(path: str | Path | None) -> tuple[dict[str, Any], str]:
+    """The TOML document (the embedded default for ``None``) and its name for messages.
+    Every component (router, drivers, sync) reads its own sections of it."""
     if path is None:
-        return parse(tomllib.loads(EMBEDDED_TOML), EMBEDDED)
+        return tomllib.loads(EMBEDDED_TOML), EMBEDDED
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -169,10 +175,9 @@ def load(path: str | Path | None) -> Config:
         raise ConfigError(source, "-", f"cannot read file: not UTF-8 text ({e.reason} at byte "
                                        f"{e.start})") from e
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text), source
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "-", f"invalid TOML: {e}") from e
-    return parse(data, source)
 
 
 def parse(data: dict[str, Any], source: str) -> Config:

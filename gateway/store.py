@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import sqlite3
@@ -345,6 +346,9 @@ class Store:
         if lost:
             self._pending.gaps.append(Gap(lost[0].realm, None, lost[0].seq, lost[-1].seq,
                                           len(lost), f"write failed: {reason}"))
+        # The router already serves these retained values: keep trying to store them.
+        self._pending.publications.extend(
+            dataclasses.replace(p, history_rule=None) for p in batch.publications if p.retain)
         self._pending.subscriptions.extend(batch.subscriptions)
         self._pending.anchors.extend(batch.anchors)
         self._pending.gaps.extend(batch.gaps)
@@ -373,10 +377,16 @@ class Store:
                   p.payload(), int(p.retain)) for p in history])
         retained = [p for p in batch.publications if p.retain]
         if retained:
+            # a retried older row must never replace a newer one
             await db.executemany(
-                "INSERT OR REPLACE INTO retained (realm, topic, audience_key, seq, publication,"
+                "INSERT INTO retained (realm, topic, audience_key, seq, publication,"
                 " wall_ms, authid, authrole, audience, details, payload)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT (realm, topic, audience_key) DO UPDATE SET seq = excluded.seq,"
+                " publication = excluded.publication, wall_ms = excluded.wall_ms,"
+                " authid = excluded.authid, authrole = excluded.authrole,"
+                " audience = excluded.audience, details = excluded.details,"
+                " payload = excluded.payload WHERE excluded.seq > retained.seq",
                 [(p.realm, p.topic, p.audience_key, p.seq, p.publication, p.wall_ms, p.authid,
                   p.authrole, json.dumps(p.audience) if p.audience else None,
                   json.dumps(p.details), p.payload()) for p in retained])
@@ -583,3 +593,70 @@ async def _execute_statements(db: aiosqlite.Connection, script: str) -> None:
     for statement in script.split(";"):
         if statement.strip():
             await db.execute(statement)
+
+
+class HistoryReader:
+    """Blocking, read-mostly access for the uploader process (``cairn sync``), which runs
+    beside the router: WAL lets it read while the router writes. Its only write is the
+    synced watermark, a one-row upsert that waits its turn (``busy_timeout``)."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.exists():
+            raise FileNotFoundError(f"no store at {path} (has the router run with this "
+                                    f"data_dir?)")
+        self.path = path
+        self.db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self.db.execute("PRAGMA busy_timeout = 30000")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def highest_seq(self) -> int:
+        row = self.db.execute("SELECT MAX(seq) FROM publications").fetchone()
+        return row[0] or 0
+
+    def synced_seq(self) -> int:
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'synced_seq'").fetchone()
+        return int(row[0]) if row else 0
+
+    def set_synced_seq(self, seq: int) -> None:
+        self.db.execute(
+            "INSERT INTO meta (key, value) VALUES ('synced_seq', ?) ON CONFLICT(key) "
+            "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)", (seq,))
+
+    def backlog(self, after_seq: int) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM publications WHERE seq > ?",
+                               (after_seq,)).fetchone()[0]
+
+    def publications_after(self, seq: int, limit: int) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, "
+            "clock_synced, authid, authrole, audience, details, payload FROM publications "
+            "WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)).fetchall()
+        result = []
+        for (seq_, publication, realm, topic, wall_ms, boot_id, boottime_ns, synced, authid,
+             authrole, audience, details, payload) in rows:
+            args, kwargs = msgpack.unpackb(payload, raw=False)
+            result.append({
+                "seq": seq_, "publication": publication, "realm": realm, "topic": topic,
+                "wall_ms": wall_ms, "boot_id": boot_id, "boottime_ns": boottime_ns,
+                "clock_synced": bool(synced), "authid": authid, "authrole": authrole,
+                "audience": json.loads(audience) if audience else None,
+                "details": json.loads(details) if details else {},
+                "args": args, "kwargs": kwargs})
+        return result
+
+    def anchors(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT id, reason, boot_id, boottime_ns, wall_ns, offset_before_ns, clock_synced,"
+            " after_seq FROM anchors ORDER BY id").fetchall()
+        keys = ("id", "reason", "boot_id", "boottime_ns", "wall_ns", "offset_before_ns",
+                "clock_synced", "after_seq")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def gaps(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT id, realm, rule, first_seq, last_seq, count, reason, wall_ms FROM gaps "
+            "ORDER BY id").fetchall()
+        keys = ("id", "realm", "rule", "first_seq", "last_seq", "count", "reason", "wall_ms")
+        return [dict(zip(keys, row, strict=True)) for row in rows]

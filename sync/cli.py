@@ -1,0 +1,153 @@
+"""``cairn sync``: ship history to the central sink, once or for as long as it runs.
+
+```toml
+[sync]
+# "dir:/mnt/share/cairn" or an http(s) URL ({name} is replaced by the batch file's name)
+sink = "https://hdfs.example/webhdfs/v1/cairn/{name}?op=CREATE&overwrite=true"
+gateway_id = "greenhouse-7"     # default: the host name
+token_env = "CAIRN_SYNC_TOKEN"  # bearer token (or token / token_file); or username + password
+batch_events = 10000            # events per batch file
+batch_bytes = 8388608           # compressed bytes per batch file
+interval = 60                   # seconds between checks while there is nothing to send
+timeout = 30                    # seconds per HTTP request
+max_backoff = 600               # seconds, the longest wait between retries
+bandwidth = 0                   # bytes/s cap, 0 = none
+verify_tls = true
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway import config as gateway_config
+from gateway.config import ConfigError, _Validator, read_document
+from gateway.store import HistoryReader
+from sync.sinks import DirectorySink, HttpSink, SinkError
+from sync.uploader import Uploader
+
+log = logging.getLogger("cairn.sync")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    sink: str
+    data_dir: Path
+    gateway_id: str
+    token: str | None = None
+    username: str | None = None
+    password: str | None = None
+    batch_events: int = 10_000
+    batch_bytes: int = 8 * 1024 * 1024
+    interval: float = 60.0
+    timeout: float = 30.0
+    max_backoff: float = 600.0
+    bandwidth: int = 0
+    verify_tls: bool = True
+
+
+def _optional_secret(v: _Validator, t: dict[str, Any], at: str, name: str) -> str | None:
+    keys = {name: "secret", f"{name}_file": "secret_file", f"{name}_env": "secret_env"}
+    renamed = {keys[k]: value for k, value in t.items() if k in keys}
+    try:
+        return gateway_config._secret(v, renamed, at)
+    except ConfigError as e:  # name the key the user wrote
+        key = e.key.replace("secret", name)
+        raise ConfigError(e.source, key, e.problem) from None
+
+
+def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
+    v = _Validator(source)
+    t = v.table(data, "sync")
+    at = "sync"
+    v.keys(t, at, {"sink", "gateway_id", "token", "token_file", "token_env", "username",
+                   "password", "password_file", "password_env", "batch_events", "batch_bytes",
+                   "interval", "timeout", "max_backoff", "bandwidth", "verify_tls"})
+    sink = v.get(t, at, "sink", str, None)
+    if not sink:
+        raise ConfigError(source, f"{at}.sink", "missing: a directory (dir:/path) or an "
+                                                "http(s):// URL to PUT batches to")
+    if not sink.startswith(("dir:", "http://", "https://")):
+        raise ConfigError(source, f"{at}.sink",
+                          f"must start with dir:, http:// or https://, not {sink!r}")
+    router = gateway_config._router(v, v.table(data, "router"), "router")
+    numbers = {}
+    for key, default in (("interval", 60.0), ("timeout", 30.0), ("max_backoff", 600.0)):
+        value = t.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(source, f"{at}.{key}", f"must be a positive number of seconds, "
+                                                     f"not {value!r}")
+        numbers[key] = float(value)
+    bandwidth = v.get(t, at, "bandwidth", int, 0)
+    if bandwidth < 0:
+        raise ConfigError(source, f"{at}.bandwidth", "must be 0 (no cap) or bytes per second")
+    return SyncConfig(
+        sink=sink, data_dir=router.data_dir,
+        gateway_id=v.get(t, at, "gateway_id", str, socket.gethostname()),
+        token=_optional_secret(v, t, at, "token"),
+        username=v.get(t, at, "username", str, None),
+        password=_optional_secret(v, t, at, "password"),
+        batch_events=v.positive(t, at, "batch_events", 10_000),
+        batch_bytes=v.positive(t, at, "batch_bytes", 8 * 1024 * 1024),
+        bandwidth=bandwidth, verify_tls=v.get(t, at, "verify_tls", bool, True), **numbers)
+
+
+def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
+    if config.sink.startswith("dir:"):
+        return DirectorySink(Path(config.sink.removeprefix("dir:")))
+    return HttpSink(config.sink, token=config.token, username=config.username,
+                    password=config.password, timeout=config.timeout,
+                    verify_tls=config.verify_tls)
+
+
+def add_commands(commands: Any) -> None:
+    sync = commands.add_parser(
+        "sync", help="ship history batches to the central sink",
+        description="Ship stored history in seq order to the [sync] sink as gzip JSON Lines "
+                    "batches with manifests. Runs until stopped, or once with --once.")
+    sync.add_argument("--config", metavar="FILE", required=True, help="TOML config file")
+    sync.add_argument("--once", action="store_true",
+                      help="drain the backlog and exit (0 ok, 1 the sink failed)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        data, source = read_document(args.config)
+        config = parse_sync(data, source)
+    except ConfigError as e:
+        print(f"cairn: bad config: {e}", file=sys.stderr)
+        return 2
+    try:
+        reader = HistoryReader(config.data_dir / "cairn.db")
+    except (FileNotFoundError, OSError) as e:
+        log.error("cannot open the store: %s", e)
+        return 1
+    uploader = Uploader(config.gateway_id, reader, make_sink(config),
+                        config.data_dir / "sync-status.json", config.batch_events,
+                        config.batch_bytes, config.bandwidth)
+    log.info("syncing %s (gateway %s) to %s from seq %d", config.data_dir, config.gateway_id,
+             uploader.sink.describe(), uploader.status.synced_seq)
+    try:
+        if args.once:
+            try:
+                shipped = uploader.once()
+            except SinkError as e:
+                log.error("sync failed: %s", e)
+                return 1
+            log.info("synced %d events; watermark seq %d", shipped, uploader.status.synced_seq)
+            return 0
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        uploader.run(config.interval, config.max_backoff, stop)
+        return 0
+    finally:
+        reader.close()
