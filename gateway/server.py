@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import ssl
 import time
@@ -22,11 +23,45 @@ from autobahn.wamp import message as m
 from gateway.clock import rfc3339
 from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
 from gateway.core import Outbox, Session, Task, Timer
+from gateway.metrics import MessageCounters
+from gateway.metrics import render as render_metrics
+from gateway.notify import keep_watchdog_fed, notify
 from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
 
 log = logging.getLogger("cairn.server")
+
+DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
+_CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml",
+                  ".png": "image/png", ".txt": "text/plain; charset=utf-8"}
+_ASSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9]+)+")  # no "/", no ".."
+
+
+class StaticFiles:
+    """The dashboard's files (package data of ``gateway``), read once and served from memory.
+
+    Only plain file names directly in the directory, with a known extension, are served: no
+    sub-directories (so not ``node_modules``), no dot files, nothing outside it. A file that is
+    missing is looked for again on the next request (the build may add it later)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._cache: dict[str, tuple[str, bytes]] = {}
+
+    def get(self, name: str) -> tuple[str, bytes] | None:
+        if name in self._cache:
+            return self._cache[name]
+        content_type = _CONTENT_TYPES.get(os.path.splitext(name)[1])
+        if content_type is None or not _ASSET_NAME.fullmatch(name):
+            return None
+        try:
+            body = (self.directory / name).read_bytes()
+        except OSError:  # missing, a directory, unreadable
+            return None
+        self._cache[name] = content_type, body
+        return content_type, body
 
 
 class Node:
@@ -35,6 +70,8 @@ class Node:
         self.router = Router(config)
         self.started = time.monotonic()
         self.slow_consumers = 0
+        self.protocol_violations = 0
+        self.counters = MessageCounters()
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.urls: list[str] = []
@@ -43,10 +80,12 @@ class Node:
         self._maintenance: asyncio.Task | None = None
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
+        self.dashboard = StaticFiles(DASHBOARD_DIR)
 
     # -- the outbox pump -----------------------------------------------------------------
 
     def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None:
+        self.counters.received[type(msg).__name__.upper()] += 1
         out = Outbox()
         try:
             self.router.receive(session, msg, out, extra)
@@ -61,6 +100,7 @@ class Node:
     def violation(self, session: Session, reason: str) -> None:
         if session.closed:
             return
+        self.protocol_violations += 1
         out = Outbox()
         self.router.abort(session, "wamp.error.protocol_violation", reason, out)
         self.flush(out)
@@ -104,9 +144,24 @@ class Node:
         route = path.split("?")[0]
         if route == "/ws":
             return 426, "text/plain", b"this endpoint speaks WAMP over WebSocket\n"
-        if route == "/":
+        if route == "/status":
             return 200, "text/plain; charset=utf-8", self._status_text().encode()
-        return 404, "text/plain", b"not found\n"
+        if route == "/metrics":
+            return 200, "text/plain; version=0.0.4; charset=utf-8", \
+                (await self.metrics()).encode()
+        if route in ("/", "/index.html"):
+            name = "index.html"
+        elif route.startswith("/dashboard/"):
+            name = route.removeprefix("/dashboard/")
+        else:
+            return 404, "text/plain", b"not found\n"
+        found = self.dashboard.get(name)
+        if found is None:
+            if name == "autobahn.min.js":
+                return 404, "text/plain", (b"the dashboard's WAMP client is not built: run "
+                                           b"scripts/setup.sh (it needs npm)\n")
+            return 404, "text/plain", b"not found\n"
+        return 200, *found
 
     def _status_procedure(self, realm: Realm):
         async def status(caller: Session, args: list, kwargs: dict) -> dict:
@@ -135,6 +190,15 @@ class Node:
             "sync": sync,
             "slow_consumers": self.slow_consumers,
         }
+
+    async def metrics(self) -> str:
+        realms = list(self.router.realms.values())
+        status = await self.status(realms[0])
+        status["sessions_by_realm"] = {r.name: len(r.sessions) for r in realms}
+        status["protocol_violations"] = self.protocol_violations
+        status["failed_writes"] = self.store.failed_writes if self.store else 0
+        latencies = self.store.commit_latencies if self.store else []
+        return render_metrics(status, self.counters, latencies)
 
     def _status_text(self) -> str:
         realms = ", ".join(self.router.realms)
@@ -286,7 +350,11 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     await node.start()
     if ready is not None:
         ready.set()
+    notify(f"READY=1\nSTATUS=listening: {' '.join(node.urls)}")
+    watchdog = loop.create_task(keep_watchdog_fed(stop))
     await stop.wait()
+    notify("STOPPING=1")
+    watchdog.cancel()
     log.info("stopping: saying GOODBYE to %d sessions", len(node.router.sessions))
     await node.stop()
     log.info("stopped")

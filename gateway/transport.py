@@ -32,6 +32,10 @@ log = logging.getLogger("cairn.transport")
 
 # Options autobahn's parser drops but WAMP clients still send (autobahn-js, wampy).
 _PASS_THROUGH_OPTIONS = {m.Publish: ("disclose_me",), m.Call: ("disclose_me",)}
+_TYPE_NAMES = {cls.MESSAGE_TYPE: cls.__name__.upper() for cls in (
+    m.Welcome, m.Abort, m.Challenge, m.Goodbye, m.Error, m.Published, m.Subscribed,
+    m.Unsubscribed, m.Event, m.Result, m.Registered, m.Unregistered, m.Invocation,
+    m.Interrupt)}
 
 
 def serializers() -> list[Any]:
@@ -173,6 +177,7 @@ class Connection:
             self.node.slow_consumers += 1
             self.abort()
             return
+        self.node.counters.sent[_TYPE_NAMES.get(msg.MESSAGE_TYPE, "OTHER")] += 1
         try:
             payload, is_binary = proto._serializer.serialize(msg)
         except Exception as e:

@@ -1,0 +1,99 @@
+"""``/metrics`` in the Prometheus text exposition format (version 0.0.4)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+class MessageCounters:
+    """WAMP messages in and out by type, counted on the hot path with one dict update."""
+
+    def __init__(self) -> None:
+        self.received: Counter[str] = Counter()
+        self.sent: Counter[str] = Counter()
+
+
+def _line(name: str, value: float | int | None, labels: dict[str, str] | None = None) -> str:
+    if value is None:
+        return ""
+    label_text = ""
+    if labels:
+        inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+        label_text = "{" + inner + "}"
+    return f"{name}{label_text} {value}\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _metric(name: str, kind: str, help_text: str, samples: list[str]) -> str:
+    body = "".join(s for s in samples if s)
+    return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{body}"
+
+
+def render(status: dict[str, Any], counters: MessageCounters,
+           commit_latencies: list[float]) -> str:
+    """All metrics, from the node's status dict (see Node.status) and counters."""
+    store = status.get("store") or {}
+    sync = status.get("sync") or {}
+    clock = status.get("clock") or {}
+    latencies = sorted(commit_latencies)
+    parts = [
+        _metric("cairn_uptime_seconds", "gauge", "Seconds since the router started.",
+                [_line("cairn_uptime_seconds", status.get("uptime_s"))]),
+        _metric("cairn_sessions", "gauge", "Open WAMP sessions per realm.",
+                [_line("cairn_sessions", n, {"realm": realm})
+                 for realm, n in status.get("sessions_by_realm", {}).items()]),
+        _metric("cairn_messages_received_total", "counter", "WAMP messages received by type.",
+                [_line("cairn_messages_received_total", n, {"type": t})
+                 for t, n in sorted(counters.received.items())]),
+        _metric("cairn_messages_sent_total", "counter", "WAMP messages sent by type.",
+                [_line("cairn_messages_sent_total", n, {"type": t})
+                 for t, n in sorted(counters.sent.items())]),
+        _metric("cairn_slow_consumer_disconnects_total", "counter",
+                "Sessions disconnected because they stopped reading.",
+                [_line("cairn_slow_consumer_disconnects_total", status.get("slow_consumers"))]),
+        _metric("cairn_protocol_violations_total", "counter",
+                "Sessions aborted for breaking the protocol.",
+                [_line("cairn_protocol_violations_total", status.get("protocol_violations"))]),
+        _metric("cairn_store_bytes", "gauge", "Size of the SQLite store.",
+                [_line("cairn_store_bytes", store.get("bytes"))]),
+        _metric("cairn_history_events", "gauge", "Publications held in history.",
+                [_line("cairn_history_events", store.get("events"))]),
+        _metric("cairn_history_first_seq", "gauge", "Oldest seq held in history.",
+                [_line("cairn_history_first_seq", store.get("first_seq"))]),
+        _metric("cairn_history_last_seq", "gauge", "Newest seq held in history.",
+                [_line("cairn_history_last_seq", store.get("last_seq"))]),
+        _metric("cairn_history_dropped_events_total", "counter",
+                "Events dropped to stay within bounds or lost to failed writes (gap records).",
+                [_line("cairn_history_dropped_events_total", store.get("dropped_events"))]),
+        _metric("cairn_store_failed_writes_total", "counter",
+                "Publications the store could not write.",
+                [_line("cairn_store_failed_writes_total", status.get("failed_writes"))]),
+        _metric("cairn_group_commit_seconds", "summary",
+                "Latency of the store's group commits (recent commits).",
+                [_line("cairn_group_commit_seconds", _quantile(latencies, q), {"quantile": str(q)})
+                 for q in (0.5, 0.99)] +
+                [_line("cairn_group_commit_seconds_count", len(latencies))]),
+        _metric("cairn_retained_topics", "gauge", "Topics with a retained event.",
+                [_line("cairn_retained_topics", status.get("retained_topics"))]),
+        _metric("cairn_sync_backlog_events", "gauge", "Events not yet shipped upstream.",
+                [_line("cairn_sync_backlog_events", sync.get("backlog"))]),
+        _metric("cairn_sync_synced_seq", "gauge", "Highest seq confirmed by the sink.",
+                [_line("cairn_sync_synced_seq", store.get("synced_seq"))]),
+        _metric("cairn_sync_ok", "gauge", "1 when the last sync attempt succeeded.",
+                [_line("cairn_sync_ok", int(sync.get("last_error") is None) if sync else None)]),
+        _metric("cairn_clock_synchronized", "gauge", "1 when the wall clock is synchronized.",
+                [_line("cairn_clock_synchronized", int(bool(clock.get("synchronized"))))]),
+        _metric("cairn_clock_steps_total", "counter", "Steps of the wall clock recorded.",
+                [_line("cairn_clock_steps_total", store.get("clock_steps"))]),
+    ]
+    return "".join(parts)
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(q * len(values)))], 6)
