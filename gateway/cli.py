@@ -58,7 +58,7 @@ def _component_clis() -> list:
     import importlib
 
     modules = []
-    for name in ("drivers.cli", "drivers.mqtt_cli", "sync.cli"):
+    for name in ("gateway.ops", "drivers.cli", "drivers.mqtt_cli", "sync.cli"):
         try:
             modules.append(importlib.import_module(name))
         except ModuleNotFoundError as e:
@@ -93,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
 def run_router(config: cfg.Config, log_level: str | None) -> int:
     import sqlite3
 
+    from gateway.ops import DataDirBusy
     from gateway.server import serve
     from gateway.store import SchemaTooNew
 
     setup_logging(log_level or config.router.log_level)
     try:
         asyncio.run(serve(config))
-    except (OSError, SchemaTooNew, sqlite3.DatabaseError) as e:
+    except (OSError, SchemaTooNew, sqlite3.DatabaseError, DataDirBusy) as e:
         logging.getLogger("cairn").error("cannot start: %s", e)
         return EXIT_FAILURE
     return EXIT_OK

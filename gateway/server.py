@@ -26,6 +26,7 @@ from gateway.core import Outbox, Session, Task, Timer
 from gateway.metrics import MessageCounters
 from gateway.metrics import render as render_metrics
 from gateway.notify import keep_watchdog_fed, notify
+from gateway.ops import data_dir_lock
 from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
@@ -78,6 +79,7 @@ class Node:
         self.store: Store | None = None
         self.connections: set = set()  # open transports (gateway.transport.Connection)
         self._maintenance: asyncio.Task | None = None
+        self._lock: contextlib.AbstractContextManager | None = None
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
         self.dashboard = StaticFiles(DASHBOARD_DIR)
@@ -217,6 +219,9 @@ class Node:
             raise
 
     async def _open_store(self) -> None:
+        lock = data_dir_lock(self.config.router.data_dir)
+        lock.__enter__()  # released in stop(); refuses a second router on this dir
+        self._lock = lock
         path = self.config.router.data_dir / "cairn.db"
         self.store = await Store.open(path)
         subscriptions = await self.store.load_subscriptions()
@@ -336,6 +341,9 @@ class Node:
         if self.store is not None:
             await self.store.close()
             self.store = None
+        if self._lock is not None:
+            self._lock.__exit__(None, None, None)
+            self._lock = None
 
 
 async def serve(config: Config, ready: asyncio.Event | None = None) -> None:

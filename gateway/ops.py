@@ -1,0 +1,254 @@
+"""Operations on a device: ``cairn backup``, ``cairn restore`` and ``cairn doctor``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shutil
+import sqlite3
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gateway import clock
+from gateway.config import Config, ConfigError, load, read_document
+from gateway.store import SCHEMA_VERSION
+
+DB_NAME = "cairn.db"
+LOCK_NAME = "cairn.lock"
+MIN_FREE_BYTES = 64 * 1024 * 1024
+
+
+class DataDirBusy(Exception):
+    """Another router process holds the data directory."""
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Held by the router for as long as it runs: a second router (or a restore) on the
+    same data directory is refused instead of corrupting it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DataDirBusy(f"{data_dir} is in use by a running router") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)
+
+
+# -- backup and restore --------------------------------------------------------------------
+
+
+def backup(data_dir: Path, target: Path) -> dict[str, Any]:
+    """A consistent copy of the store taken with SQLite's online backup while the router
+    runs, checked with ``integrity_check`` before it is renamed into place."""
+    source_path = data_dir / DB_NAME
+    if not source_path.exists():
+        raise FileNotFoundError(f"no store at {source_path}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.part")
+    started = time.monotonic()
+    with contextlib.closing(sqlite3.connect(f"file:{source_path}?mode=ro", uri=True,
+                                            timeout=30)) as source, \
+            contextlib.closing(sqlite3.connect(partial)) as copy:
+        source.backup(copy, pages=1024, sleep=0.001)  # steps, so the router's writes go on
+        copy.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
+        check = copy.execute("PRAGMA integrity_check").fetchone()[0]
+        events = copy.execute("SELECT COUNT(*), MAX(seq) FROM publications").fetchone()
+    if check != "ok":
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"the backup failed its integrity check: {check}")
+    os.replace(partial, target)
+    return {"file": str(target), "bytes": target.stat().st_size, "events": events[0],
+            "last_seq": events[1], "seconds": round(time.monotonic() - started, 2)}
+
+
+def restore(data_dir: Path, source: Path) -> None:
+    """Put a backup in place of the store; refused while a router uses the directory."""
+    with contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as db:
+        check = db.execute("PRAGMA integrity_check").fetchone()[0]
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+    if check != "ok":
+        raise RuntimeError(f"{source} is damaged: {check}")
+    if version > SCHEMA_VERSION:
+        raise RuntimeError(f"{source} has schema {version}, newer than this Cairn "
+                           f"({SCHEMA_VERSION})")
+    with data_dir_lock(data_dir):
+        for suffix in ("-wal", "-shm"):
+            (data_dir / f"{DB_NAME}{suffix}").unlink(missing_ok=True)
+        partial = data_dir / f".{DB_NAME}.restore"
+        shutil.copyfile(source, partial)
+        os.replace(partial, data_dir / DB_NAME)
+
+
+# -- doctor --------------------------------------------------------------------------------
+
+
+class Report:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, str]] = []
+
+    def add(self, level: str, what: str, detail: str) -> None:
+        self.lines.append((level, what, detail))
+
+    @property
+    def problems(self) -> int:
+        return sum(1 for level, _, _ in self.lines if level == "FAIL")
+
+    def render(self) -> str:
+        width = max((len(w) for _, w, _ in self.lines), default=10)
+        body = "\n".join(f"{level:<4}  {what:<{width}}  {detail}"
+                         for level, what, detail in self.lines)
+        verdict = "healthy" if not self.problems else f"{self.problems} problem(s)"
+        return f"{body}\n\ncairn doctor: {verdict}"
+
+
+def doctor(config_path: str | None) -> Report:
+    report = Report()
+    try:
+        config = load(config_path)
+        data, _ = read_document(config_path)
+    except ConfigError as e:
+        report.add("FAIL", "config", str(e))
+        return report
+    report.add("ok", "config", f"{config.source}: {len(config.realms)} realm(s)")
+    _check_data_dir(report, config)
+    _check_store(report, config.router.data_dir / DB_NAME)
+    _check_serial(report, data.get("sensors", []))
+    _check_clock(report)
+    _check_sink(report, data.get("sync"))
+    return report
+
+
+def _check_data_dir(report: Report, config: Config) -> None:
+    data_dir = config.router.data_dir
+    if not data_dir.exists():
+        report.add("warn", "data directory", f"{data_dir} does not exist yet (the router "
+                                             f"creates it)")
+        return
+    if not os.access(data_dir, os.W_OK):
+        report.add("FAIL", "data directory", f"{data_dir} is not writable")
+        return
+    free = shutil.disk_usage(data_dir).free
+    level = "ok" if free >= MIN_FREE_BYTES else "FAIL"
+    report.add(level, "free space", f"{free / 2**20:.0f} MiB free on {data_dir}")
+
+
+def _check_store(report: Report, path: Path) -> None:
+    if not path.exists():
+        report.add("warn", "store", f"{path} does not exist yet")
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True,
+                                                timeout=10)) as db:
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            events = db.execute("SELECT COUNT(*) FROM publications").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        report.add("FAIL", "store", f"{path}: {e}")
+        return
+    if check != "ok":
+        report.add("FAIL", "store", f"{path}: integrity: {check}")
+    elif version > SCHEMA_VERSION:
+        report.add("FAIL", "store", f"{path}: schema {version} is newer than this Cairn")
+    else:
+        report.add("ok", "store", f"{path}: integrity ok, schema {version}, {events} events")
+
+
+def _check_serial(report: Report, sensors: list[dict[str, Any]]) -> None:
+    ports = sorted({s.get("port") for s in sensors if isinstance(s, dict) and s.get("port")})
+    for port in ports:
+        if not Path(port).exists():
+            report.add("FAIL", "serial device", f"{port} is missing (unplugged?)")
+        elif not os.access(port, os.R_OK | os.W_OK):
+            report.add("FAIL", "serial device", f"{port} is not readable and writable "
+                                                f"(serial group?)")
+        else:
+            report.add("ok", "serial device", port)
+
+
+def _check_clock(report: Report) -> None:
+    if clock.clock_synchronized():
+        report.add("ok", "clock", "synchronized")
+    else:
+        report.add("warn", "clock", "not synchronized: timestamps are stamped with boottime "
+                                    "and re-based centrally")
+
+
+def _check_sink(report: Report, sync: dict[str, Any] | None) -> None:
+    if not sync or not isinstance(sync, dict) or not sync.get("sink"):
+        report.add("ok", "sync", "not configured")
+        return
+    sink = str(sync["sink"])
+    if sink.startswith("dir:"):
+        path = Path(sink.removeprefix("dir:"))
+        ok = path.is_dir() and os.access(path, os.W_OK)
+        report.add("ok" if ok else "FAIL", "sync sink",
+                   f"{path} {'is writable' if ok else 'is missing or not writable'}")
+        return
+    base = sink.split("{name}")[0]
+    try:
+        with urllib.request.urlopen(urllib.request.Request(base, method="HEAD"), timeout=5):
+            pass
+        report.add("ok", "sync sink", f"{base} answers")
+    except urllib.error.HTTPError as e:  # the server is there; HEAD may be refused
+        report.add("ok", "sync sink", f"{base} answers (HTTP {e.code})")
+    except (urllib.error.URLError, OSError) as e:
+        report.add("warn", "sync sink", f"{base} unreachable now ({getattr(e, 'reason', e)});"
+                                        f" batches wait until it is back")
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def add_commands(commands: Any) -> None:
+    b = commands.add_parser("backup", help="copy the store while the router runs",
+                            description="Take a consistent copy of the store with SQLite's "
+                                        "online backup, while the router keeps running.")
+    b.add_argument("--config", metavar="FILE", help="TOML config (for router.data_dir)")
+    b.add_argument("out", metavar="FILE", help="where to write the copy")
+    r = commands.add_parser("restore", help="put a backup in place (router stopped)",
+                            description="Replace the store with a backup. Refused while a "
+                                        "router uses the data directory.")
+    r.add_argument("--config", metavar="FILE", help="TOML config (for router.data_dir)")
+    r.add_argument("backup", metavar="FILE", help="a file made by cairn backup")
+    d = commands.add_parser("doctor", help="check the installation and report",
+                            description="Check config, data directory, free space, store "
+                                        "integrity, serial devices, clock and sync sink; "
+                                        "exit 1 when something is wrong.")
+    d.add_argument("--config", metavar="FILE", help="TOML config file")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.command == "doctor":
+        report = doctor(args.config)
+        print(report.render())
+        return 1 if report.problems else 0
+    try:
+        config = load(args.config)
+    except ConfigError as e:
+        print(f"cairn: bad config: {e}", file=sys.stderr)
+        return 2
+    try:
+        if args.command == "backup":
+            result = backup(config.router.data_dir, Path(args.out))
+            print(f"backup: {result['file']}: {result['events']} events up to seq "
+                  f"{result['last_seq']}, {result['bytes']} bytes in {result['seconds']} s")
+        else:
+            restore(config.router.data_dir, Path(args.backup))
+            print(f"restored {args.backup} into {config.router.data_dir}")
+    except (OSError, RuntimeError, sqlite3.DatabaseError, DataDirBusy) as e:
+        print(f"cairn {args.command}: {e}", file=sys.stderr)
+        return 1
+    return 0
