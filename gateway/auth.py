@@ -108,7 +108,9 @@ class Authenticator:
         offered = hello.authmethods or ["anonymous"]
         for method in offered:
             if method == "anonymous" and self.config.anonymous_role:
-                session.authid = hello.authid or f"anonymous-{global_id():x}"
+                # A configured user's authid must be earned by authenticating, not claimed.
+                claimed = hello.authid if hello.authid not in self.users else None
+                session.authid = claimed or f"anonymous-{global_id():x}"
                 session.authrole = self.config.anonymous_role
                 session.authmethod, session.authprovider = "anonymous", "static"
                 return None

@@ -148,6 +148,14 @@ class Broker:
             del self.by_id[sub.id]
             self.realm.meta_event("wamp.subscription.on_delete", [session.id, sub.id], out)
 
+    def revoke_unauthorized(self, out: Outbox) -> None:
+        """After a reload: drop subscribers whose role may no longer subscribe."""
+        allowed = self.realm.authorizer.allowed
+        for sub in list(self.by_id.values()):
+            for session in [s for s in sub.subscribers
+                            if allowed(s.authrole, sub.uri, "subscribe") is None]:
+                self._remove_subscriber(session, sub, out)
+
     def session_left(self, session: Session, out: Outbox) -> None:
         for sub in [s for s in self.by_id.values() if session in s.subscribers]:
             self._remove_subscriber(session, sub, out)

@@ -54,16 +54,20 @@ class Registration:
         return {"id": self.id, "created": self.created, "uri": self.uri, "match": self.match,
                 "invoke": self.invoke}
 
-    def pick(self) -> Session:
+    def pick(self, eligible: Callable[[Session], bool] | None = None) -> Session | None:
+        """The callee for the next call by the invocation policy, among ``eligible`` ones."""
+        callees = self.callees if eligible is None else [c for c in self.callees if eligible(c)]
+        if not callees:
+            return None
         if self.invoke == "roundrobin":
-            callee = self.callees[self.next_index % len(self.callees)]
+            callee = callees[self.next_index % len(callees)]
             self.next_index += 1
             return callee
         if self.invoke == "random":
-            return random.choice(self.callees)
+            return random.choice(callees)
         if self.invoke == "last":
-            return self.callees[-1]
-        return self.callees[0]
+            return callees[-1]
+        return callees[0]
 
 
 @dataclass(eq=False)
@@ -142,10 +146,11 @@ class Dealer:
             self._call_meta(caller, msg, meta, out)
             return
         reg = self.registrations.best(msg.procedure)
-        if reg is None:
+        callee = reg.pick(self._may_serve(msg.procedure) if reg and reg.match != "exact"
+                          else None) if reg else None
+        if callee is None:
             raise WampError("wamp.error.no_such_procedure",
                             f"no callee registered for {msg.procedure!r}")
-        callee = reg.pick()
         invocation = next(self._invocation_ids)
         receive_progress = bool(msg.receive_progress)
         who = {}
@@ -166,6 +171,20 @@ class Dealer:
         ))
         if msg.timeout:
             out.later(msg.timeout / 1000.0, lambda o: self._time_out(pending, o))
+
+    def _may_serve(self, procedure: str) -> Callable[[Session], bool]:
+        """A pattern registration was authorized on its pattern; the concrete procedure must
+        be one the callee's role may register as well."""
+        allowed = self.realm.authorizer.allowed
+        return lambda s: allowed(s.authrole, procedure, "register") is not None
+
+    def revoke_unauthorized(self, out: Outbox) -> None:
+        """After a reload: drop callees whose role may no longer register the procedure."""
+        allowed = self.realm.authorizer.allowed
+        for reg in list(self.by_id.values()):
+            for session in [s for s in reg.callees
+                            if allowed(s.authrole, reg.uri, "register") is None]:
+                self._remove_callee(session, reg, out)
 
     def _call_meta(self, caller: Session, msg: m.Call, meta: MetaProcedure, out: Outbox) -> None:
         try:

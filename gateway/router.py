@@ -159,6 +159,8 @@ class Router:
             realm.config = rc
             realm.authenticator = Authenticator(rc)
             realm.authorizer = Authorizer(rc)  # a fresh decision cache
+            realm.broker.revoke_unauthorized(out)
+            realm.dealer.revoke_unauthorized(out)
             roles = {r.name for r in rc.roles}
             for session in list(realm.sessions.values()):
                 if session.authrole not in roles:
@@ -220,6 +222,12 @@ class Router:
     def _authenticate(self, session: Session, msg: m.Authenticate, out: Outbox) -> None:
         realm = session.realm
         assert realm is not None
+        address = peer_address(session.transport.get("peer"))
+        wait = self.throttle.refused_for(address)
+        if wait:  # challenges opened before the limit get no more guesses after it
+            self.abort(session, AUTH_FAILED, f"too many failed logins from {address}; "
+                                             f"try again in {wait:.0f} s", out)
+            return
         try:
             realm.authenticator.authenticate(session, msg)
         except WampError as e:

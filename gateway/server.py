@@ -141,6 +141,8 @@ class Node:
     # -- HTTP routes on the main port ----------------------------------------------------
 
     async def http(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+        """The dashboard at ``/`` (its files under ``/dashboard/``), a plain-text status at
+        ``/status``; WAMP itself is the WebSocket upgrade on ``/ws``. GET and HEAD only."""
         if method not in ("GET", "HEAD"):
             return 405, "text/plain", b"method not allowed\n"
         route = path.split("?")[0]
