@@ -83,7 +83,7 @@ class _Pending:
     """What the router asked in CHALLENGE, kept until AUTHENTICATE."""
 
     method: str
-    user: User
+    user: User | None  # None: a decoy for an unknown authid, which no answer passes
     expected: bytes = b""  # ticket: the secret; wampcra: the signature
     challenge: bytes = b""  # cryptosign: the 32 random bytes
     pubkey: str = ""
@@ -101,6 +101,7 @@ class Authenticator:
     def __init__(self, config: RealmConfig) -> None:
         self.config = config
         self.users = {u.authid: u for u in config.users}
+        self._decoy_key = secrets.token_bytes(32)
 
     def hello(self, session: Session, hello: Hello) -> m.Challenge | None:
         """Identify the session (return None) or return the CHALLENGE to send.
@@ -118,9 +119,12 @@ class Authenticator:
                 challenge = self._challenge(session, hello, method)
                 if challenge is not None:
                     return challenge
-        if any(m in ("ticket", "wampcra", "cryptosign") for m in offered):
-            # Do not tell a guesser whether the authid exists.
-            raise WampError(AUTH_FAILED, "authentication failed")
+        credential = next((m for m in offered if m in ("ticket", "wampcra", "cryptosign")),
+                          None)
+        if credential is not None:
+            # An unknown authid gets a challenge like a known one, which no answer passes:
+            # a guesser learns nothing about which users exist.
+            return self._decoy(session, hello, credential)
         raise WampError("wamp.error.no_auth_method",
                         f"realm {self.config.name!r} accepts none of the authmethods {offered}")
 
@@ -153,13 +157,34 @@ class Authenticator:
             extra.update(salt=user.salt, iterations=user.iterations, keylen=user.keylen)
         return m.Challenge("wampcra", extra)
 
+    def _decoy(self, session: Session, hello: Hello, method: str) -> m.Challenge:
+        session.pending_auth = _Pending(method, None)
+        if method == "ticket":
+            return m.Challenge("ticket", {})
+        if method == "cryptosign":
+            return m.Challenge("cryptosign", {"challenge": secrets.token_hex(32),
+                                              "channel_binding": None})
+        authid = hello.authid or ""
+        challenge = json.dumps({
+            "authid": authid, "authmethod": "wampcra",
+            "authrole": next((u.role for u in self.users.values()), "user"),
+            "authprovider": "static", "session": session.id, "nonce": secrets.token_hex(16),
+            "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        })
+        extra: dict[str, Any] = {"challenge": challenge}
+        salted = next((u for u in self.users.values() if u.salt), None)
+        if salted is not None:  # the same made-up salt for the same authid, every time
+            fake = hmac.new(self._decoy_key, authid.encode(), "sha256").hexdigest()[:16]
+            extra.update(salt=fake, iterations=salted.iterations, keylen=salted.keylen)
+        return m.Challenge("wampcra", extra)
+
     def authenticate(self, session: Session, msg: m.Authenticate) -> None:
         """Check the answer to our CHALLENGE; fill in the identity or raise WampError."""
         pending: _Pending | None = session.pending_auth
         session.pending_auth = None
         if pending is None:
             raise WampError(AUTH_FAILED, "AUTHENTICATE without a CHALLENGE")
-        if not _answer_ok(pending, msg.signature):
+        if pending.user is None or not _answer_ok(pending, msg.signature):
             raise WampError(AUTH_FAILED, "authentication failed")
         session.authid = pending.user.authid
         session.authrole = pending.user.role

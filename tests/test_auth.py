@@ -290,6 +290,19 @@ async def test_login_of_an_unknown_user_is_refused_exactly_like_a_wrong_secret(s
     assert "nobody" not in unknown[1] and user.authid not in wrong[1]
 
 
+@pytest.mark.parametrize("method", ["ticket", "wampcra"])
+async def test_an_unknown_user_is_challenged_like_a_known_one(raw, method):
+    known, known_challenge = await raw.hello(authmethods=[method], authid=SALLY.authid)
+    unknown, unknown_challenge = await raw.hello(authmethods=[method], authid="nobody")
+    assert unknown_challenge[:2] == known_challenge[:2] == [CHALLENGE, method]
+    assert set(unknown_challenge[2]) == set(known_challenge[2])  # same keys: salt and all
+    if method == "wampcra":
+        unknown.send([AUTHENTICATE, wampcra_signature(SALLY.secret, unknown_challenge), {}])
+    else:
+        unknown.send([AUTHENTICATE, SALLY.secret, {}])
+    assert abort_reason(await unknown.receive()) == AUTH_FAILED
+
+
 async def test_salted_wampcra_challenge_carries_the_users_salt_iterations_and_keylen(raw):
     _, challenge = await wampcra_challenge(raw, SALLY)
     extra = challenge[2]
