@@ -66,11 +66,10 @@ def session_procedures(realm: Realm) -> dict[str, MetaProcedure]:
     return {"wamp.session.count": count, "wamp.session.list": list_, "wamp.session.get": get}
 
 
-def _pattern_procedures(kind: str, table: Any, members: str) -> dict[str, MetaProcedure]:
+def _pattern_procedures(noun: str, table: Any, members: str) -> dict[str, MetaProcedure]:
     """lookup/match/get/list/list_<members>/count_<members> over a broker's subscriptions or a
     dealer's registrations (both keep ``.by_id`` and a PatternMap)."""
-    noun = "subscription" if kind == "subscription" else "registration"
-    member_attr = "subscribers" if kind == "subscription" else "callees"
+    member_attr = "subscribers" if noun == "subscription" else "callees"
 
     def find(args: list[Any]) -> Any:
         item_id = _int_arg(args, 0, noun)
@@ -86,7 +85,7 @@ def _pattern_procedures(kind: str, table: Any, members: str) -> dict[str, MetaPr
 
     def match(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> Any:
         uri = _str_arg(args, 0, "uri")
-        if kind == "subscription":
+        if noun == "subscription":
             ids = [s.id for s in table().patterns.match(uri)]
             return ids or None
         best = table().patterns.best(uri)
