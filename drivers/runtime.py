@@ -28,10 +28,6 @@ from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 
 log = logging.getLogger("cairn.driver")
 
-# Errors after which a publication is worth trying again; anything else is dropped.
-_RETRYABLE = {"cairn.error.storage_failed", "wamp.error.canceled"}
-
-
 def reading_topic(device_id: str) -> str:
     return f"sensor.{device_id}"
 
@@ -40,11 +36,13 @@ def status_topic(device_id: str) -> str:
     return f"gateway.device.{device_id}.status"
 
 
-@dataclass
+@dataclass(eq=False)
 class Publication:
     topic: str
     kwargs: dict[str, Any]
     retain: bool = True
+    args: list[Any] = field(default_factory=list)
+    in_flight: asyncio.Future | None = None
 
 
 class _Session(ApplicationSession):
@@ -127,24 +125,27 @@ class RouterLink:
 
     def __init__(self, url: str, realm: str, *, authid: str | None = None,
                  secret: str | None = None, backlog: int = 1000,
-                 max_backoff: float = 10.0) -> None:
+                 max_backoff: float = 10.0, window: int = 32) -> None:
         self.url, self.realm, self.authid, self.secret = url, realm, authid, secret
         self.backlog: deque[Publication] = deque()
         self.backlog_limit = backlog
         self.max_backoff = max_backoff
+        self.window = window  # publications in flight at once
         self.stats = LinkStats()
         self._ready = asyncio.Event()
         self._session: _Session | None = None
 
-    def publish(self, topic: str, kwargs: dict[str, Any], retain: bool = True) -> None:
-        """Queue a publication; never blocks. When the backlog is full the oldest goes."""
+    def publish(self, topic: str, kwargs: dict[str, Any], retain: bool = True,
+                args: list[Any] | None = None) -> None:
+        """Queue a publication; never blocks. When the backlog is full the oldest goes.
+        (autobahn cannot carry kwargs named ``topic`` or ``options``: rename them.)"""
         if len(self.backlog) >= self.backlog_limit:
             self.backlog.popleft()
             self.stats.dropped_full += 1
             if self.stats.dropped_full in (1, 10, 100) or self.stats.dropped_full % 1000 == 0:
                 log.warning("backlog full (%d): %d oldest readings dropped so far",
                             self.backlog_limit, self.stats.dropped_full)
-        self.backlog.append(Publication(topic, kwargs, retain))
+        self.backlog.append(Publication(topic, kwargs, retain, list(args or ())))
         self.stats.queued += 1
         self._ready.set()
 
@@ -173,32 +174,61 @@ class RouterLink:
         self.stats.last_error = error
 
     async def _drain(self, session: _Session) -> None:
-        while not session.gone.done():
-            if not self.backlog:
-                self._ready.clear()
-                waiter = asyncio.ensure_future(self._ready.wait())
-                await asyncio.wait([waiter, session.gone], return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                continue
-            item = self.backlog[0]
-            try:
-                await session.publish(item.topic, **item.kwargs, options=types.PublishOptions(
-                    retain=item.retain, acknowledge=True))
-            except ApplicationError as e:
-                if e.error in _RETRYABLE:
-                    self._note_down(f"the router could not store a reading ({e.error})")
-                    await asyncio.sleep(1.0)
+        """Publish the backlog in order with up to ``window`` publications in flight; each
+        leaves the backlog once the router acknowledged it (stored it durably)."""
+        in_flight: deque[Publication] = deque()
+        try:
+            while not session.gone.done():
+                self._fill(session, in_flight)
+                if not in_flight:
+                    self._ready.clear()
+                    waiter = asyncio.ensure_future(self._ready.wait())
+                    await asyncio.wait([waiter, session.gone],
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
                     continue
-                log.error("the router refused %s: %s %s; dropping it", item.topic, e.error,
-                          e.args[0] if e.args else "")
-                self.stats.dropped_refused += 1
-            except (TransportLost, ConnectionError) as e:
-                self._note_down(f"lost the router: {e}")
-                return
-            if self.backlog and self.backlog[0] is item:
-                self.backlog.popleft()
-                self.stats.published += 1
+                item = in_flight[0]
+                await asyncio.wait([item.in_flight, session.gone],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if not item.in_flight.done():
+                    break  # the session is gone
+                in_flight.popleft()
+                try:
+                    item.in_flight.result()
+                except ApplicationError as e:
+                    # Not retried: a later, newer reading must not be overtaken by this one.
+                    log.error("the router did not take %s: %s %s; dropping it", item.topic,
+                              e.error, e.args[0] if e.args else "")
+                    self.stats.dropped_refused += 1
+                except (TransportLost, ConnectionError) as e:
+                    self._note_down(f"lost the router: {e}")
+                    item.in_flight = None
+                    break
+                else:
+                    self.stats.published += 1
+                if item in self.backlog and self.backlog[0] is item:
+                    self.backlog.popleft()
+                elif item in self.backlog:
+                    self.backlog.remove(item)
+        finally:
+            for item in in_flight:  # not acknowledged: send again after reconnecting
+                if item.in_flight is not None:
+                    item.in_flight.cancel()
+                item.in_flight = None
         self._note_down("lost the router")
+
+    def _fill(self, session: _Session, in_flight: deque[Publication]) -> None:
+        if len(in_flight) >= self.window:
+            return
+        for item in self.backlog:
+            if item.in_flight is not None:
+                continue
+            item.in_flight = asyncio.ensure_future(session.publish(
+                item.topic, *item.args, **item.kwargs,
+                options=types.PublishOptions(retain=item.retain, acknowledge=True)))
+            in_flight.append(item)
+            if len(in_flight) >= self.window:
+                return
 
     async def close(self) -> None:
         if self._session is not None and self._session.is_attached():

@@ -39,7 +39,29 @@ fi
 pip_install --upgrade pip
 if [ "$PROFILE" = test ]; then
     pip_install -e ".[test]"
+    apt_install mosquitto  # the MQTT bridge tests run a real broker
 else
     pip_install -e .
+fi
+
+# The dashboard's WAMP client, autobahn-js (npm package autobahn-browser, pinned with its
+# checksum in gateway/dashboard/package-lock.json), is fetched here at build time and copied
+# next to the page, where the router serves it: nothing is fetched at run time. The copy and
+# node_modules are not committed (.gitignore); the copy ships in the wheel as package data.
+DASHBOARD=gateway/dashboard
+BUNDLE=$DASHBOARD/autobahn.min.js
+if [ ! -s "$BUNDLE" ] || [ "$DASHBOARD/package-lock.json" -nt "$BUNDLE" ]; then
+    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+        apt_install nodejs npm
+    fi
+    (cd "$DASHBOARD" && npm ci --no-audit --no-fund --loglevel=error)
+    cp "$DASHBOARD/node_modules/autobahn-browser/autobahn.min.js" "$BUNDLE.tmp"
+    cp "$DASHBOARD/node_modules/autobahn-browser/LICENSE" "$DASHBOARD/autobahn.LICENSE.txt"
+    mv "$BUNDLE.tmp" "$BUNDLE"
+fi
+
+if [ "$PROFILE" = test ]; then
+    # the dashboard tests drive Debian's chromium through Playwright (they skip without it)
+    apt_install chromium || echo "setup: without chromium the dashboard tests are skipped" >&2
 fi
 .venv/bin/python -c "import gateway.server" # fails loudly if the install did not work
