@@ -174,11 +174,12 @@ class Router:
         self.config = config
 
     def shutdown(self, out: Outbox) -> None:
-        """Say GOODBYE to every session (SIGTERM); a HELLO coming later is refused."""
+        """Say GOODBYE to every session (SIGTERM); a HELLO coming later is refused. The
+        transports stay open a moment for the clients' GOODBYE replies (the shell closes
+        them)."""
         self.stopping = True
         for session in list(self.sessions.values()):
             out.send(session, m.Goodbye("wamp.close.system_shutdown", "the router is stopping"))
-            out.close(session)
             session.closed = True
             self._detach(session, out)
 

@@ -330,7 +330,9 @@ class Node:
         for server in self._servers:
             server.close()
         if out.messages:
-            await asyncio.sleep(0.2)  # let GOODBYEs reach the wire
+            await asyncio.sleep(0.2)  # let GOODBYEs reach the wire, and the replies come back
+        for connection in list(self.connections):
+            connection.close()
         for server in self._servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1)

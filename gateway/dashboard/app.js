@@ -4,6 +4,9 @@
  * Everything comes from the router that served this page: no other host is ever contacted.
  * Ages are measured on the gateway's clock (its offset from this browser's clock is taken from
  * cairn.router.status), so a screen with a wrong clock still shows the right ages.
+ *
+ * URL: ?realm=NAME (default realm1), #DEVICE opens that device's chart, ?history_page=N sets
+ * the get_events page size (default 500; the tests use a small one to exercise paging).
  */
 "use strict";
 
@@ -82,15 +85,13 @@
     $("login-submit").disabled = false;
     $("signout").hidden = !state.credentials;
     $("realm").textContent = REALM + (state.credentials ? " · " + details.authid : "");
-    const subscribed = [
-      session.subscribe(SENSOR_PREFIX, guarded(onReading),
-                        { match: "prefix", get_retained: true }),
-      session.subscribe(DEVICE_PREFIX, guarded(onDeviceStatus),
-                        { match: "prefix", get_retained: true }),
-    ];
+    const subscribed = [[SENSOR_PREFIX, onReading], [DEVICE_PREFIX, onDeviceStatus]].map(
+      ([prefix, handler]) => session.subscribe(prefix, guarded(handler),
+                                               { match: "prefix", get_retained: true })
+        .then(null, (e) => showError(`Cannot subscribe to ${prefix}*: ${errorText(e)}`)));
     Promise.all(subscribed).then(() => setTimeout(() => {
       if (generation === state.generation && state.devices.size === 0) $("empty").hidden = false;
-    }, 1000), (e) => showError("Cannot subscribe to the sensors: " + errorText(e)));
+    }, 1000));
     refreshStatus();
     clearInterval(state.statusTimer);
     state.statusTimer = setInterval(refreshStatus, STATUS_EVERY_MS);
