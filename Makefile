@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint bench setup setup-test
+.PHONY: run test lint bench setup setup-test payload image
 
 run: setup
 	.venv/bin/cairn router
@@ -13,6 +13,12 @@ lint: setup-test
 
 bench: setup-test
 	.venv/bin/python -m bench.pubsub
+
+payload: setup  # the files an image (or an existing Pi) installs: dist/cairn-payload-*.tar.gz
+	.venv/bin/python images/build_payload.py --out dist
+
+image: payload  # a Raspberry Pi OS Lite image with Cairn (pi-gen; needs Docker, see images/)
+	images/build-image.sh
 
 setup:
 	scripts/setup.sh

@@ -62,7 +62,9 @@ def backup(data_dir: Path, target: Path) -> dict[str, Any]:
     with contextlib.closing(sqlite3.connect(f"file:{source_path}?mode=ro", uri=True,
                                             timeout=30)) as source, \
             contextlib.closing(sqlite3.connect(partial)) as copy:
-        source.backup(copy, pages=1024, sleep=0.001)  # steps, so the router's writes go on
+        # One step, in one read transaction: the router keeps writing meanwhile (WAL), and a
+        # stepped backup would start over at every commit of the router and never finish.
+        source.backup(copy, pages=-1)
         copy.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
         check = copy.execute("PRAGMA integrity_check").fetchone()[0]
         events = copy.execute("SELECT COUNT(*), MAX(seq) FROM publications").fetchone()
@@ -76,9 +78,12 @@ def backup(data_dir: Path, target: Path) -> dict[str, Any]:
 
 def restore(data_dir: Path, source: Path) -> None:
     """Put a backup in place of the store; refused while a router uses the directory."""
-    with contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as db:
-        check = db.execute("PRAGMA integrity_check").fetchone()[0]
-        version = db.execute("PRAGMA user_version").fetchone()[0]
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as db:
+            check = db.execute("PRAGMA integrity_check").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.DatabaseError as e:
+        raise RuntimeError(f"{source} is not a usable backup: {e}") from e
     if check != "ok":
         raise RuntimeError(f"{source} is damaged: {check}")
     if version > SCHEMA_VERSION:

@@ -217,6 +217,7 @@ class Store:
     @classmethod
     async def open(cls, path: Path) -> Store:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _refuse_newer_schema(path)  # before anything could touch the file
         writer = await aiosqlite.connect(path, isolation_level=None)
         try:
             await _configure(writer)
@@ -568,14 +569,23 @@ async def _configure(db: aiosqlite.Connection) -> None:
     await db.execute("PRAGMA wal_autocheckpoint = 4000")  # pages: fewer, larger checkpoints
 
 
-async def _migrate(db: aiosqlite.Connection, path: Path) -> None:
-    async with db.execute("PRAGMA user_version") as cur:
-        version = (await cur.fetchone())[0]
+def _refuse_newer_schema(path: Path) -> None:
+    """Read the schema version without writing: even setting pragmas would change the file
+    of a newer release."""
+    if not path.exists():
+        return
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise SchemaTooNew(
             f"{path} has schema version {version}, but this Cairn knows only up to "
             f"{SCHEMA_VERSION}: it was written by a newer release. Upgrade Cairn, or restore "
             f"a backup made by this release; refusing to start rather than corrupt it.")
+
+
+async def _migrate(db: aiosqlite.Connection, path: Path) -> None:
+    async with db.execute("PRAGMA user_version") as cur:
+        version = (await cur.fetchone())[0]
     for target in range(version + 1, SCHEMA_VERSION + 1):
         log.info("migrating %s to schema version %d", path, target)
         await db.execute("BEGIN IMMEDIATE")
