@@ -43,6 +43,7 @@ class Publication:
     retain: bool = True
     args: list[Any] = field(default_factory=list)
     in_flight: asyncio.Future | None = None
+    status: bool = False  # a device status: never dropped for room, only superseded
 
 
 class _Session(ApplicationSession):
@@ -136,18 +137,32 @@ class RouterLink:
         self._session: _Session | None = None
 
     def publish(self, topic: str, kwargs: dict[str, Any], retain: bool = True,
-                args: list[Any] | None = None) -> None:
-        """Queue a publication; never blocks. When the backlog is full the oldest goes.
+                args: list[Any] | None = None, status: bool = False) -> None:
+        """Queue a publication; never blocks. When the backlog is full the oldest reading
+        goes. A ``status`` replaces the same topic's status still waiting, and is never
+        dropped for room, so the router always ends up with a device's latest status.
         (autobahn cannot carry kwargs named ``topic`` or ``options``: rename them.)"""
-        if len(self.backlog) >= self.backlog_limit:
-            self.backlog.popleft()
-            self.stats.dropped_full += 1
-            if self.stats.dropped_full in (1, 10, 100) or self.stats.dropped_full % 1000 == 0:
-                log.warning("backlog full (%d): %d oldest readings dropped so far",
-                            self.backlog_limit, self.stats.dropped_full)
-        self.backlog.append(Publication(topic, kwargs, retain, list(args or ())))
+        pub = Publication(topic, kwargs, retain, list(args or ()), status=status)
+        if status:
+            for i, waiting in enumerate(self.backlog):
+                if waiting.status and waiting.topic == topic and waiting.in_flight is None:
+                    del self.backlog[i]
+                    break
+        elif len(self.backlog) >= self.backlog_limit:
+            self._drop_oldest_reading()
+        self.backlog.append(pub)
         self.stats.queued += 1
         self._ready.set()
+
+    def _drop_oldest_reading(self) -> None:
+        for i, waiting in enumerate(self.backlog):
+            if not waiting.status:
+                del self.backlog[i]
+                break
+        self.stats.dropped_full += 1
+        if self.stats.dropped_full in (1, 10, 100) or self.stats.dropped_full % 1000 == 0:
+            log.warning("backlog full (%d): %d oldest readings dropped so far",
+                        self.backlog_limit, self.stats.dropped_full)
 
     async def run(self) -> None:
         """Connect, drain, and reconnect with backoff, forever."""
@@ -196,6 +211,10 @@ class RouterLink:
                 try:
                     item.in_flight.result()
                 except ApplicationError as e:
+                    if session.gone.done() or e.error.startswith("wamp.close."):
+                        item.in_flight = None  # the session ended under it: send it again
+                        self._note_down(f"lost the router: {e.error}")
+                        break
                     # Not retried: a later, newer reading must not be overtaken by this one.
                     log.error("the router did not take %s: %s %s; dropping it", item.topic,
                               e.error, e.args[0] if e.args else "")
@@ -254,7 +273,7 @@ class ChangeFilter:
             return self._take(values, now)
         for name, value in values.items():
             band = self.deadband.get(name, self.default_deadband)
-            if abs(value - self._last[name]) > band:
+            if abs(value - self._last[name]) > band + 1e-9:  # 21.6 - 21.5 is not > 0.1
                 return self._take(values, now)
         return False
 
@@ -279,7 +298,8 @@ class DeviceStatus:
             log.info("device %s: %s%s", self.device_id, state, f" ({reason})" if reason else "")
         self.state, self.reason = state, reason
         self.link.publish(status_topic(self.device_id),
-                          {"status": state, "reason": reason, "since": time.time()})
+                          {"status": state, "reason": reason, "since": time.time()},
+                          status=True)
 
 
 class Device:
@@ -307,4 +327,4 @@ class Device:
     def check_stale(self) -> None:
         if self.status.state == "ok" and \
                 time.monotonic() - self.last_reading > self.stale_after:
-            self.status.set("stale", f"no reading for {self.stale_after:.0f} s")
+            self.status.set("stale", f"no reading for {self.stale_after:g} s")
