@@ -2,7 +2,7 @@
 .PHONY: run test lint bench setup setup-test payload image
 
 run: setup
-	.venv/bin/cairn router
+	.venv/bin/cairn demo
 
 test: setup-test
 	.venv/bin/ruff check .

@@ -76,7 +76,7 @@ class _Session(ApplicationSession):
         if not self.joined.done():
             self.joined.set_exception(ConnectionRefusedError(f"{details.reason}: "
                                                              f"{details.message}"))
-        super().onLeave(details)
+        self.disconnect()  # (autobahn's onLeave would log every clean leave as a warning)
 
     def onDisconnect(self) -> None:
         if not self.joined.done():

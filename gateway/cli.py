@@ -58,7 +58,7 @@ def _component_clis() -> list:
     import importlib
 
     modules = []
-    for name in ("gateway.ops", "drivers.cli", "drivers.mqtt_cli", "sync.cli"):
+    for name in ("gateway.ops", "drivers.demo", "drivers.cli", "drivers.mqtt_cli", "sync.cli"):
         try:
             modules.append(importlib.import_module(name))
         except ModuleNotFoundError as e:
