@@ -58,7 +58,8 @@ from typing import Any
 
 from bench.wire import Publisher, SubscriberSession, serve_fake_broker
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO / "bench" / "results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CTX = mp.get_context("fork")
 
@@ -126,7 +127,8 @@ class RouterProcess:
 
     name = "cairn"
 
-    def __init__(self, workdir: Path, command: str | None = None) -> None:
+    def __init__(self, workdir: Path, command: str | None = None,
+                 trace_gc: bool = False) -> None:
         self.ws_port, self.rs_port = free_port(), free_port()
         self.config = workdir / "bench.toml"
         self.config.write_text(ROUTER_TOML.format(ws_port=self.ws_port, rs_port=self.rs_port,
@@ -134,12 +136,19 @@ class RouterProcess:
         self.log_path = workdir / "router.log"
         cairn = Path(sys.executable).parent / "cairn"
         cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "gateway.cli"]
+        env = dict(os.environ)
+        self.gc_log: Path | None = None
+        if trace_gc:
+            self.gc_log = workdir / "gc.log"
+            cmd = [sys.executable, "-m", "bench.traced_router"]
+            env["BENCH_GC_LOG"] = str(self.gc_log)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         if command:
             cmd = shlex.split(command)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen([*cmd, "router", "--config", str(self.config)],
                                      stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, env=env)
         self.pid = self.proc.pid
         try:
             wait_for_ports([self.ws_port, self.rs_port], lambda: self.proc.poll() is None)
@@ -149,6 +158,18 @@ class RouterProcess:
 
     def cpu_seconds(self) -> float:
         return process_cpu_seconds(self.pid)
+
+    def gc_pauses(self, start: float, end: float) -> list[float] | None:
+        """GC pauses (ms) between two time.monotonic() readings, when traced."""
+        if self.gc_log is None:
+            return None
+        pauses = []
+        with contextlib.suppress(OSError), open(self.gc_log) as f:
+            for line in f:
+                when, _gen, ms = line.split()
+                if start <= float(when) <= end:
+                    pauses.append(float(ms))
+        return pauses
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -206,6 +227,9 @@ class FakeBrokerProcess:
 
     def cpu_seconds(self) -> float:
         return process_cpu_seconds(self.pid)
+
+    def gc_pauses(self, start: float, end: float) -> list[float] | None:
+        return None
 
     def stop(self) -> int | None:
         if self.proc.is_alive():
@@ -520,12 +544,13 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
                    / f"profile-{server.name}-{case.transport}-{case.subscribers}.txt")
             profiler = Profiler(server.pid, duration, out)
         server_cpu0, busy0 = server.cpu_seconds(), machine_busy_seconds()
-        wall0 = time.perf_counter()
+        wall0, mono0 = time.perf_counter(), time.monotonic()
         tp = drive_throughput(pub, group, duration, opts.window, opts.batch)
         server_cpu = server.cpu_seconds() - server_cpu0
         busy1 = machine_busy_seconds()
         busy, irq = busy1[0] - busy0[0], busy1[1] - busy0[1]
         cpu_wall = time.perf_counter() - wall0
+        gc_tput = server.gc_pauses(mono0, time.monotonic())
         stats = group.command("phase", "latency")
         if profiler is not None:
             result["profile"] = profiler.finish()
@@ -558,8 +583,13 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
         # latency at a pace well under capacity
         capacity = tp["sent"] / elapsed
         rate = lat_rate or min(opts.lat_rate, max(10.0, 0.5 * capacity))
+        server_cpu0, busy0 = server.cpu_seconds(), machine_busy_seconds()
+        wall0, mono0 = time.perf_counter(), time.monotonic()
         lat = drive_paced(pub, group, rate, lat_duration, opts.window)
         stats = group.command("stop")
+        wall = time.perf_counter() - wall0
+        others = (machine_busy_seconds()[0] - busy0[0] - (server.cpu_seconds() - server_cpu0)
+                  - stats.cpu - lat["publisher_cpu"])
         result["problems"] += [f"latency phase: {p}" for p in check(stats, lat["sent"],
                                                                      case.subscribers)]
         values = sorted(stats.latencies)
@@ -571,7 +601,15 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
             "p99_ms": round(percentile(values, 0.99) / 1e6, 3),
             "p999_ms": round(percentile(values, 0.999) / 1e6, 3),
             "max_ms": round(values[-1] / 1e6, 3) if values else None,
+            "lat_other_cpu_pct": round(100 * max(0.0, others) / wall),
         })
+        gc_lat = server.gc_pauses(mono0, time.monotonic())
+        if gc_tput is not None and gc_lat is not None:
+            result["gc_pauses_over_1ms"] = {
+                "throughput": {"count": len(gc_tput), "max_ms": max(gc_tput, default=0.0)},
+                "latency": {"count": len(gc_lat), "max_ms": max(gc_lat, default=0.0),
+                            "total_ms": round(sum(gc_lat), 1)},
+            }
     except Exception as e:
         result["problems"].append(f"failed: {type(e).__name__}: {e}")
     finally:
@@ -612,11 +650,9 @@ def machine() -> dict[str, Any]:
 
 def source_version() -> dict[str, Any]:
     """The commit the router code comes from, and whether gateway/ has local changes."""
-    root = Path(__file__).resolve().parent.parent
-
     def git(*args: str) -> str | None:
         try:
-            return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
                                   timeout=5, check=True).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return None
@@ -714,6 +750,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="py-spy the router during each throughput phase "
                         "(pip install py-spy; sampling is non-blocking, so time in C calls and "
                         "syscalls counts as the calling Python function's own time)")
+    p.add_argument("--trace-gc", action="store_true",
+                   help="run the router through bench.traced_router, which logs garbage "
+                        "collections over 1 ms, and report them per phase")
     p.add_argument("--router-cmd", metavar="CMD",
                    help="command that runs the router, before 'router --config FILE' "
                         "(default: the venv's cairn), e.g. to run it under a tracer")
@@ -746,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     check_results: list[dict[str, Any]] = []
     router_problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
-        router = RouterProcess(Path(tmp), opts.router_cmd)
+        router = RouterProcess(Path(tmp), opts.router_cmd, opts.trace_gc)
         try:
             for case in [c for c in ROUTER_CASES if selected(c)]:
                 print(f"  cairn {case.label} {case.transport}/{case.serializer} ...",
@@ -798,7 +837,10 @@ def main(argv: list[str] | None = None) -> int:
     print("of the server process / of all client processes / of anything else on the machine "
           "during the")
     print("throughput phase (100% = one core). A large 'other' means the numbers are disturbed.")
-    busy = [r for r in router_results + check_results if (r.get("other_cpu_pct") or 0) > 15]
+    print("Spikes of 10 ms and more in p99/p99.9 (JSON) are usually full garbage collections in "
+          "the router (--trace-gc).")
+    busy = [r for r in router_results + check_results
+            if max(r.get("other_cpu_pct") or 0, r.get("lat_other_cpu_pct") or 0) > 15]
     if busy:
         print(f"WARNING: other load on the machine during {len(busy)} case(s); "
               "rerun on a quiet machine")
@@ -811,6 +853,14 @@ def main(argv: list[str] | None = None) -> int:
         print("router log / problems:")
         for line in router_problems:
             print(f"  {line}")
+    for r in router_results:
+        gcs = r.get("gc_pauses_over_1ms")
+        if gcs:
+            print(f"router GC pauses > 1 ms, {r['case']} {r['transport']}/{r['serializer']}: "
+                  f"throughput phase {gcs['throughput']['count']} (max "
+                  f"{gcs['throughput']['max_ms']:.1f} ms), latency phase "
+                  f"{gcs['latency']['count']} (max {gcs['latency']['max_ms']:.1f} ms); "
+                  f"latency p99 {r.get('p99_ms')} ms, max {r.get('max_ms')} ms")
     for r in router_results:
         if "profile" in r:
             print(f"router hot spots (py-spy, self time) {r['case']} "
