@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from gateway.clock import parse_rfc3339
+
 
 class MessageCounters:
     """WAMP messages in and out by type, counted on the hot path with one dict update."""
@@ -66,6 +68,12 @@ def render(status: dict[str, Any], counters: MessageCounters,
                 [_line("cairn_history_first_seq", store.get("first_seq"))]),
         _metric("cairn_history_last_seq", "gauge", "Newest seq held in history.",
                 [_line("cairn_history_last_seq", store.get("last_seq"))]),
+        _metric("cairn_history_oldest_timestamp_seconds", "gauge",
+                "Wall-clock time of the oldest event held in history.",
+                [_line("cairn_history_oldest_timestamp_seconds", _epoch(store.get("oldest")))]),
+        _metric("cairn_history_newest_timestamp_seconds", "gauge",
+                "Wall-clock time of the newest event held in history.",
+                [_line("cairn_history_newest_timestamp_seconds", _epoch(store.get("newest")))]),
         _metric("cairn_history_dropped_events_total", "counter",
                 "Events dropped to stay within bounds or lost to failed writes (gap records).",
                 [_line("cairn_history_dropped_events_total", store.get("dropped_events"))]),
@@ -83,6 +91,10 @@ def render(status: dict[str, Any], counters: MessageCounters,
                 [_line("cairn_sync_backlog_events", sync.get("backlog"))]),
         _metric("cairn_sync_synced_seq", "gauge", "Highest seq confirmed by the sink.",
                 [_line("cairn_sync_synced_seq", store.get("synced_seq"))]),
+        _metric("cairn_sync_last_success_timestamp_seconds", "gauge",
+                "When the uploader last had a batch confirmed (or found nothing to send).",
+                [_line("cairn_sync_last_success_timestamp_seconds",
+                       _epoch(sync.get("last_success")))]),
         _metric("cairn_sync_ok", "gauge", "1 when the last sync attempt succeeded.",
                 [_line("cairn_sync_ok", int(sync.get("last_error") is None) if sync else None)]),
         _metric("cairn_clock_synchronized", "gauge", "1 when the wall clock is synchronized.",
@@ -91,6 +103,15 @@ def render(status: dict[str, Any], counters: MessageCounters,
                 [_line("cairn_clock_steps_total", store.get("clock_steps"))]),
     ]
     return "".join(parts)
+
+
+def _epoch(rfc3339_text: str | None) -> float | None:
+    if not rfc3339_text:
+        return None
+    try:
+        return parse_rfc3339(rfc3339_text) / 1000
+    except ValueError:
+        return None
 
 
 def _quantile(values: list[float], q: float) -> float | None:
