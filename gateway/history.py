@@ -127,7 +127,20 @@ def _invalid(name: str, problem: str) -> WampError:
     return WampError("wamp.error.invalid_argument", f"get_events: {name!r} {problem}")
 
 
-def _topic_condition(uri: str, match: str, topic: str | None) -> tuple[str, list[Any]]:
+_FEW = 5000
+
+
+async def _few_rows(store: Store, realm: str, prefix: str) -> bool:
+    """Does a prefix match fewer than _FEW stored rows? (a bounded probe, ~0.3 ms)"""
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    rows = await store.query(
+        "SELECT COUNT(*) FROM (SELECT 1 FROM publications WHERE realm = ? AND topic >= ? "
+        "AND topic < ? LIMIT ?)", (realm, prefix, upper, _FEW))
+    return rows[0][0] < _FEW
+
+
+def _topic_condition(uri: str, match: str, topic: str | None,
+                     walk_seq: bool = True) -> tuple[str, list[Any]]:
     """The SQL for "published to a topic this subscription matches". One concrete topic
     (an exact subscription, or the ``topic`` argument) uses the (realm, topic, seq) index;
     a pattern is tested row by row while scanning seq (``+topic`` keeps SQLite from ranging
@@ -140,18 +153,22 @@ def _topic_condition(uri: str, match: str, topic: str | None) -> tuple[str, list
         if not uri:
             return "1", []
         upper = uri[:-1] + chr(ord(uri[-1]) + 1)
-        return "+topic >= ? AND +topic < ?", [uri, upper]
+        column = "+topic" if walk_seq else "topic"
+        return f"{column} >= ? AND {column} < ?", [uri, upper]
     return "wildcard_match(?, topic)", [uri]
 
 
 async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscription,
                      query: EventsQuery, page_cap: int) -> MetaResult:
     # A pattern without time bounds is best served by walking seq (the rowid) and testing
-    # each row; "+realm" keeps SQLite from choosing an index on realm and sorting instead.
+    # each row ("+realm" keeps SQLite from choosing an index on realm and sorting instead),
+    # unless the pattern matches few rows: then the topic index and a small sort win.
     walk_seq = (query.topic is None and sub.match != "exact") and not query.times
+    if walk_seq and sub.match == "prefix" and sub.uri:
+        walk_seq = not await _few_rows(store, realm.name, sub.uri)
     where = ["+realm = ?" if walk_seq else "realm = ?"]
     params: list[Any] = [realm.name]
-    condition, values = _topic_condition(sub.uri, sub.match, query.topic)
+    condition, values = _topic_condition(sub.uri, sub.match, query.topic, walk_seq)
     where.append(condition)
     params += values
     where.append("(audience IS NULL OR eligible(audience, ?, ?))")

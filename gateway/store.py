@@ -535,7 +535,7 @@ class Store:
 
     async def seq_of_publication(self, realm: str, publication: int) -> int | None:
         rows = await self.query(
-            "SELECT seq FROM publications WHERE publication = ? AND realm = ?",
+            "SELECT seq FROM publications WHERE publication = ? AND +realm = ?",
             (publication, realm))
         return rows[0][0] if rows else None
 
