@@ -223,6 +223,10 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
 class RawSocketProtocol(WampRawSocketServerProtocol):
     _closing = False
 
+    def _on_connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_session", None) is not None:  # no session: closed before handshake
+            super()._on_connection_lost(exc)
+
     def data_received(self, data: bytes) -> None:
         if not self._closing:  # what a peer sends after our ABORT or GOODBYE is dropped
             super().data_received(data)
