@@ -113,8 +113,15 @@ class Node:
         self.flush(out)
 
     def flush(self, out: Outbox) -> None:
-        for session, msg in out.messages:
-            session.link.send(msg)
+        if len(out.messages) > 16:  # a burst: group by session, one socket write each
+            bursts: dict[Session, list[m.Message]] = {}
+            for session, msg in out.messages:
+                bursts.setdefault(session, []).append(msg)
+            for session, messages in bursts.items():
+                session.link.send_many(messages)
+        else:
+            for session, msg in out.messages:
+                session.link.send(msg)
         for session in out.closes:
             session.link.close()
         loop = asyncio.get_running_loop()

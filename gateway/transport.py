@@ -186,6 +186,26 @@ class Connection:
             return
         proto.send_payload(payload, is_binary)
 
+    def send_many(self, messages: list[m.Message]) -> None:
+        """Send a burst (e.g. thousands of retained events) with one socket write instead
+        of one per frame: autobahn's framing writes into a collector, joined at the end."""
+        proto = self.transport
+        real = proto.transport if proto is not None else None
+        if real is None or len(messages) < 8:
+            for msg in messages:
+                self.send(msg)
+            return
+        collector = _WriteCollector(real)
+        proto.transport = collector
+        try:
+            for msg in messages:
+                self.send(msg)
+        finally:
+            if proto.transport is collector:
+                proto.transport = real
+            if collector.chunks and not real.is_closing():
+                real.write(b"".join(collector.chunks))
+
     def close(self) -> None:
         if self._open:
             self._open = False
@@ -199,6 +219,21 @@ class Connection:
 
 
 _LINGER = 2.0  # seconds a closing RawSocket waits for its peer to close
+
+
+class _WriteCollector:
+    """Stands in for an asyncio transport while a burst is framed; everything but write()
+    goes to the real transport."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.chunks.append(bytes(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class WebSocketProtocol(WampWebSocketServerProtocol):

@@ -38,7 +38,9 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip_install --upgrade pip
 if [ "$PROFILE" = test ]; then
-    pip_install -e ".[test]"
+    # the Spark tests (tests/test_spark.py) need PySpark and a Java runtime (17 works)
+    command -v java >/dev/null || apt_install default-jre-headless
+    pip_install -e ".[test,spark]"
     apt_install mosquitto  # the MQTT bridge tests run a real broker
 else
     pip_install -e .

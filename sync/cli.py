@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import socket
 import sys
@@ -35,6 +36,7 @@ from sync.sinks import DirectorySink, HttpSink, SinkError
 from sync.uploader import Uploader
 
 log = logging.getLogger("cairn.sync")
+GATEWAY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,17 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
             raise ConfigError(source, f"{at}.{key}", f"must be a positive number of seconds, "
                                                      f"not {value!r}")
         numbers[key] = float(value)
+    gateway_id = v.get(t, at, "gateway_id", str, socket.gethostname())
+    if not GATEWAY_ID.fullmatch(gateway_id):
+        raise ConfigError(source, f"{at}.gateway_id",
+                          f"{gateway_id!r} is not a usable name: letters, digits, '.', '_' and "
+                          f"'-', starting with a letter or digit (it names a directory)")
     bandwidth = v.get(t, at, "bandwidth", int, 0)
     if bandwidth < 0:
         raise ConfigError(source, f"{at}.bandwidth", "must be 0 (no cap) or bytes per second")
     return SyncConfig(
         sink=sink, data_dir=router.data_dir,
-        gateway_id=v.get(t, at, "gateway_id", str, socket.gethostname()),
+        gateway_id=gateway_id,
         token=_optional_secret(v, t, at, "token"),
         username=v.get(t, at, "username", str, None),
         password=_optional_secret(v, t, at, "password"),
@@ -102,10 +109,10 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
 
 def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
     if config.sink.startswith("dir:"):
-        return DirectorySink(Path(config.sink.removeprefix("dir:")))
+        return DirectorySink(Path(config.sink.removeprefix("dir:")), config.bandwidth)
     return HttpSink(config.sink, token=config.token, username=config.username,
                     password=config.password, timeout=config.timeout,
-                    verify_tls=config.verify_tls)
+                    verify_tls=config.verify_tls, bandwidth=config.bandwidth)
 
 
 def add_commands(commands: Any) -> None:
@@ -117,8 +124,55 @@ def add_commands(commands: Any) -> None:
     sync.add_argument("--once", action="store_true",
                       help="drain the backlog and exit (0 ok, 1 the sink failed)")
 
+    spark = commands.add_parser(
+        "spark", help="central jobs (PySpark): ingest landed batches, write reports",
+        description="The central side of history sync, on any Spark master. Needs PySpark "
+                    "(pip install 'cairn[spark]') and a Java runtime.")
+    spark.set_defaults(spark_parser=spark, spark_command=None)
+    jobs = spark.add_subparsers(dest="spark_command", metavar="JOB")
+    ingest = jobs.add_parser(
+        "ingest", help="landed batches -> the Parquet table (deduplicated, time-corrected)",
+        description="Read the batches under --landing whose manifest has landed, check each "
+                    "against its manifest (size, sha256, line count; a bad batch is "
+                    "quarantined and the job goes on), drop rows the table already holds "
+                    "(by gateway_id and seq), re-base timestamps taken before the clock was "
+                    "synchronized, and append to the Parquet table under --table, "
+                    "partitioned by date. Re-running adds nothing new. Paths may be local or "
+                    "any Hadoop file system URL (hdfs://, s3a://).")
+    ingest.add_argument("--landing", required=True, metavar="DIR",
+                        help="where the sinks land batches (<gateway>/<first>-<last>.*)")
+    ingest.add_argument("--table", required=True, metavar="DIR", help="the Parquet table")
+    ingest.add_argument("--quarantine", metavar="DIR",
+                        help="move bad batches here with a note of why (default: leave them "
+                             "in place and report them)")
+    ingest.add_argument("--streaming", action="store_true",
+                        help="Structured Streaming (trigger availableNow) with --checkpoint: "
+                             "only manifests that landed since the last run are read")
+    ingest.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory")
+    ingest.add_argument("--max-batches", type=int, default=1000, metavar="N",
+                        help="streaming: batches per micro-batch (default 1000)")
+    report = jobs.add_parser(
+        "report", help="gap, hourly sensor and clock reports from the table",
+        description="Write reports from the table under --out, each as Parquet (<name>/) "
+                    "and as one CSV file (<name>.csv): gaps (missing seq ranges that are "
+                    "data loss, per gateway), gateways (one line each), hourly "
+                    "(per-sensor min/mean/max temperature and humidity by corrected hour), "
+                    "clock_steps (each step of a gateway clock and its size) and unsynced "
+                    "(spans of events recorded before the clock was synchronized). Prints a "
+                    "short summary.")
+    report.add_argument("--table", required=True, metavar="DIR", help="the Parquet table")
+    report.add_argument("--out", required=True, metavar="DIR", help="where reports go")
+    for job in (ingest, report):
+        job.add_argument("--master", default="local[*]", metavar="URL",
+                         help="Spark master: local[*] (default), local[N], spark://HOST:PORT, "
+                              "yarn, k8s://https://HOST:PORT")
+        job.add_argument("--conf", action="append", metavar="KEY=VALUE",
+                         help="a Spark setting, e.g. spark.driver.memory=4g (repeatable)")
+
 
 def main(args: argparse.Namespace) -> int:
+    if args.command == "spark":
+        return spark_main(args)
     try:
         data, source = read_document(args.config)
         config = parse_sync(data, source)
@@ -132,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     uploader = Uploader(config.gateway_id, reader, make_sink(config),
                         config.data_dir / "sync-status.json", config.batch_events,
-                        config.batch_bytes, config.bandwidth)
+                        config.batch_bytes)
     log.info("syncing %s (gateway %s) to %s from seq %d", config.data_dir, config.gateway_id,
              uploader.sink.describe(), uploader.status.synced_seq)
     try:
@@ -151,3 +205,19 @@ def main(args: argparse.Namespace) -> int:
         return 0
     finally:
         reader.close()
+
+
+def spark_main(args: argparse.Namespace) -> int:
+    if args.spark_command is None:
+        args.spark_parser.print_help(sys.stderr)
+        return 2
+    try:
+        from sync import spark
+    except ModuleNotFoundError as e:
+        if e.name is None or not e.name.startswith(("pyspark", "py4j")):
+            raise
+        print("cairn spark: PySpark is not installed: pip install 'cairn[spark]' (and a Java "
+              "runtime)", file=sys.stderr)
+        return 1
+    return spark.main(args)
+

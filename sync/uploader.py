@@ -10,6 +10,12 @@ Each batch is a gzip of JSON Lines, one publication per line with ``gateway_id``
 the clock anchors and gap records the central job needs). The watermark moves only after
 the sink confirmed both files, so a batch may be sent twice but never lost; re-sent batches
 are harmless because the central job dedupes on ``(gateway_id, seq)``.
+
+A manifest's ``after_seq`` is the watermark the batch was read after: the batch holds every
+history row with ``after_seq < seq <= last_seq``. Seqs in that range that are absent were
+never history (retained-only publications take a seq too) or were dropped on the gateway
+(then a gap record says so), so the central gap report can tell a batch that never landed
+from numbers that were never meant to arrive.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
-import io
 import json
 import logging
 import os
@@ -76,13 +81,52 @@ def _json_default(value: Any) -> Any:
 
 
 def encode_rows(gateway_id: str, rows: list[dict[str, Any]]) -> bytes:
-    buffer = io.BytesIO()
-    with gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz:
-        for row in rows:
-            line = {"gateway_id": gateway_id, "timestamp": rfc3339(row["wall_ms"]), **row}
-            gz.write(json.dumps(line, default=_json_default, separators=(",", ":")).encode())
-            gz.write(b"\n")
-    return buffer.getvalue()
+    """JSON Lines, gzip (mtime 0, so the same rows always give the same bytes)."""
+    encode = json.JSONEncoder(default=_json_default, separators=(",", ":")).encode
+    lines = []
+    second, prefix = None, ""
+    for row in rows:
+        ms = row["wall_ms"]
+        if ms // 1000 != second:  # rfc3339(ms), formatting each second once
+            second = ms // 1000
+            prefix = rfc3339(second * 1000)[:-5]
+        lines.append(encode({"gateway_id": gateway_id,
+                             "timestamp": f"{prefix}.{ms % 1000:03d}Z", **row}))
+    lines.append("")
+    return gzip.compress("\n".join(lines).encode(), compresslevel=6, mtime=0)
+
+
+def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
+                anchors: list[dict[str, Any]], gaps: list[dict[str, Any]],
+                data: bytes | None = None) -> Batch:
+    """The batch of ``rows`` (in seq order, every history row after ``after_seq`` up to the
+    last one) with its manifest. ``anchors`` and ``gaps`` are the store's records; the ones
+    that concern this batch are picked here."""
+    if data is None:
+        data = encode_rows(gateway_id, rows)
+    first, last = rows[0]["seq"], rows[-1]["seq"]
+    boots = {row["boot_id"] for row in rows}
+    name = f"{gateway_id}/{first:012d}-{last:012d}.jsonl.gz"
+    manifest = {
+        "schema": SCHEMA_VERSION,
+        "gateway_id": gateway_id,
+        "file": name,
+        "after_seq": after_seq,
+        "first_seq": first,
+        "last_seq": last,
+        "count": len(rows),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "created": rfc3339(int(time.time() * 1000)),
+        # every anchor of the boots in the batch (a later batch of the same boot repeats
+        # them with any new ones), and anchors recorded inside the batch's seq range
+        "anchors": [{**a, "clock_synced": bool(a["clock_synced"])} for a in anchors
+                    if a["boot_id"] in boots or after_seq <= a["after_seq"] < last],
+        "gaps": [g for g in gaps
+                 if g["last_seq"] is not None and g["first_seq"] is not None
+                 and g["last_seq"] > after_seq and g["first_seq"] <= last],
+    }
+    return Batch(first, last, len(rows), data, manifest)
 
 
 @dataclass
@@ -93,8 +137,8 @@ class Uploader:
     status_file: Path
     batch_events: int = 10_000
     batch_bytes: int = 8 * 1024 * 1024
-    bandwidth: int = 0  # bytes/s, 0 = no cap
     status: SyncStatus = field(init=False)
+    progress_interval: float = 5.0  # seconds between progress lines while draining
 
     def __post_init__(self) -> None:
         self.status = SyncStatus(self.gateway_id, self.sink.describe(),
@@ -110,56 +154,37 @@ class Uploader:
         while len(data) > self.batch_bytes and len(rows) > 1:
             rows = rows[: max(1, len(rows) * self.batch_bytes // len(data) * 9 // 10)]
             data = encode_rows(self.gateway_id, rows)
-        first, last = rows[0]["seq"], rows[-1]["seq"]
-        boots = {row["boot_id"] for row in rows}
-        name = f"{self.gateway_id}/{first:012d}-{last:012d}.jsonl.gz"
-        manifest = {
-            "schema": SCHEMA_VERSION,
-            "gateway_id": self.gateway_id,
-            "file": name,
-            "first_seq": first,
-            "last_seq": last,
-            "count": len(rows),
-            "bytes": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "created": rfc3339(int(time.time() * 1000)),
-            "anchors": [a for a in self.reader.anchors() if a["boot_id"] in boots],
-            "gaps": [g for g in self.reader.gaps()
-                     if g["last_seq"] is not None and g["first_seq"] is not None
-                     and g["last_seq"] > self.status.synced_seq and g["first_seq"] <= last],
-        }
-        return Batch(first, last, len(rows), data, manifest)
+        return build_batch(self.gateway_id, rows, self.status.synced_seq,
+                           self.reader.anchors(), self.reader.gaps(), data)
 
     def ship(self, batch: Batch) -> None:
         """Data first, manifest last; then (and only then) the watermark."""
-        started = time.monotonic()
         self.sink.put(batch.name, batch.data)
-        self.sink.put(batch.name.removesuffix(".jsonl.gz") + ".manifest.json",
-                      json.dumps(batch.manifest, indent=1).encode())
+        self.sink.put(manifest_name(batch.name), json.dumps(batch.manifest, indent=1).encode())
         self.reader.set_synced_seq(batch.last_seq)
         self.status.synced_seq = batch.last_seq
         self.status.batches += 1
         self.status.events += batch.count
-        if self.bandwidth:
-            rest = len(batch.data) / self.bandwidth - (time.monotonic() - started)
-            if rest > 0:
-                time.sleep(rest)
 
     # -- loops ---------------------------------------------------------------------------
 
     def drain(self) -> int:
         """Ship batches until nothing is left; raises SinkError when the sink fails."""
         shipped = 0
-        started = time.monotonic()
+        started = last_line = time.monotonic()
         total = self.reader.backlog(self.status.synced_seq)
+        self.status.backlog = total
         while (batch := self.next_batch()) is not None:
             self.status.last_attempt = rfc3339(int(time.time() * 1000))
             self.ship(batch)
             shipped += batch.count
-            elapsed = max(time.monotonic() - started, 1e-6)
+            now = time.monotonic()
+            elapsed = max(now - started, 1e-6)
             self.status.rate_events_per_s = round(shipped / elapsed, 1)
             self.status.backlog = max(total - shipped, 0)
-            if total > self.batch_events:
+            if total > self.batch_events and (now - last_line >= self.progress_interval
+                                              or not self.status.backlog):
+                last_line = now
                 eta = self.status.backlog / (shipped / elapsed)
                 log.info("synced %d/%d events (%.0f events/s, %s left)", shipped, total,
                          shipped / elapsed, _duration(eta))
@@ -195,8 +220,9 @@ class Uploader:
                 self._mark_failure(str(e))
                 backoff = min(max(backoff * 2, 1.0), max_backoff)
                 wait = backoff * (0.5 + random.random() / 2)
-                log.warning("sync failed: %s; %d events waiting; retrying in %.0f s", e,
-                            self.status.backlog, wait)
+                log.warning("sync failed: %s; %d events waiting; retrying in %s", e,
+                            self.status.backlog, _duration(wait) if wait >= 1 else
+                            f"{wait:.2f}s")
             if stop is not None:
                 stop.wait(wait)
             else:
@@ -225,6 +251,11 @@ class Uploader:
             os.replace(temp, self.status_file)
         except OSError as e:
             log.warning("cannot write %s: %s", self.status_file, e)
+
+
+def manifest_name(data_name: str) -> str:
+    """``gw/000000000001-000000000100.jsonl.gz`` -> ``gw/...-000000000100.manifest.json``"""
+    return data_name.removesuffix(".jsonl.gz") + ".manifest.json"
 
 
 def _duration(seconds: float) -> str:

@@ -1,0 +1,1100 @@
+"""``cairn spark``: the central jobs. Landed batches -> one Parquet table -> reports.
+
+The uploaders land ``<gateway_id>/<first>-<last>.jsonl.gz`` batches and, once a batch is
+complete, its ``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_stream`
+(Structured Streaming, ``availableNow``, checkpointed) both hand the manifests they find to
+:func:`ingest_manifests`, which
+
+1. checks each manifest and its batch: the data file exists, has the manifest's size and
+   sha256, is a complete gzip stream with ``count`` lines, and its first and last lines are
+   the manifest's gateway and first/last seq. A batch that fails is moved to the quarantine
+   directory (or left in place and logged when there is none) with one clear report line,
+   and the job goes on with the rest;
+2. reads the good batches, drops rows already in the table with an anti-join on
+   ``(gateway_id, seq)`` (and duplicates between the batches of this run), so re-running
+   over the same files adds nothing;
+3. re-bases the time of rows recorded before the gateway's clock was synchronized (see
+   :func:`reference_anchors`), keeping the raw ``timestamp``/``wall_ms``, and appends the rows
+   partitioned by the UTC date of the corrected ``event_time``;
+4. when this run brought anchors that change how rows ingested earlier are re-based (the
+   usual case: batches are shipped long before the clock is set), rewrites the partitions
+   holding those rows (staged, then swapped in; an interrupted swap is finished by the next
+   run);
+5. records the new clock anchors, the gateways' loss records and an ingest log.
+
+Layout of the table directory (a local path or any Hadoop file system: hdfs://, s3a://):
+
+    TABLE/date=2026-11-22/part-*.parquet   the events
+    TABLE/_anchors/    clock anchors from the manifests (read deduplicated on gateway_id, id)
+    TABLE/_gaps/       loss records of the gateways (events dropped there)
+    TABLE/_batches/    the ingest log: one row per batch ingested or quarantined
+    TABLE/_staging/    partition rewrites in progress
+
+Spark skips names starting with ``_`` when it reads TABLE, so the table reads as the events
+alone. Run one ingest at a time per table (batch or streaming, not both at once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, Observation, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+log = logging.getLogger("cairn.spark")
+
+MANIFEST_SCHEMA = 1
+DATA_SUFFIX = ".jsonl.gz"
+MANIFEST_SUFFIX = ".manifest.json"
+ROWS_PER_FILE = 2_000_000     # aim for Parquet files of about this many rows
+BROADCAST_KEYS = 2_000_000    # existing keys up to this many are broadcast for the anti-join
+NOT_LANDED = "not landed"
+COMPACT_FILES = 64           # side tables are compacted into one file beyond this many
+
+# Settings every job needs; the session gets them at start and each job sets them again
+# (the session may have been made by someone else).
+JOB_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    # write a few date partitions at once instead of sorting each task's rows by date first
+    # (halves the time of the append on two cores)
+    "spark.sql.maxConcurrentOutputFileWriters": "16",
+}
+
+# One line of a batch, as the uploader writes it. ``args``, ``kwargs``, ``details`` and
+# ``audience`` are read as strings: Spark keeps the raw JSON of an object or array there.
+EVENT_SCHEMA = T.StructType([
+    T.StructField("gateway_id", T.StringType()),
+    T.StructField("seq", T.LongType()),
+    T.StructField("publication", T.LongType()),
+    T.StructField("realm", T.StringType()),
+    T.StructField("topic", T.StringType()),
+    T.StructField("wall_ms", T.LongType()),
+    T.StructField("boot_id", T.StringType()),
+    T.StructField("boottime_ns", T.LongType()),
+    T.StructField("clock_synced", T.BooleanType()),
+    T.StructField("authid", T.StringType()),
+    T.StructField("authrole", T.StringType()),
+    T.StructField("audience", T.StringType()),
+    T.StructField("details", T.StringType()),
+    T.StructField("args", T.StringType()),
+    T.StructField("kwargs", T.StringType()),
+])
+
+TABLE_SCHEMA = T.StructType([
+    T.StructField("gateway_id", T.StringType()),
+    T.StructField("seq", T.LongType()),
+    T.StructField("publication", T.LongType()),
+    T.StructField("realm", T.StringType()),
+    T.StructField("topic", T.StringType()),
+    T.StructField("timestamp", T.TimestampType()),      # raw wall clock of the gateway
+    T.StructField("wall_ms", T.LongType()),             # the same, as it was stored
+    T.StructField("boot_id", T.StringType()),
+    T.StructField("boottime_ns", T.LongType()),
+    T.StructField("clock_synced", T.BooleanType()),
+    T.StructField("event_time", T.TimestampType()),     # corrected time
+    T.StructField("time_estimated", T.BooleanType()),   # event_time was re-based
+    T.StructField("time_anchor", T.LongType()),         # id of the anchor it was re-based on
+    T.StructField("authid", T.StringType()),
+    T.StructField("authrole", T.StringType()),
+    T.StructField("audience", T.StringType()),
+    T.StructField("details", T.StringType()),
+    T.StructField("args", T.StringType()),
+    T.StructField("kwargs", T.StringType()),
+    T.StructField("batch", T.StringType()),             # the batch file it came in
+    T.StructField("ingested_at", T.TimestampType()),
+    T.StructField("date", T.DateType()),                # partition: UTC date of event_time
+])
+TABLE_COLUMNS = [f.name for f in TABLE_SCHEMA.fields]
+
+ANCHOR_SCHEMA = T.StructType([
+    T.StructField("gateway_id", T.StringType()),
+    T.StructField("id", T.LongType()),
+    T.StructField("reason", T.StringType()),
+    T.StructField("boot_id", T.StringType()),
+    T.StructField("boottime_ns", T.LongType()),
+    T.StructField("wall_ns", T.LongType()),
+    T.StructField("offset_before_ns", T.LongType()),
+    T.StructField("clock_synced", T.BooleanType()),
+    T.StructField("after_seq", T.LongType()),
+])
+
+GAP_SCHEMA = T.StructType([
+    T.StructField("gateway_id", T.StringType()),
+    T.StructField("id", T.LongType()),
+    T.StructField("realm", T.StringType()),
+    T.StructField("rule", T.LongType()),
+    T.StructField("first_seq", T.LongType()),
+    T.StructField("last_seq", T.LongType()),
+    T.StructField("count", T.LongType()),
+    T.StructField("reason", T.StringType()),
+    T.StructField("wall_ms", T.LongType()),
+])
+
+BATCH_LOG_SCHEMA = T.StructType([
+    T.StructField("gateway_id", T.StringType()),
+    T.StructField("file", T.StringType()),
+    T.StructField("sha256", T.StringType()),
+    T.StructField("after_seq", T.LongType()),
+    T.StructField("first_seq", T.LongType()),
+    T.StructField("last_seq", T.LongType()),
+    T.StructField("count", T.LongType()),
+    T.StructField("status", T.StringType()),   # ingested | quarantined
+    T.StructField("reason", T.StringType()),
+    T.StructField("manifest", T.StringType()),
+    T.StructField("run", T.StringType()),
+    T.StructField("logged_at", T.TimestampType()),
+])
+
+REF_SCHEMA = T.StructType([
+    T.StructField("gateway_id", T.StringType()),
+    T.StructField("boot_id", T.StringType()),
+    T.StructField("ref_id", T.LongType()),
+    T.StructField("ref_wall_ns", T.LongType()),
+    T.StructField("ref_boottime_ns", T.LongType()),
+])
+
+
+# -- the session ---------------------------------------------------------------------------
+
+def session(master: str = "local[*]", conf: dict[str, str] | None = None,
+            app: str = "cairn") -> SparkSession:
+    """A SparkSession on ``master`` (``local[*]``, ``spark://...``, ``yarn``, ``k8s://...``).
+    Local masters run their Python workers with this interpreter."""
+    settings = {**JOB_CONF, "spark.ui.showConsoleProgress": "false"}
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # 200 shuffle partitions are for clusters; on one machine a few per core do better
+        cores = master.removeprefix("local").strip("[]").split(",")[0]
+        cores = int(cores) if cores.isdigit() else os.cpu_count() or 1
+        settings["spark.sql.shuffle.partitions"] = str(max(2, 2 * cores))
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    builder = SparkSession.builder.master(master).appName(app)
+    for key, value in {**settings, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _prepare(spark: SparkSession) -> None:
+    for key, value in JOB_CONF.items():
+        spark.conf.set(key, value)
+
+
+# -- files, through Hadoop's FileSystem (local, HDFS, S3A: whatever the cluster reads) -----
+
+class Files:
+    def __init__(self, spark: SparkSession) -> None:
+        self._jvm = spark._jvm
+        self._conf = spark._jsc.hadoopConfiguration()
+
+    def _path(self, path: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(path)
+
+    def _fs(self, path: Any) -> Any:
+        return path.getFileSystem(self._conf)
+
+    def qualify(self, path: str) -> str:
+        """``landing`` -> ``file:/work/landing``: the form Spark reports paths in."""
+        p = self._path(path)
+        return self._fs(p).makeQualified(p).toString().rstrip("/")
+
+    def from_uri(self, uri: str) -> str:
+        """A path as Spark's ``_metadata.file_path`` gives it (URL-encoded) -> plain."""
+        return self._jvm.org.apache.hadoop.fs.Path(self._jvm.java.net.URI(uri)).toString()
+
+    def size(self, path: str) -> int | None:
+        p = self._path(path)
+        fs = self._fs(p)
+        if not fs.exists(p):
+            return None
+        status = fs.getFileStatus(p)
+        return None if status.isDirectory() else status.getLen()
+
+    def exists(self, path: str) -> bool:
+        p = self._path(path)
+        return bool(self._fs(p).exists(p))
+
+    def glob(self, pattern: str) -> list[str]:
+        p = self._path(pattern)
+        found = self._fs(p).globStatus(p)
+        return [] if found is None else [s.getPath().toString() for s in found]
+
+    def children(self, path: str) -> list[str]:
+        p = self._path(path)
+        fs = self._fs(p)
+        if not fs.exists(p):
+            return []
+        return [s.getPath().toString() for s in fs.listStatus(p)]
+
+    def mkdirs(self, path: str) -> None:
+        p = self._path(path)
+        self._fs(p).mkdirs(p)
+
+    def delete(self, path: str) -> None:
+        p = self._path(path)
+        fs = self._fs(p)
+        if fs.exists(p):
+            fs.delete(p, True)
+
+    def move(self, source: str, target: str) -> None:
+        src, dst = self._path(source), self._path(target)
+        src_fs, dst_fs = self._fs(src), self._fs(dst)
+        dst_fs.mkdirs(dst.getParent())
+        if dst_fs.exists(dst):
+            dst_fs.delete(dst, True)
+        if src_fs.getUri().equals(dst_fs.getUri()) and src_fs.rename(src, dst):
+            return
+        ok = self._jvm.org.apache.hadoop.fs.FileUtil.copy(src_fs, src, dst_fs, dst, True,
+                                                          self._conf)
+        if not ok:
+            raise OSError(f"cannot move {source} to {target}")
+
+    def write_text(self, path: str, text: str) -> None:
+        p = self._path(path)
+        out = self._fs(p).create(p, True)
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+
+    def read_text(self, path: str) -> str:
+        p = self._path(path)
+        stream = self._fs(p).open(p)
+        try:
+            data = self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+        finally:
+            stream.close()
+        return bytes(data).decode()
+
+
+def _name(path: str) -> str:
+    """The last two parts of a path: ``gateway/file``, how batches are named in reports."""
+    return "/".join(path.rstrip("/").split("/")[-2:])
+
+
+# -- time correction -----------------------------------------------------------------------
+
+def reference_anchors(anchors: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """The anchor each boot's unsynchronized timestamps are re-based on: the boot's first
+    anchor taken with a synchronized clock, or failing that the anchor of its last step
+    (the wall clock someone set). Keyed by (gateway_id, boot_id); boots without either are
+    absent, and their rows keep their raw time.
+
+    A row with boottime ``b`` then gets ``corrected = anchor.wall_ns - (anchor.boottime_ns
+    - b)``: CLOCK_BOOTTIME runs steadily through the whole boot, the wall clock does not."""
+    boots: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for anchor in anchors:
+        boots[anchor["gateway_id"], anchor["boot_id"]].append(anchor)
+    refs = {}
+    for key, items in boots.items():
+        items.sort(key=lambda a: a["id"])
+        synced = [a for a in items if a["clock_synced"]]
+        steps = [a for a in items if a["reason"] == "step"]
+        if synced:
+            refs[key] = synced[0]
+        elif steps:
+            refs[key] = steps[-1]
+    return refs
+
+
+def _refs_frame(spark: SparkSession, refs: dict[tuple[str, str], dict[str, Any]]) -> DataFrame:
+    return spark.createDataFrame(
+        [(gw, boot, a["id"], a["wall_ns"], a["boottime_ns"]) for (gw, boot), a in refs.items()],
+        REF_SCHEMA)
+
+
+def _with_event_time(rows: DataFrame, refs: DataFrame) -> DataFrame:
+    """Adds event_time, time_estimated, time_anchor and date to rows (raw columns kept)."""
+    joined = rows.join(F.broadcast(refs), ["gateway_id", "boot_id"], "left")
+    estimated = ~F.col("clock_synced") & F.col("ref_id").isNotNull()
+    corrected_ns = F.col("ref_wall_ns") - (F.col("ref_boottime_ns") - F.col("boottime_ns"))
+    event_us = F.when(estimated, F.floor(corrected_ns / 1000)).otherwise(F.col("wall_ms") * 1000)
+    return (joined
+            .withColumn("event_time", F.timestamp_micros(event_us.cast("long")))
+            .withColumn("time_estimated", estimated)
+            .withColumn("time_anchor", F.when(estimated, F.col("ref_id")))
+            .withColumn("date", F.to_date("event_time"))
+            .drop("ref_id", "ref_wall_ns", "ref_boottime_ns"))
+
+
+# -- checking batches ----------------------------------------------------------------------
+
+class ManifestError(ValueError):
+    pass
+
+
+def parse_manifest(text: str) -> dict[str, Any]:
+    try:
+        m = json.loads(text)
+    except ValueError as e:
+        raise ManifestError(f"manifest is not JSON ({e})") from None
+    if not isinstance(m, dict):
+        raise ManifestError("manifest is not a JSON object")
+    schema = m.get("schema")
+    if schema != MANIFEST_SCHEMA:
+        raise ManifestError(f"manifest schema {schema!r}; this job reads {MANIFEST_SCHEMA}")
+    for key, kind in (("gateway_id", str), ("file", str), ("sha256", str), ("first_seq", int),
+                      ("last_seq", int), ("count", int), ("bytes", int)):
+        if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
+            raise ManifestError(f"manifest field {key!r} missing or not a {kind.__name__}")
+    if m.get("after_seq") is not None and not isinstance(m["after_seq"], int):
+        raise ManifestError("manifest field 'after_seq' is not an integer")
+    for key in ("anchors", "gaps"):
+        if not isinstance(m.get(key, []), list):
+            raise ManifestError(f"manifest field {key!r} is not a list")
+    if m["first_seq"] > m["last_seq"] or m["count"] < 1:
+        raise ManifestError("manifest seq range or count makes no sense")
+    return m
+
+
+def _check_content(content: bytes, expected: tuple[str, str, int, int, int]) -> str | None:
+    """Runs on the executors: None when the batch file is what its manifest says."""
+    import gzip
+    import hashlib
+    import json as json_
+    import zlib
+
+    sha256, gateway_id, count, first_seq, last_seq = expected
+    digest = hashlib.sha256(content).hexdigest()
+    if digest != sha256:
+        return f"sha256 {digest[:16]}... differs from the manifest's {sha256[:16]}..."
+    try:
+        text = gzip.decompress(content)
+    except (OSError, EOFError, zlib.error) as e:
+        return f"not a complete gzip stream ({e})"
+    lines = text.count(b"\n") + (0 if not text or text.endswith(b"\n") else 1)
+    if lines != count:
+        return f"{lines} lines, the manifest says {count}"
+    end = len(text) - 1 if text.endswith(b"\n") else len(text)
+    try:
+        first = json_.loads(text[:text.index(b"\n")] if b"\n" in text[:end] else text[:end])
+        last = json_.loads(text[text.rfind(b"\n", 0, end) + 1:end])
+    except ValueError as e:
+        return f"a line is not JSON ({e})"
+    for row, seq in ((first, first_seq), (last, last_seq)):
+        if row.get("gateway_id") != gateway_id or row.get("seq") != seq:
+            return (f"line of gateway {row.get('gateway_id')!r} seq {row.get('seq')!r}, the "
+                    f"manifest says gateway {gateway_id!r} seqs {first_seq}..{last_seq}")
+    return None
+
+
+@dataclass
+class _Candidate:
+    manifest_path: str
+    data_path: str
+    manifest: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return _name(self.data_path)
+
+
+def _verify(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+    """{data path: problem} for the batches whose content is not what the manifest says.
+    Hashing and unzipping run on the executors, next to the data."""
+    if not candidates:
+        return {}
+    from pyspark import cloudpickle
+
+    # ship _check_content by value: executors need Python and PySpark, not Cairn
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    expected = {c.data_path: (c.manifest["sha256"], c.manifest["gateway_id"],
+                              c.manifest["count"], c.manifest["first_seq"],
+                              c.manifest["last_seq"]) for c in candidates}
+    check = _check_content
+    found = (spark.read.format("binaryFile").load([c.data_path for c in candidates])
+             .select("path", "content").rdd
+             .map(lambda r: (r.path, check(bytes(r.content), expected[r.path])
+                             if r.path in expected else None))
+             .collect())
+    problems = {path: problem for path, problem in found if problem}
+    seen = {path for path, _ in found}
+    for c in candidates:
+        if c.data_path not in seen:
+            problems[c.data_path] = "Spark could not read the data file"
+    return problems
+
+
+# -- ingest --------------------------------------------------------------------------------
+
+@dataclass
+class IngestStats:
+    manifests: int = 0        # manifests looked at
+    ingested: int = 0         # batches read into the table
+    already: int = 0          # batches skipped: the same file was ingested before
+    quarantined: list[tuple[str, str]] = field(default_factory=list)  # (batch, reason)
+    waiting: int = 0          # data files whose manifest has not landed (batch mode)
+    rows_read: int = 0
+    rows_added: int = 0
+    rows_estimated: int = 0   # of the rows added, those with a re-based event_time
+    rows_rebased: int = 0     # rows already in the table re-based with newly arrived anchors
+    micro_batches: int = 0
+    seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step
+
+    def timed(self, phase: str, started: float) -> float:
+        now = time.monotonic()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - started
+        return now
+
+    @property
+    def duplicates(self) -> int:
+        return self.rows_read - self.rows_added
+
+    def add(self, other: IngestStats) -> None:
+        for name in ("manifests", "ingested", "already", "waiting", "rows_read", "rows_added",
+                     "rows_estimated", "rows_rebased"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.quarantined += other.quarantined
+        for phase, seconds in other.phases.items():
+            self.phases[phase] = self.phases.get(phase, 0.0) + seconds
+
+    def summary(self) -> str:
+        rate = self.rows_read / self.seconds if self.seconds else 0.0
+        text = (f"{self.manifests} manifests: {self.ingested} batches ingested, "
+                f"{self.already} already in the table, {len(self.quarantined)} quarantined"
+                + (f", {self.waiting} data files waiting for their manifest"
+                   if self.waiting else "")
+                + f"; {self.rows_read} rows read, {self.rows_added} added "
+                f"({self.duplicates} duplicates, {self.rows_estimated} with estimated time)")
+        if self.rows_rebased:
+            text += f"; {self.rows_rebased} earlier rows re-based on new clock anchors"
+        if self.micro_batches:
+            text += f"; {self.micro_batches} micro-batches"
+        return text + f"; {self.seconds:.1f} s ({rate:,.0f} rows/s)"
+
+
+class TableDir:
+    """Paths of a table directory and reads of its side tables."""
+
+    def __init__(self, spark: SparkSession, files: Files, root: str) -> None:
+        self.spark, self.files, self.root = spark, files, root
+        self.anchors = f"{root}/_anchors"
+        self.gaps = f"{root}/_gaps"
+        self.batches = f"{root}/_batches"
+        self.staging = f"{root}/_staging"
+
+    def events(self) -> DataFrame | None:
+        if not self.files.glob(f"{self.root}/date=*"):
+            return None
+        return self.spark.read.schema(TABLE_SCHEMA).parquet(self.root)
+
+    def _side(self, path: str, schema: T.StructType) -> DataFrame:
+        if not self.files.glob(f"{path}/*.parquet"):
+            return self.spark.createDataFrame([], schema)
+        return self.spark.read.schema(schema).parquet(path)
+
+    def anchor_frame(self) -> DataFrame:
+        return self._side(self.anchors, ANCHOR_SCHEMA).dropDuplicates(["gateway_id", "id"])
+
+    def gap_frame(self) -> DataFrame:
+        return self._side(self.gaps, GAP_SCHEMA).dropDuplicates(["gateway_id", "id"])
+
+    def batch_frame(self) -> DataFrame:
+        return self._side(self.batches, BATCH_LOG_SCHEMA)
+
+    def append(self, path: str, rows: list[tuple], schema: T.StructType) -> None:
+        """Append to a side table (one small file per run), compacting it now and then.
+        Readers of side tables tolerate duplicate rows, so compaction writes the merged
+        file first and deletes the small ones after: a crash between leaves duplicates,
+        never a loss."""
+        if not rows:
+            return
+        self.spark.createDataFrame(rows, schema).coalesce(1).write.mode("append").parquet(path)
+        parts = self.files.glob(f"{path}/part-*.parquet")
+        if len(parts) > COMPACT_FILES:
+            merged = self.spark.read.schema(schema).parquet(*parts).distinct().coalesce(1)
+            merged.write.mode("append").parquet(path)
+            for part in parts:
+                self.files.delete(part)
+
+    def recover(self) -> None:
+        """Finish a partition swap that a crash interrupted; drop unfinished staging."""
+        for stage in self.files.children(self.staging):
+            journal = f"{stage}/_SWAP"
+            if self.files.exists(journal):
+                dates = json.loads(self.files.read_text(journal))
+                log.warning("finishing an interrupted rewrite of %d partitions", len(dates))
+                self.swap(stage, dates)
+            else:
+                self.files.delete(stage)
+
+    def swap(self, stage: str, dates: list[str]) -> None:
+        for d in dates:
+            staged, live = f"{stage}/date={d}", f"{self.root}/date={d}"
+            if self.files.exists(staged):
+                self.files.delete(live)
+                self.files.move(staged, live)
+                if not self.files.glob(f"{live}/*.parquet"):
+                    self.files.delete(live)
+        self.files.delete(stage)
+
+
+def ingest(spark: SparkSession, landing: str, table: str,
+           quarantine: str | None = None) -> IngestStats:
+    """One-shot ingest of every batch under ``landing`` whose manifest has landed."""
+    started = time.monotonic()
+    _prepare(spark)
+    files = Files(spark)
+    landing, table = files.qualify(landing), files.qualify(table)
+    quarantine = files.qualify(quarantine) if quarantine else None
+    TableDir(spark, files, table).recover()
+    manifest_paths = files.glob(f"{landing}/*/*{MANIFEST_SUFFIX}")
+    manifests: list[tuple[str, str]] = []
+    if manifest_paths:
+        # (text()'s own wholetext argument would override an option)
+        frame = (spark.read.text(manifest_paths, wholetext=True)
+                 .select(F.col("_metadata.file_path").alias("path"), "value"))
+        manifests = [(files.from_uri(r.path), r.value) for r in frame.collect()]
+    stats = ingest_manifests(spark, manifests, table, quarantine, files)
+    have = {p.removesuffix(MANIFEST_SUFFIX) for p in manifest_paths}
+    stats.waiting = sum(1 for p in files.glob(f"{landing}/*/*{DATA_SUFFIX}")
+                        if p.removesuffix(DATA_SUFFIX) not in have)
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str,
+                  quarantine: str | None = None, max_batches: int = 1000) -> IngestStats:
+    """Structured Streaming over the manifests landing under ``landing``, trigger
+    ``availableNow``: everything that landed since the last run (the checkpoint remembers
+    which manifests were seen), in micro-batches of at most ``max_batches`` manifests, then
+    stop. Each micro-batch is verified and ingested by :func:`ingest_manifests` in
+    ``foreachBatch``; a re-run micro-batch adds nothing (the anti-join)."""
+    started = time.monotonic()
+    _prepare(spark)
+    files = Files(spark)
+    landing, table = files.qualify(landing), files.qualify(table)
+    checkpoint = files.qualify(checkpoint)
+    quarantine = files.qualify(quarantine) if quarantine else None
+    TableDir(spark, files, table).recover()
+    total = IngestStats()
+
+    def each(frame: DataFrame, batch_id: int) -> None:
+        manifests = [(files.from_uri(r.path), r.value) for r in frame.collect()]
+        stats = ingest_manifests(frame.sparkSession, manifests, table, quarantine, files)
+        total.add(stats)
+        total.micro_batches += 1
+        log.info("micro-batch %d: %s", batch_id, stats.summary())
+
+    stream = (spark.readStream.format("text").option("wholetext", True)
+              .option("maxFilesPerTrigger", max_batches)
+              .load(f"{landing}/*/*{MANIFEST_SUFFIX}")
+              .select(F.col("_metadata.file_path").alias("path"), "value"))
+    query = (stream.writeStream.foreachBatch(each)
+             .option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    total.seconds = time.monotonic() - started
+    return total
+
+
+def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], table: str,
+                     quarantine: str | None = None, files: Files | None = None) -> IngestStats:
+    """Verify, dedupe, re-base and append the batches of ``manifests`` ([(manifest path,
+    manifest text)], paths qualified) into ``table``."""
+    started = time.monotonic()
+    files = files or Files(spark)
+    store = TableDir(spark, files, table)
+    run = uuid.uuid4().hex[:12]
+    stats = IngestStats(manifests=len(manifests))
+    log_rows: list[tuple] = []
+
+    def reject(manifest_path: str, data_path: str, manifest: dict[str, Any] | None,
+               reason: str) -> None:
+        m = manifest or {}
+        gateway = m.get("gateway_id") if isinstance(m.get("gateway_id"), str) else None
+        where = _quarantine(files, quarantine, manifest_path, data_path, gateway, reason)
+        name = _name(data_path)
+        stats.quarantined.append((name, reason))
+        log.warning("quarantined %s: %s (%s)", name, reason, where)
+        log_rows.append((gateway, m.get("file") or name, m.get("sha256"), m.get("after_seq"),
+                         m.get("first_seq"), m.get("last_seq"), m.get("count"), "quarantined",
+                         reason, manifest_path, run, None))
+
+    parsed: list[tuple[str, str, dict[str, Any]]] = []
+    for manifest_path, text in manifests:
+        data_path = manifest_path.removesuffix(MANIFEST_SUFFIX) + DATA_SUFFIX
+        try:
+            parsed.append((manifest_path, data_path, parse_manifest(text)))
+        except ManifestError as e:
+            reject(manifest_path, data_path, None, str(e))
+    done = set()
+    if parsed:  # which of these batches are in the table already (same file, same bytes)
+        names = sorted({m["file"] for _, _, m in parsed})
+        done = {(r.file, r.sha256) for r in store.batch_frame()
+                .where((F.col("status") == "ingested") & F.col("file").isin(names))
+                .select("file", "sha256").collect()}
+    candidates: list[_Candidate] = []
+    for manifest_path, data_path, m in parsed:
+        if (m["file"], m["sha256"]) in done:
+            stats.already += 1
+            continue
+        if m["file"] != _name(data_path) or not m["file"].startswith(m["gateway_id"] + "/"):
+            # a manifest vouches only for the file beside it, in its own gateway's directory
+            reject(manifest_path, data_path, m,
+                   f"manifest of gateway {m['gateway_id']!r} names {m['file']}")
+            continue
+        size = files.size(data_path)
+        if size is None:
+            reject(manifest_path, data_path, m, "the data file is missing")
+        elif size != m["bytes"]:
+            reject(manifest_path, data_path, m,
+                   f"{size} bytes, the manifest says {m['bytes']} (truncated?)")
+        else:
+            candidates.append(_Candidate(manifest_path, data_path, m))
+    clock = stats.timed("manifests", started)
+    problems = _verify(spark, candidates)
+    clock = stats.timed("verify", clock)
+    good = []
+    for c in candidates:
+        if c.data_path in problems:
+            reject(c.manifest_path, c.data_path, c.manifest, problems[c.data_path])
+        else:
+            good.append(c)
+
+    if good:
+        _append_rows(spark, store, good, stats, run)
+    clock = time.monotonic()
+    for c in good:
+        m = c.manifest
+        log_rows.append((m["gateway_id"], m["file"], m["sha256"], m.get("after_seq"),
+                         m["first_seq"], m["last_seq"], m["count"], "ingested", None,
+                         c.manifest_path, run, None))
+    now = _now()
+    store.append(store.batches, [(*row[:-1], now) for row in log_rows], BATCH_LOG_SCHEMA)
+    stats.timed("log", clock)
+    stats.ingested = len(good)
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def _now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
+                 stats: IngestStats, run: str) -> None:
+    stats.rows_read = sum(c.manifest["count"] for c in good)
+    clock = time.monotonic()
+
+    # clock anchors: what the table knows plus what this run brought
+    known = [r.asDict() for r in store.anchor_frame().collect()]
+    known_keys = {(a["gateway_id"], a["id"]) for a in known}
+    new_anchors: dict[tuple[str, int], dict[str, Any]] = {}
+    gaps: dict[tuple[str, int], tuple] = {}
+    for c in good:
+        gw = c.manifest["gateway_id"]
+        for a in c.manifest.get("anchors", []):
+            key = (gw, int(a["id"]))
+            if key not in known_keys:
+                new_anchors[key] = {
+                    "gateway_id": gw, "id": int(a["id"]), "reason": str(a["reason"]),
+                    "boot_id": str(a["boot_id"]), "boottime_ns": int(a["boottime_ns"]),
+                    "wall_ns": int(a["wall_ns"]),
+                    "offset_before_ns": None if a.get("offset_before_ns") is None
+                    else int(a["offset_before_ns"]),
+                    "clock_synced": bool(a["clock_synced"]), "after_seq": int(a["after_seq"])}
+        for g in c.manifest.get("gaps", []):
+            gaps[gw, int(g["id"])] = (gw, int(g["id"]), g.get("realm"), g.get("rule"),
+                                      g.get("first_seq"), g.get("last_seq"), g.get("count"),
+                                      g.get("reason"), g.get("wall_ms"))
+    refs = reference_anchors(known + list(new_anchors.values()))
+    refs_frame = _refs_frame(spark, refs)
+    clock = stats.timed("anchors", clock)
+
+    # the new rows, without what the table (or another batch of this run) already holds
+    rows = (spark.read.schema(EVENT_SCHEMA).json([c.data_path for c in good])
+            .withColumn("batch", F.regexp_extract(F.col("_metadata.file_path"),
+                                                  r"([^/]+/[^/]+)$", 1))
+            .where(F.col("seq").isNotNull() & F.col("gateway_id").isNotNull()))
+    if _overlapping(good):
+        rows = rows.dropDuplicates(["gateway_id", "seq"])
+    existing = store.events()
+    if existing is not None:
+        ranges: dict[str, tuple[int, int]] = {}
+        for c in good:
+            gw, m = c.manifest["gateway_id"], c.manifest
+            lo, hi = ranges.get(gw, (m["first_seq"], m["last_seq"]))
+            ranges[gw] = (min(lo, m["first_seq"]), max(hi, m["last_seq"]))
+        where = None
+        for gw, (lo, hi) in ranges.items():
+            one = (F.col("gateway_id") == gw) & F.col("seq").between(lo, hi)
+            where = one if where is None else where | one
+        keys = existing.where(where).select("gateway_id", "seq")
+        held = keys.count()
+        clock = stats.timed("existing keys", clock)
+        if held:
+            rows = rows.join(F.broadcast(keys) if held <= BROADCAST_KEYS else keys,
+                             ["gateway_id", "seq"], "left_anti")
+    rows = (_with_event_time(rows, refs_frame)
+            .withColumn("timestamp", F.timestamp_millis("wall_ms"))
+            .withColumn("ingested_at", F.current_timestamp())
+            .select(*TABLE_COLUMNS))
+    observed = Observation(f"ingest-{run}")
+    rows = rows.observe(observed, F.count(F.lit(1)).alias("rows"),
+                        F.sum(F.col("time_estimated").cast("long")).alias("estimated"))
+    parallelism = spark.sparkContext.defaultParallelism  # files of ~ROWS_PER_FILE rows, in
+    waves = math.ceil(stats.rows_read / ROWS_PER_FILE / parallelism)  # whole waves of tasks
+    parts = max(1, min(len(good), waves * parallelism))
+    rows.coalesce(parts).write.mode("append").partitionBy("date").parquet(store.root)
+    metrics = observed.get
+    stats.rows_added = int(metrics.get("rows") or 0)
+    stats.rows_estimated = int(metrics.get("estimated") or 0)
+    clock = stats.timed("read+write", clock)
+
+    # rows ingested earlier whose boot got a (better) reference anchor in this run
+    boots = {(a["gateway_id"], a["boot_id"]) for a in new_anchors.values()}
+    if boots and existing is not None:
+        stats.rows_rebased = _rebase(spark, store, boots,
+                                     {k: v for k, v in refs.items() if k in boots})
+        clock = stats.timed("rebase", clock)
+
+    store.append(store.anchors, [tuple(a[f.name] for f in ANCHOR_SCHEMA.fields)
+                                 for a in new_anchors.values()], ANCHOR_SCHEMA)
+    store.append(store.gaps, list(gaps.values()), GAP_SCHEMA)
+    stats.timed("side tables", clock)
+
+
+def _overlapping(good: list[_Candidate]) -> bool:
+    """Could two batches of this run hold the same (gateway_id, seq)?"""
+    by_gateway: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for c in good:
+        by_gateway[c.manifest["gateway_id"]].append((c.manifest["first_seq"],
+                                                     c.manifest["last_seq"]))
+    for ranges in by_gateway.values():
+        ranges.sort()
+        if any(b[0] <= a[1] for a, b in zip(ranges, ranges[1:], strict=False)):
+            return True
+    return False
+
+
+def _rebase(spark: SparkSession, store: TableDir, boots: set[tuple[str, str]],
+            refs: dict[tuple[str, str], dict[str, Any]]) -> int:
+    """Re-base the rows of ``boots`` whose event_time was computed with another reference
+    than ``refs`` now gives; rewrite the partitions they leave and enter. Returns how many."""
+    table = store.events()
+    if table is None:
+        return 0
+    boots_frame = spark.createDataFrame(sorted(boots), "gateway_id string, boot_id string")
+    refs_frame = _refs_frame(spark, refs)
+    stale = (table.where(~F.col("clock_synced"))
+             .join(F.broadcast(boots_frame), ["gateway_id", "boot_id"], "left_semi")
+             .join(F.broadcast(refs_frame.select("gateway_id", "boot_id", "ref_id")),
+                   ["gateway_id", "boot_id"], "left")
+             .where(~F.col("time_anchor").eqNullSafe(F.col("ref_id")))
+             .drop("ref_id")).cache()
+    try:
+        old_dates = {r.date for r in stale.select("date").distinct().collect()}
+        if not old_dates:
+            return 0
+        corrected = (_with_event_time(
+            stale.drop("event_time", "time_estimated", "time_anchor", "date"), refs_frame)
+            .select(*TABLE_COLUMNS)).cache()
+        count = corrected.count()
+        new_dates = {r.date for r in corrected.select("date").distinct().collect()}
+        dates = sorted(str(d) for d in old_dates | new_dates)
+        keep = (table.where(F.col("date").isin(sorted(old_dates | new_dates)))
+                .join(stale.select("gateway_id", "seq"), ["gateway_id", "seq"], "left_anti"))
+        stage = f"{store.staging}/{uuid.uuid4().hex[:12]}"
+        (keep.unionByName(corrected).write.mode("error").partitionBy("date").parquet(stage))
+        for d in dates:
+            if not store.files.exists(f"{stage}/date={d}"):
+                store.files.mkdirs(f"{stage}/date={d}")  # this partition ends up empty
+        store.files.write_text(f"{stage}/_SWAP", json.dumps(dates))
+        store.swap(stage, dates)
+        log.info("re-based %d rows ingested earlier; rewrote partitions %s", count,
+                 ", ".join(dates))
+        corrected.unpersist()
+        return count
+    finally:
+        stale.unpersist()
+
+
+def _quarantine(files: Files, quarantine: str | None, manifest_path: str, data_path: str,
+                gateway: str | None, reason: str) -> str:
+    """Move a bad batch (both files, whichever exist) aside with a note of why."""
+    if quarantine is None:
+        return "left in place: no quarantine directory given"
+    target = f"{quarantine}/{gateway or manifest_path.rstrip('/').split('/')[-2]}"
+    for path in (data_path, manifest_path):
+        if files.exists(path):
+            files.move(path, f"{target}/{path.rsplit('/', 1)[-1]}")
+    stem = data_path.rsplit("/", 1)[-1].removesuffix(DATA_SUFFIX)
+    files.write_text(f"{target}/{stem}.reason.json", json.dumps(
+        {"batch": _name(data_path), "reason": reason, "quarantined": _now().isoformat() + "Z",
+         "from": data_path}, indent=1))
+    return f"moved to {target}"
+
+
+# -- reports -------------------------------------------------------------------------------
+
+def loss_intervals(store: TableDir) -> list[tuple[str, int, int, str]]:
+    """Seq ranges lost per gateway: ranges no ingested batch covers (a batch covers
+    ``after_seq+1 .. last_seq``), and the gateways' own loss records. Non-overlapping."""
+    covered: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for r in (store.batch_frame().where(F.col("status") == "ingested")
+              .select("gateway_id", "after_seq", "first_seq", "last_seq").collect()):
+        start = r.first_seq if r.after_seq is None else r.after_seq + 1
+        covered[r.gateway_id].append((start, r.last_seq))
+    dropped: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for r in store.gap_frame().collect():
+        if r.first_seq is not None and r.last_seq is not None:
+            dropped[r.gateway_id].append((r.first_seq, r.last_seq,
+                                          f"dropped on the gateway: {r.reason}"))
+    result = []
+    for gw in sorted(set(covered) | set(dropped)):
+        holes = []
+        spans = sorted(covered.get(gw, []))
+        reach = None
+        for start, end in spans:
+            if reach is not None and start > reach + 1:
+                holes.append((reach + 1, start - 1))
+            reach = end if reach is None else max(reach, end)
+        for lo, hi, reason in sorted(dropped.get(gw, [])):
+            result.append((gw, lo, hi, reason))
+            holes = [piece for a, b in holes for piece in _minus((a, b), (lo, hi))]
+        result += [(gw, a, b, NOT_LANDED) for a, b in holes]
+    return sorted(result)
+
+
+def _minus(span: tuple[int, int], cut: tuple[int, int]) -> list[tuple[int, int]]:
+    (a, b), (c, d) = span, cut
+    if d < a or c > b:
+        return [span]
+    return [p for p in ((a, c - 1), (d + 1, b)) if p[0] <= p[1]]
+
+
+def gap_report(spark: SparkSession, store: TableDir, events: DataFrame) -> tuple[DataFrame,
+                                                                             DataFrame]:
+    """(gaps, gateways): the missing seq ranges between each gateway's lowest and highest
+    seq that are data loss, with their cause (a batch that never landed, or events the
+    gateway dropped) and the times around them; and one line per gateway. Seqs that are
+    missing but covered by a landed batch were never history (retained-only publications
+    take a seq too): they are counted in ``not_history``, not reported as loss."""
+    by_seq = Window.partitionBy("gateway_id").orderBy("seq")
+    holes = (events.select("gateway_id", "seq", "event_time")
+             .withColumn("prev_seq", F.lag("seq").over(by_seq))
+             .withColumn("prev_time", F.lag("event_time").over(by_seq))
+             .where(F.col("seq") - F.col("prev_seq") > 1)
+             .select("gateway_id", (F.col("prev_seq") + 1).alias("hole_first"),
+                     (F.col("seq") - 1).alias("hole_last"),
+                     F.col("prev_time").alias("after_time"),
+                     F.col("event_time").alias("before_time")))
+    loss = spark.createDataFrame(
+        loss_intervals(store),
+        "gateway_id string, loss_first long, loss_last long, cause string")
+    gaps = (holes.join(F.broadcast(loss), (holes.gateway_id == loss.gateway_id)
+                       & (loss.loss_first <= holes.hole_last)
+                       & (loss.loss_last >= holes.hole_first))
+            .select(holes.gateway_id,
+                    F.greatest("hole_first", "loss_first").alias("first_seq"),
+                    F.least("hole_last", "loss_last").alias("last_seq"),
+                    "cause", "after_time", "before_time")
+            .withColumn("missing", F.col("last_seq") - F.col("first_seq") + 1)
+            .select("gateway_id", "first_seq", "last_seq", "missing", "cause", "after_time",
+                    "before_time")
+            .orderBy("gateway_id", "first_seq")).cache()
+    lost = gaps.groupBy("gateway_id").agg(
+        F.sum(F.when(F.col("cause") == NOT_LANDED, F.col("missing")).otherwise(0))
+        .alias("not_landed"),
+        F.sum(F.when(F.col("cause") != NOT_LANDED, F.col("missing")).otherwise(0))
+        .alias("dropped_on_gateway"),
+        F.count(F.lit(1)).alias("gaps"))
+    gateways = (events.groupBy("gateway_id").agg(
+        F.count(F.lit(1)).alias("events"), F.min("seq").alias("min_seq"),
+        F.max("seq").alias("max_seq"), F.min("event_time").alias("first_time"),
+        F.max("event_time").alias("last_time"),
+        F.sum(F.col("time_estimated").cast("long")).alias("estimated"),
+        F.countDistinct("boot_id").alias("boots"))
+        .join(lost, "gateway_id", "left").fillna(0, ["not_landed", "dropped_on_gateway", "gaps"])
+        .withColumn("not_history", F.col("max_seq") - F.col("min_seq") + 1 - F.col("events")
+                    - F.col("not_landed") - F.col("dropped_on_gateway"))
+        .select("gateway_id", "events", "min_seq", "max_seq", "gaps", "not_landed",
+                "dropped_on_gateway", "not_history", "estimated", "boots", "first_time",
+                "last_time")
+        .orderBy("gateway_id"))
+    return gaps, gateways
+
+
+def hourly_report(events: DataFrame) -> DataFrame:
+    """Per gateway, realm, topic and hour of corrected time: count, min/mean/max of
+    ``kwargs.temperature`` and ``kwargs.humidity`` (rows with neither are left out)."""
+    readings = events.select(
+        "gateway_id", "realm", "topic", F.date_trunc("hour", "event_time").alias("hour"),
+        F.expr("try_cast(get_json_object(kwargs, '$.temperature') AS DOUBLE)")
+        .alias("temperature"),
+        F.expr("try_cast(get_json_object(kwargs, '$.humidity') AS DOUBLE)").alias("humidity"),
+        "time_estimated",
+    ).where(F.col("temperature").isNotNull() | F.col("humidity").isNotNull())
+    return (readings.groupBy("gateway_id", "realm", "topic", "hour").agg(
+        F.count(F.lit(1)).alias("readings"),
+        F.min("temperature").alias("temperature_min"),
+        F.avg("temperature").alias("temperature_mean"),
+        F.max("temperature").alias("temperature_max"),
+        F.min("humidity").alias("humidity_min"),
+        F.avg("humidity").alias("humidity_mean"),
+        F.max("humidity").alias("humidity_max"),
+        F.sum(F.col("time_estimated").cast("long")).alias("estimated"))
+        .orderBy("gateway_id", "realm", "topic", "hour"))
+
+
+def clock_steps_report(store: TableDir) -> DataFrame:
+    """One line per step of a gateway's wall clock: when (boottime, seq), from what to
+    what, by how much (seconds, + forward)."""
+    by_boot = Window.partitionBy("gateway_id", "boot_id").orderBy("id")
+    return (store.anchor_frame().where(F.col("reason") == "step")
+            .withColumn("step", F.row_number().over(by_boot))
+            .select("gateway_id", "boot_id", "step", F.col("id").alias("anchor_id"),
+                    "after_seq", (F.col("boottime_ns") / 1e9).alias("boottime_s"),
+                    F.timestamp_micros(F.floor((F.col("boottime_ns")
+                                                + F.col("offset_before_ns")) / 1000)
+                                       .cast("long")).alias("wall_before"),
+                    F.timestamp_micros(F.floor(F.col("wall_ns") / 1000).cast("long"))
+                    .alias("wall_after"),
+                    ((F.col("wall_ns") - F.col("boottime_ns") - F.col("offset_before_ns"))
+                     / 1e9).alias("step_s"),
+                    "clock_synced")
+            .orderBy("gateway_id", "boot_id", "step"))
+
+
+def unsynced_report(events: DataFrame) -> DataFrame:
+    """Spans of consecutive events (per boot, in seq order) recorded while the gateway's
+    clock was not synchronized: raw and corrected start/end, and whether all were re-based."""
+    by_boot = Window.partitionBy("gateway_id", "boot_id").orderBy("seq")
+    by_state = Window.partitionBy("gateway_id", "boot_id", "clock_synced").orderBy("seq")
+    runs = (events.select("gateway_id", "boot_id", "seq", "clock_synced", "timestamp",
+                          "event_time", "time_estimated")
+            .withColumn("run", F.row_number().over(by_boot) - F.row_number().over(by_state))
+            .where(~F.col("clock_synced")))
+    return (runs.groupBy("gateway_id", "boot_id", "run").agg(
+        F.min("seq").alias("first_seq"), F.max("seq").alias("last_seq"),
+        F.count(F.lit(1)).alias("events"),
+        F.min("timestamp").alias("raw_start"), F.max("timestamp").alias("raw_end"),
+        F.min("event_time").alias("start"), F.max("event_time").alias("end"),
+        F.bool_and("time_estimated").alias("estimated"))
+        .withColumn("duration_s", (F.unix_micros("end") - F.unix_micros("start")) / 1e6)
+        .drop("run").orderBy("gateway_id", "first_seq"))
+
+
+@dataclass
+class Report:
+    out: str
+    counts: dict[str, int]
+    lines: list[str]
+
+
+def report(spark: SparkSession, table: str, out: str) -> Report:
+    """Write the gap, gateway, hourly and clock reports under ``out`` (each as Parquet
+    ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and summarize them."""
+    _prepare(spark)
+    files = Files(spark)
+    table, out = files.qualify(table), files.qualify(out)
+    store = TableDir(spark, files, table)
+    if any(files.exists(f"{stage}/_SWAP") for stage in files.children(store.staging)):
+        log.warning("an interrupted partition rewrite is pending in %s: the next ingest "
+                    "finishes it; until then some re-based rows may be missing", store.staging)
+    events = store.events()
+    if events is None:
+        raise FileNotFoundError(f"no events in {table} (has an ingest run?)")
+    events = events.cache()
+    gaps, gateways = gap_report(spark, store, events)
+    frames = {"gaps": gaps, "gateways": gateways, "hourly": hourly_report(events),
+              "clock_steps": clock_steps_report(store), "unsynced": unsynced_report(events)}
+    counts = {}
+    for name, frame in frames.items():
+        frame = frame.cache()
+        counts[name] = frame.count()
+        frame.coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
+        _write_csv(files, frame, f"{out}/{name}.csv")
+    lines = []
+    for g in gateways.collect():
+        lines.append(
+            f"{g.gateway_id}: {g.events} events, seq {g.min_seq}..{g.max_seq}, "
+            f"{g.not_landed} not landed, {g.dropped_on_gateway} dropped on the gateway "
+            f"({g.gaps} gaps), {g.not_history} seqs never history, {g.estimated} with "
+            f"estimated time, {g.boots} boots")
+    steps = frames["clock_steps"].agg(F.max(F.abs("step_s")).alias("largest")).first()
+    lines.append(f"{counts['hourly']} sensor-hours; {counts['clock_steps']} clock steps"
+                 + (f" (largest {steps.largest:,.0f} s)" if counts["clock_steps"] else "")
+                 + f"; {counts['unsynced']} spans of unsynchronized time")
+    events.unpersist()
+    return Report(out, counts, lines)
+
+
+def _write_csv(files: Files, frame: DataFrame, path: str) -> None:
+    """One CSV file with a header (Spark writes a directory of parts: keep the one part)."""
+    temp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    frame.coalesce(1).write.mode("overwrite").option("header", True).csv(temp)
+    parts = files.glob(f"{temp}/part-*")
+    if parts:
+        files.move(parts[0], path)
+    else:  # no rows: a header alone
+        files.write_text(path, ",".join(frame.columns) + "\n")
+    files.delete(temp)
+
+
+# -- command line ---------------------------------------------------------------------------
+
+def _conf(pairs: list[str] | None) -> dict[str, str]:
+    conf = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--conf wants KEY=VALUE, not {pair!r}")
+        conf[key.strip()] = value
+    return conf
+
+
+def main(args: Any) -> int:
+    """``cairn spark ingest|report`` (argparse namespace from sync.cli)."""
+    try:
+        conf = _conf(args.conf)
+    except ValueError as e:
+        print(f"cairn spark: {e}", file=sys.stderr)
+        return 2
+    if args.spark_command == "ingest" and args.streaming and not args.checkpoint:
+        print("cairn spark ingest: --streaming needs --checkpoint DIR", file=sys.stderr)
+        return 2
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
+    created = SparkSession.getActiveSession() is None
+    spark = session(args.master, conf, app=f"cairn-{args.spark_command}")
+    try:
+        if args.spark_command == "ingest":
+            if args.streaming:
+                stats = ingest_stream(spark, args.landing, args.table, args.checkpoint,
+                                      args.quarantine, args.max_batches)
+            else:
+                stats = ingest(spark, args.landing, args.table, args.quarantine)
+            for name, reason in stats.quarantined:
+                print(f"quarantined {name}: {reason}")
+            print(stats.summary())
+            return 0
+        result = report(spark, args.table, args.out)
+        for line in result.lines:
+            print(line)
+        print(f"reports in {result.out}: "
+              + ", ".join(f"{name} ({n} rows)" for name, n in result.counts.items()))
+        return 0
+    except (PySparkException, Py4JError, OSError) as e:
+        log.error("spark %s failed: %s", args.spark_command, str(e).splitlines()[0])
+        return 1
+    finally:
+        if created:
+            spark.stop()

@@ -1,0 +1,382 @@
+"""The central Spark jobs (``cairn spark ingest|report``) on a real local Spark.
+
+One session for the whole module (local[2], two shuffle partitions, no UI): starting Spark
+costs ~15 s and its first action ~8 s. Batches are built with the uploader's own
+``build_batch``, so they are byte for byte what a gateway ships. Run alone with
+``pytest -m spark``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pyspark")
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("Spark needs a Java runtime", allow_module_level=True)
+
+from gateway import cli  # noqa: E402
+from sync import spark as jobs  # noqa: E402
+from sync.uploader import Batch, build_batch, manifest_name  # noqa: E402
+from tests.test_sync import restored_logging, run_flaky_upload  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
+T0_MS = int(T0.timestamp() * 1000)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
+                                        "spark.default.parallelism": "2",
+                                        "spark.ui.enabled": "false"}, app="cairn-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def cairn_cli():
+    """``gateway.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
+    with restored_logging():
+        yield cli.main
+
+
+# -- building landed batches ----------------------------------------------------------------
+
+def event(seq: int, wall_ms: int, *, boot: str = "boot-1", boottime_ns: int | None = None,
+          synced: bool = True, topic: str = "sensor.a",
+          kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"seq": seq, "publication": 1000 + seq, "realm": "realm1", "topic": topic,
+            "wall_ms": wall_ms, "boot_id": boot,
+            "boottime_ns": boottime_ns if boottime_ns is not None else seq * 10**9,
+            "clock_synced": synced, "authid": "dev", "authrole": "device", "audience": None,
+            "details": {"topic": topic}, "args": [],
+            "kwargs": {"temperature": 20.0, "humidity": 50.0} if kwargs is None else kwargs}
+
+
+def events(seqs: range | list[int], **kwargs: Any) -> list[dict[str, Any]]:
+    return [event(s, T0_MS + s * 1000, **kwargs) for s in seqs]
+
+
+def land(landing: Path, gateway: str, rows: list[dict[str, Any]], after_seq: int,
+         anchors: list[dict[str, Any]] = (), gaps: list[dict[str, Any]] = (),
+         manifest: bool = True) -> Batch:
+    batch = build_batch(gateway, rows, after_seq, list(anchors), list(gaps))
+    path = landing / batch.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(batch.data)
+    if manifest:
+        write_manifest(landing, batch)
+    return batch
+
+
+def write_manifest(landing: Path, batch: Batch) -> None:
+    (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
+
+
+def utc(moment: datetime) -> datetime:
+    """PySpark hands timestamps back as naive local times."""
+    return moment.astimezone(UTC)
+
+
+def keys(spark, table: Path) -> list[tuple[str, int]]:
+    rows = spark.read.parquet(str(table)).select("gateway_id", "seq").collect()
+    return sorted((r.gateway_id, r.seq) for r in rows)
+
+
+# -- ingest ---------------------------------------------------------------------------------
+
+def test_ingest_dedupes_quarantines_and_is_idempotent(spark, tmp_path):
+    landing, table, quarantine = tmp_path / "landing", tmp_path / "table", tmp_path / "q"
+    for lo in (0, 100, 200):
+        land(landing, "gw-a", events(range(lo + 1, lo + 101)), lo)
+    land(landing, "gw-a", events(range(1, 151)), 0)  # re-sent with other bounds: overlaps
+    for lo in (0, 100):
+        land(landing, "gw-b", events(range(lo + 1, lo + 101)), lo)
+    truncated = land(landing, "gw-b", events(range(201, 301)), 200)
+    (landing / truncated.name).write_bytes(truncated.data[: len(truncated.data) // 2])
+    flipped = land(landing, "gw-b", events(range(301, 401)), 300)
+    data = bytearray(flipped.data)
+    data[len(data) // 2] ^= 0xFF
+    (landing / flipped.name).write_bytes(bytes(data))
+    garbled = land(landing, "gw-b", events(range(401, 501)), 400)
+    (landing / manifest_name(garbled.name)).write_text('{"schema": 1, "gatew')
+    waiting = land(landing, "gw-a", events(range(301, 401)), 300, manifest=False)
+
+    stats = jobs.ingest(spark, str(landing), str(table), str(quarantine))
+
+    assert stats.ingested == 6 and stats.waiting == 1
+    reasons = dict(stats.quarantined)
+    assert set(reasons) == {truncated.name, flipped.name, garbled.name}
+    assert "truncated" in reasons[truncated.name]
+    assert "sha256" in reasons[flipped.name]
+    assert "not JSON" in reasons[garbled.name]
+    assert (stats.rows_read, stats.rows_added, stats.duplicates) == (650, 500, 150)
+    assert keys(spark, table) == ([("gw-a", s) for s in range(1, 301)]
+                                  + [("gw-b", s) for s in range(1, 201)])
+    for bad in (truncated, flipped):  # moved aside, both files, with the reason
+        moved = quarantine / bad.name
+        assert moved.exists() and not (landing / bad.name).exists()
+        assert (quarantine / manifest_name(bad.name)).exists()
+        note = json.loads(moved.with_name(moved.name.replace(".jsonl.gz", ".reason.json"))
+                          .read_text())
+        assert note["reason"] == reasons[bad.name]
+
+    again = jobs.ingest(spark, str(landing), str(table), str(quarantine))
+    assert (again.already, again.ingested, again.rows_added, again.quarantined) == (6, 0, 0, [])
+    assert len(keys(spark, table)) == 500
+
+    write_manifest(landing, waiting)  # its manifest lands at last
+    later = jobs.ingest(spark, str(landing), str(table), str(quarantine))
+    assert (later.ingested, later.rows_added, later.already) == (1, 100, 6)
+    assert len(set(keys(spark, table))) == len(keys(spark, table)) == 600
+    row = spark.read.parquet(str(table)).where("gateway_id = 'gw-a' AND seq = 7").first()
+    assert row.batch in {"gw-a/000000000001-000000000100.jsonl.gz",
+                         "gw-a/000000000001-000000000150.jsonl.gz"}
+    assert json.loads(row.kwargs) == {"temperature": 20.0, "humidity": 50.0}
+    assert row.event_time == row.timestamp and row.time_estimated is False
+    assert str(row.date) == "2026-11-20"
+
+
+def test_batches_from_the_flaky_http_server_land_exactly_once(spark, tmp_path):
+    landing, seqs, server, _ = run_flaky_upload(tmp_path, events=1500, failures=12)
+    stats = jobs.ingest(spark, str(landing), str(tmp_path / "table"))
+    assert stats.quarantined == [] and stats.rows_added == len(seqs)
+    assert keys(spark, tmp_path / "table") == [("gw-test", s) for s in seqs]
+
+    store = jobs.TableDir(spark, jobs.Files(spark), str(tmp_path / "table"))
+    gaps, gateways = jobs.gap_report(spark, store, store.events())
+    assert gaps.count() == 0  # the seqs retained-only publications took are no loss
+    g = gateways.first()
+    assert g.not_landed == 0 and g.not_history == seqs[-1] - seqs[0] + 1 - len(seqs) > 0
+
+
+def test_streaming_ingests_only_what_landed_since_the_last_run(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs, "COMPACT_FILES", 1)  # compact the side tables every time
+    landing, table = tmp_path / "landing", str(tmp_path / "table")
+    checkpoint, quarantine = str(tmp_path / "checkpoint"), str(tmp_path / "q")
+    for lo in (0, 100):
+        land(landing, "gw-s", events(range(lo + 1, lo + 101)), lo)
+
+    first = jobs.ingest_stream(spark, str(landing), table, checkpoint, quarantine)
+    assert (first.manifests, first.rows_added) == (2, 200) and first.micro_batches >= 1
+
+    land(landing, "gw-s", events(range(201, 301)), 200)
+    bad = land(landing, "gw-s", events(range(301, 401)), 300)
+    (landing / bad.name).write_bytes(bad.data[:-10])
+    second = jobs.ingest_stream(spark, str(landing), table, checkpoint, quarantine)
+    assert (second.manifests, second.ingested, second.rows_added) == (2, 1, 100)
+    assert [name for name, _ in second.quarantined] == [bad.name]
+
+    third = jobs.ingest_stream(spark, str(landing), table, checkpoint, quarantine)
+    assert (third.manifests, third.rows_added) == (0, 0)
+    assert keys(spark, tmp_path / "table") == [("gw-s", s) for s in range(1, 301)]
+    log = spark.read.parquet(f"{table}/_batches")
+    assert len(list((tmp_path / "table" / "_batches").glob("part-*"))) == 1
+    assert sorted(r.status for r in log.distinct().collect()) == ["ingested"] * 3 + [
+        "quarantined"]
+
+
+# -- time -------------------------------------------------------------------------------------
+
+TRUE_START = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)  # when boot 1 really began
+HOUR_NS = 3600 * 10**9
+
+
+def _ns(moment: datetime) -> int:
+    return int(moment.timestamp()) * 10**9
+
+
+def clock_boots(gateway: str) -> tuple[list[dict], list[dict], list[dict], dict[int, datetime]]:
+    """Two boots of one gateway whose clocks were wrong at first. Returns (rows of boot 1,
+    rows of boot 2, all anchors, the true time of each seq).
+
+    Boot 1 starts in 1970 (no RTC) and runs unsynchronized for three hours, an event every
+    10 minutes; then NTP steps the clock (anchor "step", synchronized) and six more events
+    come with a good clock. Boot 2 starts five hours ahead; someone sets it by hand after
+    an hour (a step, still not synchronized)."""
+    truth: dict[int, datetime] = {}
+    rows1, rows2 = [], []
+    base1 = _ns(TRUE_START)  # true wall = base1 + boottime
+    for k in range(19):  # seq 1..19 before the step, at boottime 5 s + k * 10 min
+        b = 5 * 10**9 + k * 600 * 10**9
+        rows1.append(event(k + 1, b // 10**6, boot="b1", boottime_ns=b, synced=False))
+        truth[k + 1] = TRUE_START + timedelta(microseconds=b // 1000)
+    step1_b = 5 * 10**9 + 3 * HOUR_NS + 30 * 10**9
+    for k in range(6):  # seq 20..25 after the step, clock right
+        b = step1_b + (k + 1) * 600 * 10**9
+        rows1.append(event(20 + k, (base1 + b) // 10**6, boot="b1", boottime_ns=b))
+        truth[20 + k] = TRUE_START + timedelta(microseconds=b // 1000)
+    base2 = _ns(datetime(2026, 11, 21, 8, 0, tzinfo=UTC))  # boot 2, true wall = base2 + b
+    ahead = 5 * HOUR_NS
+    step2_b = 7 * 10**9 + HOUR_NS
+    for k in range(8):  # seq 26..33, every 15 min: 4 before the hand-set step, 4 after
+        b = 7 * 10**9 + k * 900 * 10**9
+        off = ahead if b < step2_b else 0
+        rows2.append(event(26 + k, (base2 + b + off) // 10**6, boot="b2", boottime_ns=b,
+                           synced=False))
+        truth[26 + k] = datetime.fromtimestamp(0, UTC) + timedelta(
+            microseconds=(base2 + b) // 1000)
+    anchors = [
+        {"id": 1, "reason": "start", "boot_id": "b1", "boottime_ns": 5 * 10**9,
+         "wall_ns": 5 * 10**9, "offset_before_ns": None, "clock_synced": False, "after_seq": 0},
+        {"id": 2, "reason": "step", "boot_id": "b1", "boottime_ns": step1_b,
+         "wall_ns": base1 + step1_b, "offset_before_ns": 0, "clock_synced": True,
+         "after_seq": 19},
+        {"id": 3, "reason": "start", "boot_id": "b2", "boottime_ns": 7 * 10**9,
+         "wall_ns": base2 + 7 * 10**9 + ahead, "offset_before_ns": None,
+         "clock_synced": False, "after_seq": 25},
+        {"id": 4, "reason": "step", "boot_id": "b2", "boottime_ns": step2_b,
+         "wall_ns": base2 + step2_b, "offset_before_ns": base2 + ahead, "clock_synced": False,
+         "after_seq": 29},
+    ]
+    return rows1, rows2, anchors, truth
+
+
+def test_clock_correction_rebases_unsynced_times_even_when_the_anchor_comes_later(
+        spark, tmp_path):
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    rows1, rows2, anchors, truth = clock_boots("gw-c")
+    # shipped while the clock was still wrong: only the start anchor exists yet
+    land(landing, "gw-c", rows1[:10], 0, anchors[:1])
+    first = jobs.ingest(spark, str(landing), str(table))
+    assert first.rows_estimated == 0  # nothing to re-base on yet: raw time, not estimated
+    assert sorted(p.name for p in table.glob("date=*")) == ["date=1970-01-01"]
+
+    land(landing, "gw-c", rows1[10:] + rows2, 10, anchors)
+    second = jobs.ingest(spark, str(landing), str(table))
+    assert second.rows_estimated == 9 + 8 and second.rows_rebased == 10
+
+    got = {r.seq: r for r in spark.read.parquet(str(table)).collect()}
+    assert len(got) == 33
+    for seq, row in got.items():
+        assert utc(row.event_time) == truth[seq], seq
+        assert row.time_estimated is (seq <= 19 or seq >= 26), seq
+        assert str(row.date) == truth[seq].date().isoformat()
+    assert utc(got[1].timestamp).year == 1970 and got[1].wall_ms == 5000  # the raw time is kept
+    assert got[1].time_anchor == 2 and got[26].time_anchor == 4 and got[20].time_anchor is None
+    assert sorted(p.name for p in table.glob("date=*")) == ["date=2026-11-20",
+                                                            "date=2026-11-21"]
+    assert not list((table / "_staging").glob("*"))
+
+    third = jobs.ingest(spark, str(landing), str(table))  # nothing new, nothing re-based
+    assert (third.rows_added, third.rows_rebased) == (0, 0)
+
+
+# -- reports ----------------------------------------------------------------------------------
+
+def test_reports_gaps_hourly_and_clock(spark, tmp_path, capsys, cairn_cli):
+    landing, table, out = tmp_path / "landing", tmp_path / "table", tmp_path / "reports"
+    # gateway g: seqs 101..200 never landed; 250 was a retained-only publication (never
+    # history); 301..310 were dropped on the gateway (its loss record says so)
+    land(landing, "g", events(range(1, 101)), 0)
+    land(landing, "g", events([s for s in range(201, 301) if s != 250]), 200)
+    land(landing, "g", events(range(311, 351)), 300, gaps=[
+        {"id": 1, "realm": "realm1", "rule": 0, "first_seq": 301, "last_seq": 310,
+         "count": 10, "reason": "max_events", "wall_ms": T0_MS}])
+    # gateway h: a small hand-computed example for the hourly aggregates
+    h = T0_MS  # 10:00
+    land(landing, "h", [
+        event(1, h + 60_000, kwargs={"temperature": 20, "humidity": 40}),
+        event(2, h + 1_200_000, kwargs={"temperature": 22, "humidity": 50}),
+        event(3, h + 3_540_000, kwargs={"temperature": 27, "humidity": 60}),
+        event(4, h + 3_600_000, kwargs={"temperature": 30, "humidity": 70}),  # 11:00
+        event(5, h + 3_700_000, kwargs={"temperature": "n/a"}),  # not a number: left out
+        event(6, h + 100_000, topic="sensor.b", kwargs={"temperature": 15}),
+        event(7, h + 200_000, topic="sensor.c", kwargs={"state": "on"}),  # no readings
+    ], 0)
+    rows1, rows2, anchors, truth = clock_boots("c")
+    land(landing, "c", rows1 + rows2, 0, anchors)
+
+    assert cairn_cli(["spark", "ingest", "--landing", str(landing), "--table", str(table),
+                     "--master", "local[2]"]) == 0
+    assert "5 manifests: 5 batches ingested" in capsys.readouterr().out
+    assert cairn_cli(["spark", "report", "--table", str(table), "--out", str(out),
+                     "--master", "local[2]"]) == 0
+    printed = capsys.readouterr().out
+    assert "g: 239 events, seq 1..350, 100 not landed, 10 dropped on the gateway (2 gaps), " \
+           "1 seqs never history" in printed
+
+    def read(name: str) -> list[Any]:
+        assert (out / f"{name}.csv").read_text().startswith(
+            spark.read.parquet(str(out / name)).columns[0])
+        return spark.read.parquet(str(out / name)).collect()
+
+    gaps = [(r.gateway_id, r.first_seq, r.last_seq, r.missing, r.cause) for r in read("gaps")]
+    assert gaps == [("g", 101, 200, 100, "not landed"),
+                    ("g", 301, 310, 10, "dropped on the gateway: max_events")]
+    with (out / "gaps.csv").open() as f:
+        assert [row["cause"] for row in csv.DictReader(f)] == ["not landed",
+                                                              "dropped on the gateway: "
+                                                              "max_events"]
+
+    hourly = {(r.topic, utc(r.hour).hour): r for r in read("hourly") if r.gateway_id == "h"}
+    assert set(hourly) == {("sensor.a", 10), ("sensor.a", 11), ("sensor.b", 10)}
+    a10 = hourly["sensor.a", 10]
+    assert (a10.readings, a10.temperature_min, a10.temperature_mean, a10.temperature_max) == (
+        3, 20.0, 23.0, 27.0)
+    assert (a10.humidity_min, a10.humidity_mean, a10.humidity_max) == (40.0, 50.0, 60.0)
+    a11 = hourly["sensor.a", 11]
+    assert (a11.readings, a11.temperature_mean, a11.humidity_max) == (1, 30.0, 70.0)
+    b10 = hourly["sensor.b", 10]
+    assert (b10.temperature_max, b10.humidity_mean) == (15.0, None)
+    # the clock gateway's readings count in the hours they really happened
+    c_hours = {utc(r.hour) for r in read("hourly") if r.gateway_id == "c"}
+    assert c_hours == {t.replace(minute=0, second=0, microsecond=0) for t in truth.values()}
+
+    steps = [(r.boot_id, r.step, r.step_s, r.clock_synced) for r in read("clock_steps")]
+    assert steps == [("b1", 1, _ns(TRUE_START) / 1e9, True), ("b2", 1, -5 * 3600.0, False)]
+    spans = {r.boot_id: r for r in read("unsynced")}
+    assert (spans["b1"].first_seq, spans["b1"].last_seq, spans["b1"].events) == (1, 19, 19)
+    assert utc(spans["b1"].start) == truth[1]
+    assert spans["b1"].duration_s == 18 * 600 and spans["b1"].estimated is True
+    assert utc(spans["b1"].raw_start).year == 1970
+    assert (spans["b2"].first_seq, spans["b2"].last_seq, spans["b2"].events) == (26, 33, 8)
+    gateways = {r.gateway_id: r for r in read("gateways")}
+    assert gateways["c"].estimated == 27 and gateways["c"].boots == 2
+
+
+def test_cli_rejects_bad_usage(capsys, cairn_cli):
+    assert cairn_cli(["spark", "ingest", "--landing", "x", "--table", "y", "--streaming"]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
+    assert cairn_cli(["spark"]) == 2
+    with pytest.raises(SystemExit) as e:
+        cairn_cli(["spark", "report", "--help"])
+    assert e.value.code == 0 and "--out" in capsys.readouterr().out
+
+
+def test_gzip_batches_are_what_spark_reads(tmp_path):
+    """The uploader's batch bytes are plain gzip JSON Lines (no Spark needed to check)."""
+    batch = build_batch("gw", events(range(1, 4)), 0, [], [])
+    lines = gzip.decompress(batch.data).decode().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == [1, 2, 3]
+    assert jobs._check_content(batch.data, (batch.manifest["sha256"], "gw", 3, 1, 3)) is None
+    assert "lines" in jobs._check_content(batch.data, (batch.manifest["sha256"], "gw", 4, 1, 3))
+
+
+def test_an_interrupted_partition_rewrite_is_finished_by_the_next_run(spark, tmp_path):
+    """A crash in the middle of swapping re-based partitions in: the journal (_SWAP) lets
+    the next ingest finish the swap; staging without a journal is dropped."""
+    table = tmp_path / "table"
+    for path in ("date=2026-01-01/part-old.parquet", "date=2026-01-02/part-old.parquet",
+                 "_staging/done/date=2026-01-01/part-new.parquet",
+                 "_staging/unfinished/date=2026-01-03/part-x.parquet"):
+        (table / path).parent.mkdir(parents=True, exist_ok=True)
+        (table / path).write_text(path)
+    (table / "_staging/done/date=2026-01-02").mkdir()  # every row left this partition
+    (table / "_staging/done/_SWAP").write_text('["2026-01-01", "2026-01-02"]')
+
+    jobs.TableDir(spark, jobs.Files(spark), jobs.Files(spark).qualify(str(table))).recover()
+
+    assert sorted(str(p.relative_to(table)) for p in table.rglob("*.parquet")) == [
+        "date=2026-01-01/part-new.parquet"]
+    assert not (table / "date=2026-01-02").exists() and not list(table.glob("_staging/*"))

@@ -1,0 +1,542 @@
+"""The edge uploader (``cairn sync``): history after the watermark -> batch files + manifests
+-> a directory or an HTTP server -> watermark.
+
+The store is filled either by the real router (in-process, publications from an autobahn
+client) or directly through ``gateway.store.Store``. The HTTP sink is tested against a local
+server (``http.server`` in a thread) that fails at random, with a seeded generator and a
+bounded number of failures: it refuses connections, answers too late, answers 500, or drops
+the connection in the middle of an upload. Whatever it does, every event lands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import gzip
+import hashlib
+import http.server
+import json
+import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from autobahn.wamp.types import PublishOptions
+
+from gateway import cli
+from gateway.clock import Anchor
+from gateway.store import HistoryReader, Store, StoredPublication
+from sync.sinks import DirectorySink, HttpSink, SinkError
+from sync.uploader import Uploader
+from tests.conftest import RunningRouter, start_router
+from tests.wamp_client import connect
+
+GATEWAY = "gw-test"
+T0_MS = 1_795_000_000_000  # 2026-11-18T11:06:40Z
+BOOT = "6a1f0c1e-0000-4000-8000-000000000001"
+
+REALM_CONFIG = """
+[router]
+listen = "127.0.0.1:0"
+rawsocket = ["127.0.0.1:0", "unix:{unix_path}"]
+data_dir = "{data_dir}"
+
+[[realms]]
+name = "realm1"
+anonymous_role = "anonymous"
+
+  [[realms.roles]]
+  name = "anonymous"
+  permissions = [
+    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
+  ]
+
+  [[realms.history]]
+  uri = "sensor"
+  match = "prefix"
+"""
+
+
+# -- building an edge store ----------------------------------------------------------------
+
+async def _fill(path: Path, events: int, retained_every: int, first_index: int) -> list[int]:
+    store = await Store.open(path)
+    seqs = []
+    try:
+        if store.next_seq == 1:
+            store.add_anchor(Anchor("start", BOOT, 5_000_000_000, T0_MS * 1_000_000, None, True))
+        for i in range(first_index, first_index + events):
+            if retained_every and i % retained_every == 0:
+                # a retained-only status publication: takes a seq, is not history
+                store.append(StoredPublication(
+                    seq=store.assign_seq(), publication=10**9 + i, realm="realm1",
+                    topic="gateway.device.d1.status", args=[], kwargs={"state": "ok"},
+                    wall_ms=T0_MS + i * 1000, boot_id=BOOT,
+                    boottime_ns=5_000_000_000 + i * 10**9, clock_synced=True, retain=True))
+            seq = store.assign_seq()
+            seqs.append(seq)
+            store.append(StoredPublication(
+                seq=seq, publication=i + 1, realm="realm1", topic=f"sensor.dev{i % 4}",
+                args=[i], kwargs={"temperature": 20 + (i % 10) / 10, "humidity": 50.0 + i % 7,
+                                  "raw": bytes([i % 256, 0xFF])},
+                wall_ms=T0_MS + i * 1000, boot_id=BOOT, boottime_ns=5_000_000_000 + i * 10**9,
+                clock_synced=True, authid="sensor-1", authrole="device",
+                details={"topic": f"sensor.dev{i % 4}"}, history_rule=0))
+            if i % 1000 == 999:
+                await store.flush()
+        await store.flush()
+    finally:
+        await store.close()
+    return seqs
+
+
+def fill_store(data_dir: Path, events: int, retained_every: int = 0,
+               first_index: int = 0) -> list[int]:
+    """Append ``events`` history publications (and a retained-only one every
+    ``retained_every``) to the store in ``data_dir``; returns the history seqs."""
+    return asyncio.run(_fill(data_dir / "cairn.db", events, retained_every, first_index))
+
+
+def landed(root: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(manifests, rows of every data file that has a manifest) under a landing dir."""
+    manifests, rows = [], []
+    for path in sorted(root.glob("*/*.manifest.json")):
+        manifest = json.loads(path.read_text())
+        data = (root / manifest["file"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == manifest["sha256"]
+        assert len(data) == manifest["bytes"]
+        lines = gzip.decompress(data).decode().splitlines()
+        assert len(lines) == manifest["count"]
+        manifests.append(manifest)
+        rows += [json.loads(line) for line in lines]
+    return manifests, rows
+
+
+def status_of(data_dir: Path) -> dict[str, Any]:
+    return json.loads((data_dir / "sync-status.json").read_text())
+
+
+class RecordingSink(DirectorySink):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.names: list[str] = []
+
+    def put(self, name: str, data: bytes) -> None:
+        self.names.append(name)
+        super().put(name, data)
+
+
+def uploader_for(data_dir: Path, sink: Any, batch_events: int = 1000, **kwargs: Any) -> Uploader:
+    return Uploader(GATEWAY, HistoryReader(data_dir / "cairn.db"), sink,
+                    data_dir / "sync-status.json", batch_events=batch_events, **kwargs)
+
+
+# -- directory sink ------------------------------------------------------------------------
+
+def test_directory_sink_writes_batches_manifests_and_advances_the_watermark(tmp_path):
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    seqs = fill_store(data_dir, 2500, retained_every=100)
+    uploader = uploader_for(data_dir, DirectorySink(landing))
+    assert uploader.status.synced_seq == 0
+
+    assert uploader.once() == 2500
+
+    manifests, rows = landed(landing)
+    assert [(m["first_seq"], m["count"]) for m in manifests] == [
+        (seqs[0], 1000), (seqs[1000], 1000), (seqs[2000], 500)]
+    assert sorted(r["seq"] for r in rows) == seqs  # every event once
+    for m in manifests:
+        assert m["schema"] == 1 and m["gateway_id"] == GATEWAY
+        assert m["file"] == f"{GATEWAY}/{m['first_seq']:012d}-{m['last_seq']:012d}.jsonl.gz"
+        assert [a["reason"] for a in m["anchors"]] == ["start"]
+        assert m["anchors"][0]["clock_synced"] is True
+    # the batches tile the seq space: each starts right after the previous one's watermark
+    assert [m["after_seq"] for m in manifests] == [0] + [m["last_seq"] for m in manifests[:-1]]
+    assert not list(landing.rglob(".*.part"))  # no temporary files left behind
+
+    first = rows[0]
+    assert first["gateway_id"] == GATEWAY and first["topic"] == "sensor.dev0"
+    assert first["timestamp"] == "2026-11-18T11:06:40.000Z"
+    assert first["kwargs"]["raw"] == {"$bytes": base64.b64encode(bytes([0, 0xFF])).decode()}
+    assert first["boot_id"] == BOOT and first["clock_synced"] is True
+    assert first["authid"] == "sensor-1" and first["details"] == {"topic": "sensor.dev0"}
+
+    reader = HistoryReader(data_dir / "cairn.db")
+    assert reader.synced_seq() == seqs[-1]  # the store knows what is synced
+    reader.close()
+    status = status_of(data_dir)
+    assert status["synced_seq"] == seqs[-1] and status["backlog"] == 0
+    assert status["state"] == "ok" and status["last_error"] is None
+    assert status["last_success"] and status["events"] == 2500 and status["batches"] == 3
+
+    assert uploader.once() == 0  # nothing new: nothing sent
+    assert status_of(data_dir)["state"] == "idle"
+
+
+def test_batch_bytes_bound_splits_batches(tmp_path):
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    seqs = fill_store(data_dir, 1200)
+    uploader_for(data_dir, DirectorySink(landing), batch_events=1000,
+                 batch_bytes=8000).once()
+    manifests, rows = landed(landing)
+    assert len(manifests) > 3
+    assert all(m["bytes"] <= 8000 for m in manifests)
+    assert sorted(r["seq"] for r in rows) == seqs
+
+
+def test_resumes_after_restart_and_never_resends_confirmed_batches(tmp_path):
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    fill_store(data_dir, 1500)
+    sink = RecordingSink(landing)
+    first = uploader_for(data_dir, sink)
+    first.once()
+    sent_before = list(sink.names)
+    watermark = first.status.synced_seq
+    first.reader.close()
+
+    more = fill_store(data_dir, 700, first_index=1500)  # the router stored more meanwhile
+    sink.names.clear()
+    second = uploader_for(data_dir, sink)  # a new process
+    assert second.status.synced_seq == watermark
+    assert second.once() == 700
+    assert not set(sink.names) & set(sent_before)
+    manifests, rows = landed(landing)
+    assert manifests[-1]["after_seq"] == watermark and manifests[-1]["first_seq"] == more[0]
+    assert len(rows) == 2200 and len({r["seq"] for r in rows}) == 2200
+
+
+@contextlib.contextmanager
+def restored_logging():
+    """The CLI configures logging for the whole process: put the root logger back after."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
+@pytest.fixture
+def cairn_cli():
+    """``gateway.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
+    with restored_logging():
+        yield cli.main
+
+
+def _write_config(path: Path, data_dir: Path, sink: str, extra: str = "") -> Path:
+    path.write_text(f'[router]\ndata_dir = "{data_dir}"\n\n[sync]\nsink = "{sink}"\n'
+                    f'gateway_id = "{GATEWAY}"\n{extra}')
+    return path
+
+
+def test_sync_once_exit_codes(tmp_path, capsys, cairn_cli):
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    seqs = fill_store(data_dir, 300)
+    good = _write_config(tmp_path / "good.toml", data_dir, f"dir:{landing}")
+    assert cairn_cli(["sync", "--config", str(good), "--once"]) == 0
+    assert len(landed(landing)[1]) == 300
+    assert status_of(data_dir)["synced_seq"] == seqs[-1]
+
+    fill_store(data_dir, 10, first_index=300)
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    broken = _write_config(tmp_path / "broken.toml", data_dir, f"dir:{blocker}")
+    assert cairn_cli(["sync", "--config", str(broken), "--once"]) == 1
+    status = status_of(data_dir)
+    assert status["state"] == "retrying" and "cannot write" in status["last_error"]
+    assert status["backlog"] == 10 and status["synced_seq"] == seqs[-1]
+
+    bad = _write_config(tmp_path / "bad.toml", data_dir, "ftp://nope")
+    assert cairn_cli(["sync", "--config", str(bad), "--once"]) == 2
+    assert "sync.sink" in capsys.readouterr().err
+    bad_id = _write_config(tmp_path / "bad-id.toml", data_dir, f"dir:{landing}")
+    bad_id.write_text(bad_id.read_text().replace(GATEWAY, "../escape"))
+    assert cairn_cli(["sync", "--config", str(bad_id), "--once"]) == 2
+    assert "sync.gateway_id" in capsys.readouterr().err
+
+
+async def test_router_history_lands_while_the_router_runs(tmp_path):
+    """The real path: publications through the router's store, read beside it (WAL)."""
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    node = await start_router(REALM_CONFIG.format(unix_path=tmp_path / "wamp.sock",
+                                                  data_dir=data_dir))
+    router = RunningRouter(node, str(tmp_path / "wamp.sock"))
+    session = await connect(router, "rawsocket-tcp", "msgpack")
+    try:
+        acked = PublishOptions(acknowledge=True)
+        for i in range(40):
+            await session.publish("sensor.greenhouse", temperature=20 + i / 10,
+                                  humidity=55.0, options=acked)
+            if i % 10 == 0:  # retained-only: takes a seq, is not history
+                await session.publish("gateway.device.d1.status", "ok",
+                                      options=PublishOptions(acknowledge=True, retain=True))
+        # the uploader blocks: it gets a thread of its own (SQLite objects stay in theirs)
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(max_workers=1) as thread:
+            sink = RecordingSink(landing)
+            uploader = await loop.run_in_executor(
+                thread, lambda: uploader_for(data_dir, sink, batch_events=25))
+            assert await loop.run_in_executor(thread, uploader.once) == 40
+            for i in range(5):
+                await session.publish("sensor.greenhouse", temperature=30 + i, options=acked)
+            sink.names.clear()
+            assert await loop.run_in_executor(thread, uploader.once) == 5
+            assert len(sink.names) == 2  # one new batch: its data and its manifest
+            await loop.run_in_executor(thread, uploader.reader.close)
+    finally:
+        await session.leave()
+        await node.stop()
+
+    manifests, rows = landed(landing)
+    assert [m["count"] for m in manifests] == [25, 15, 5]
+    assert [r["kwargs"]["temperature"] for r in rows] == (
+        [20 + i / 10 for i in range(40)] + [30 + i for i in range(5)])
+    seqs = [r["seq"] for r in rows]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 45
+    assert seqs[-1] - seqs[0] + 1 == 45 + 4  # four retained-only seqs in between
+    assert {r["topic"] for r in rows} == {"sensor.greenhouse"}
+    assert all(m["anchors"] and m["anchors"][0]["reason"] == "start" for m in manifests)
+    assert [m["after_seq"] for m in manifests[1:]] == [m["last_seq"] for m in manifests[:-1]]
+
+
+# -- an HTTP server that fails at random ---------------------------------------------------
+
+@dataclass
+class FlakyServer:
+    """PUT /<path> stores the body under ``root/<path>`` (temp then rename, like HDFS
+    CREATE). Until ``failures`` failures have been served it fails each request with
+    probability ``rate``, in one of the ``MODES``; then it recovers for good."""
+
+    root: Path
+    seed: int = 7
+    failures: int = 0
+    rate: float = 0.5
+    token: str | None = None
+    basic: tuple[str, str] | None = None
+    stall: float = 1.0  # how long a "timeout" answer takes (beyond the client's timeout)
+    MODES = ("refuse", "timeout", "error500", "die")
+    served: dict[str, int] = field(default_factory=dict)
+    authorizations: list[str] = field(default_factory=list)
+    stored: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)
+        self._lock = threading.Lock()
+        self._httpd: http.server.ThreadingHTTPServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        sock.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/landing"
+
+    # -- life ----------------------------------------------------------------------------
+
+    def start(self) -> FlakyServer:
+        server = self
+        if self._closed:
+            return self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_PUT(self) -> None:
+                server._handle(self)
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._httpd.daemon_threads = True
+        thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def stop(self, final: bool = True) -> None:
+        self._closed = self._closed or final
+        if self._httpd is not None:
+            httpd, self._httpd = self._httpd, None
+            httpd.shutdown()
+            httpd.server_close()
+
+    def _outage(self, seconds: float) -> None:
+        """Close the listening socket (connections are refused), then listen again."""
+        def run() -> None:
+            self.stop(final=False)
+            time.sleep(seconds)
+            self.start()
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- one request ---------------------------------------------------------------------
+
+    def _decide(self) -> str:
+        with self._lock:
+            mode = "ok"
+            if self.failures > 0 and self._random.random() < self.rate:
+                self.failures -= 1
+                mode = self._random.choice(self.MODES)
+            self.served[mode] = self.served.get(mode, 0) + 1
+            return mode
+
+    def _authorized(self, handler: http.server.BaseHTTPRequestHandler) -> bool:
+        header = handler.headers.get("Authorization", "")
+        self.authorizations.append(header)
+        if self.token is not None:
+            return header == f"Bearer {self.token}"
+        if self.basic is not None:
+            pair = base64.b64encode(":".join(self.basic).encode()).decode()
+            return header == f"Basic {pair}"
+        return True
+
+    def _handle(self, handler: http.server.BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers["Content-Length"])
+        mode = self._decide()
+        if mode == "refuse":  # this connection dies; the next ones are refused for a while
+            self._outage(0.3)
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if mode == "die":  # read part of the upload, then drop the connection
+            handler.rfile.read(length // 2)
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        body = handler.rfile.read(length)
+        if not self._authorized(handler):
+            handler.send_error(401, "bad credentials")
+            return
+        if mode == "error500":
+            handler.send_error(500, "injected failure")
+            return
+        relative = handler.path.split("?")[0].removeprefix("/landing/")
+        target = self.root / relative
+        assert ".." not in relative and target.resolve().is_relative_to(self.root.resolve())
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".{target.name}.{threading.get_ident()}.part")
+        temp.write_bytes(body)
+        temp.replace(target)
+        with self._lock:
+            self.stored.append(relative)
+        if mode == "timeout":  # stored, but the answer comes after the client gave up
+            time.sleep(self.stall)
+        with contextlib.suppress(OSError):
+            handler.send_response(201)
+            handler.send_header("Content-Length", "0")
+            handler.end_headers()
+
+
+def run_flaky_upload(tmp_path: Path, events: int = 3000, seed: int = 7, failures: int = 24
+                     ) -> tuple[Path, list[int], FlakyServer, Path]:
+    """Fill a store, upload it through a FlakyServer with a bearer token until the
+    watermark reaches the end. Returns (landing dir, history seqs, server, data dir)."""
+    data_dir, landing = tmp_path / "data", tmp_path / "http-landing"
+    seqs = fill_store(data_dir, events, retained_every=97)
+    server = FlakyServer(landing, seed=seed, failures=failures, rate=0.5, token="t0ken",
+                         stall=0.6).start()
+    sink = HttpSink(server.url, token="t0ken", timeout=0.3)
+    stop = threading.Event()
+
+    def upload() -> None:  # the long-running mode, as the systemd unit runs it
+        uploader = uploader_for(data_dir, sink, batch_events=200)
+        try:
+            uploader.run(interval=0.05, max_backoff=0.05, stop=stop)
+        finally:
+            uploader.reader.close()
+
+    worker = threading.Thread(target=upload, daemon=True)
+    worker.start()
+    reader = HistoryReader(data_dir / "cairn.db")
+    try:
+        deadline = time.monotonic() + 60
+        while reader.synced_seq() < seqs[-1]:
+            assert time.monotonic() < deadline, f"stuck: {status_of(data_dir)}"
+            assert worker.is_alive(), "the uploader died"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        worker.join(10)
+        server.stop()
+        reader.close()
+    return landing, seqs, server, data_dir
+
+
+def test_flaky_http_server_every_event_lands(tmp_path):
+    landing, seqs, server, data_dir = run_flaky_upload(tmp_path)
+    assert server.failures == 0  # the failure budget was spent...
+    assert all(server.served.get(mode) for mode in FlakyServer.MODES), server.served
+    manifests, rows = landed(landing)
+    landed_seqs = [r["seq"] for r in rows]
+    assert set(landed_seqs) == set(seqs)  # ...and nothing was lost
+    assert len(landed_seqs) >= len(seqs)  # (a batch may land twice)
+    assert set(server.authorizations) == {"Bearer t0ken"}
+    status = status_of(data_dir)
+    assert status["synced_seq"] == seqs[-1] and status["backlog"] == 0
+    assert status["state"] == "ok"
+
+
+def test_http_basic_auth_and_failure_status(tmp_path):
+    data_dir = tmp_path / "data"
+    seqs = fill_store(data_dir, 50)
+    server = FlakyServer(tmp_path / "landing", basic=("edge", "pa:ss")).start()
+    try:
+        wrong = uploader_for(data_dir, HttpSink(server.url, username="edge", password="nope",
+                                                timeout=2))
+        with pytest.raises(SinkError, match="401"):
+            wrong.once()
+        status = status_of(data_dir)
+        assert status["state"] == "retrying" and "401" in status["last_error"]
+        assert status["backlog"] == 50 and wrong.reader.synced_seq() == 0
+        right = uploader_for(data_dir, HttpSink(server.url, username="edge", password="pa:ss",
+                                                timeout=2))
+        assert right.once() == 50
+    finally:
+        server.stop()
+    expected = "Basic " + base64.b64encode(b"edge:pa:ss").decode()
+    assert server.authorizations[-2:] == [expected, expected]
+    assert sorted(r["seq"] for r in landed(tmp_path / "landing")[1]) == seqs
+    assert status_of(data_dir)["last_error"] is None
+
+
+def test_bandwidth_cap_slows_the_upload_measurably(tmp_path):
+    data_dir = tmp_path / "data"
+    fill_store(data_dir, 2000)
+    server = FlakyServer(tmp_path / "landing").start()
+    try:
+        fast = uploader_for(data_dir, HttpSink(server.url, timeout=5), batch_events=500)
+        started = time.monotonic()
+        fast.once()
+        uncapped = time.monotonic() - started
+        total = sum((tmp_path / "landing" / name).stat().st_size for name in server.stored)
+
+        # as if nothing had been sent: send it all again
+        fast.reader.db.execute("UPDATE meta SET value = '0' WHERE key = 'synced_seq'")
+        cap = total  # bytes/s: the whole upload should take about one second
+        slow = uploader_for(data_dir, HttpSink(server.url, timeout=5, bandwidth=cap),
+                            batch_events=500)
+        assert slow.status.synced_seq == 0
+        started = time.monotonic()
+        slow.once()
+        capped = time.monotonic() - started
+    finally:
+        server.stop()
+    assert capped >= 0.7, (capped, total)  # ~1 s less the first quarter-second burst
+    assert capped > 3 * uncapped, (capped, uncapped)
