@@ -21,6 +21,7 @@ from autobahn.wamp import message as m
 
 from gateway.core import Outbox, Session, WampError, global_id
 from gateway.patterns import PatternMap
+from gateway.retention import RetainedEvent
 from gateway.store import StorageError, StoredPublication
 
 if TYPE_CHECKING:
@@ -124,19 +125,7 @@ class Broker:
         for pub in self.realm.retention.for_subscriber(sub.uri, sub.match, session):
             if sub.match != "exact" and not self.may_receive(session, pub.topic):
                 continue
-            event = pub.events.get(sub.id)
-            if event is None:
-                event = m.Event(
-                    sub.id, pub.publication, args=pub.args, kwargs=pub.kwargs,
-                    topic=pub.topic if sub.match != "exact" else None, retained=True,
-                    publisher=pub.details.get("publisher"),
-                    publisher_authid=pub.details.get("publisher_authid"),
-                    publisher_authrole=pub.details.get("publisher_authrole"),
-                )
-                if len(pub.events) >= 4:  # a few subscriptions share most retained events
-                    pub.events.clear()
-                pub.events[sub.id] = event
-            out.send(session, event)
+            out.send(session, RetainedEvent(sub.id, pub, sub.match != "exact"))
 
     def unsubscribe(self, session: Session, msg: m.Unsubscribe, out: Outbox) -> None:
         sub = self.by_id.get(msg.subscription)

@@ -9,6 +9,9 @@ eligible for, and never one it is not.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
+
+from autobahn.wamp import message as m
 
 from gateway.core import Session
 from gateway.patterns import matches
@@ -17,6 +20,60 @@ from gateway.store import StoredPublication, audience_allows
 
 def session_eligible(pub: StoredPublication, session: Session) -> bool:
     return audience_allows(pub.audience, session.authid, session.authrole)
+
+
+class RetainedEvent:
+    """The EVENT carrying a retained publication, serialized from pieces cached on the
+    publication: the publication id, details and payload are encoded once per serializer and
+    pattern-ness, and each subscriber costs two small integers and a join. A dashboard asking
+    for 10,000 retained topics would otherwise pay for 10,000 autobahn Event objects."""
+
+    MESSAGE_TYPE = m.Event.MESSAGE_TYPE
+    __slots__ = ("subscription", "body", "cache")
+
+    def __init__(self, subscription: int, pub: StoredPublication, pattern: bool) -> None:
+        self.subscription = subscription
+        self.cache = pub.events.setdefault(pattern, {})
+        self.body = self.cache.get("body")
+        if self.body is None:
+            details: dict[str, Any] = {"retained": True}
+            if pattern:
+                details["topic"] = pub.topic
+            for key in ("publisher", "publisher_authid", "publisher_authrole"):
+                if pub.details.get(key) is not None:
+                    details[key] = pub.details[key]
+            body: list[Any] = [pub.publication, details]
+            if pub.kwargs:
+                body += [pub.args or [], pub.kwargs]
+            elif pub.args:
+                body.append(pub.args)
+            self.body = self.cache["body"] = body
+
+    def serialize(self, serializer: Any) -> bytes:
+        """Called by autobahn's transport serializer with its object serializer."""
+        name = serializer.NAME
+        key = (name, self.subscription)
+        whole = self.cache.get(key)  # the same subscription again: the bytes as they were
+        if whole is not None:
+            return whole
+        tail = self.cache.get(name)
+        if tail is None:
+            tail = self.cache[name] = [serializer.serialize(part) for part in self.body]
+        parts = [serializer.serialize(self.MESSAGE_TYPE), serializer.serialize(self.subscription),
+                 *tail]
+        if name == "json":
+            whole = b"[" + b",".join(parts) + b"]"
+        elif name == "msgpack":
+            whole = bytes([0x90 | len(parts)]) + b"".join(parts)  # fixarray
+        elif name == "cbor":
+            whole = bytes([0x80 | len(parts)]) + b"".join(parts)  # array of len(parts)
+        else:
+            return serializer.serialize([self.MESSAGE_TYPE, self.subscription, *self.body])
+        if len(self.cache) > 16:  # a handful of subscriptions share most retained events
+            for stale in [k for k in self.cache if isinstance(k, tuple)]:
+                del self.cache[stale]
+        self.cache[key] = whole
+        return whole
 
 
 class Retention:

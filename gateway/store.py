@@ -134,9 +134,8 @@ class StoredPublication:
     details: dict[str, Any] = field(default_factory=dict)
     history_rule: int | None = None   # store in history under this rule
     retain: bool = False              # make it the topic's retained event
-    # the retained EVENT per subscription id, built once: autobahn keeps its serialized bytes,
-    # so every further dashboard subscribing costs a dict lookup per topic (not persisted)
-    events: dict[int, Any] = field(default_factory=dict, repr=False)
+    # pieces of its retained EVENT, encoded once (gateway.retention.RetainedEvent; in memory)
+    events: dict[bool, dict[str, Any]] = field(default_factory=dict, repr=False)
 
     @property
     def audience_key(self) -> str:
