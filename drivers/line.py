@@ -16,14 +16,13 @@ of :meth:`LineParser.feed`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from drivers.serial_port import PortError, SerialPort
+from drivers.serial_port import SerialPort, keep_open
 
 log = logging.getLogger("cairn.line")
 
@@ -234,29 +233,14 @@ class LinePort:
         self.unmatched = 0    # good sentences from a sensor id nobody configured
 
     async def run(self) -> None:
-        backoff = 0.1
-        try:
-            while True:
-                try:
-                    await self.port.open()
-                except PortError as e:
-                    self._port_down(str(e))
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.max_backoff)
-                    continue
-                log.info("%s open at %d baud", self.port.path, self.port.baudrate)
-                backoff = 0.1
-                self.parser.reset()
-                try:
-                    while True:
-                        for sentence in self.parser.feed(await self.port.read(None)):
-                            self.dispatch(sentence)
-                except PortError as e:
-                    self._port_down(str(e))
-                finally:
-                    self.port.close()
-        finally:
-            self.port.close()
+        await keep_open(self.port, self._read, self._port_down, log,
+                        max_backoff=self.max_backoff)
+
+    async def _read(self) -> None:
+        self.parser.reset()
+        while True:
+            for sentence in self.parser.feed(await self.port.read(None)):
+                self.dispatch(sentence)
 
     def _port_down(self, reason: str) -> None:
         for target in self.targets:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from drivers.serial_port import PortError, SerialPort
+from drivers.serial_port import SerialPort, keep_open
 
 log = logging.getLogger("cairn.modbus")
 
@@ -369,27 +369,9 @@ class ModbusBus:
 
     async def run(self) -> None:
         """Open, poll, and reopen after the port fails, forever (until cancelled)."""
-        backoff = 0.1
-        try:
-            while True:
-                try:
-                    await self.port.open()
-                except PortError as e:
-                    self._port_down(str(e))
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.max_backoff)
-                    continue
-                log.info("%s open at %d baud: polling %s", self.port.path, self.port.baudrate,
-                         ", ".join(str(t.address) for t in self.targets))
-                backoff = 0.1
-                try:
-                    await self._poll()
-                except PortError as e:
-                    self._port_down(str(e))
-                finally:
-                    self.port.close()
-        finally:
-            self.port.close()
+        addresses = ", ".join(str(t.address) for t in self.targets)
+        await keep_open(self.port, self._poll, self._port_down, log,
+                        max_backoff=self.max_backoff, opened_note=f": polling {addresses}")
 
     def _port_down(self, reason: str) -> None:
         self.port_failures += 1

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 
 import serial
 
@@ -170,3 +172,30 @@ class SerialPort:
             self._fail(describe_error(self.path, e))
             raise PortError(self._error) from e
         self.last_activity = time.monotonic() + len(data) * self.char_time
+
+
+async def keep_open(port: SerialPort, work: Callable[[], Awaitable[None]],
+                    on_down: Callable[[str], None], log: logging.Logger, *,
+                    max_backoff: float = 2.0, opened_note: str = "") -> None:
+    """Open ``port``, run ``work`` while it stays usable, and reopen it with backoff after it
+    fails (an unplugged adapter), forever, until cancelled. ``on_down`` hears each failure."""
+    backoff = 0.1
+    try:
+        while True:
+            try:
+                await port.open()
+            except PortError as e:
+                on_down(str(e))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, max_backoff)
+                continue
+            log.info("%s open at %d baud%s", port.path, port.baudrate, opened_note)
+            backoff = 0.1
+            try:
+                await work()
+            except PortError as e:
+                on_down(str(e))
+            finally:
+                port.close()
+    finally:
+        port.close()

@@ -113,15 +113,18 @@ class Node:
         self.flush(out)
 
     def flush(self, out: Outbox) -> None:
-        if len(out.messages) > 16:  # a burst: group by session, one socket write each
-            bursts: dict[Session, list[m.Message]] = {}
-            for session, msg in out.messages:
-                bursts.setdefault(session, []).append(msg)
-            for session, messages in bursts.items():
-                session.link.send_many(messages)
-        else:
-            for session, msg in out.messages:
-                session.link.send(msg)
+        messages = out.messages
+        start = 0
+        while start < len(messages):  # a run of messages to one session (retained events
+            session = messages[start][0]  # after SUBSCRIBED) goes out in one socket write
+            end = start + 1
+            while end < len(messages) and messages[end][0] is session:
+                end += 1
+            if end - start == 1:
+                session.link.send(messages[start][1])
+            else:
+                session.link.send_many([msg for _, msg in messages[start:end]])
+            start = end
         for session in out.closes:
             session.link.close()
         loop = asyncio.get_running_loop()
