@@ -29,7 +29,7 @@ from gateway.notify import keep_watchdog_fed, notify
 from gateway.ops import data_dir_lock
 from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
-from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
+from gateway.transport import HttpFront, WriteBatcher, rawsocket_factory, websocket_factory
 
 log = logging.getLogger("cairn.server")
 
@@ -78,6 +78,7 @@ class Node:
         self.urls: list[str] = []
         self.store: Store | None = None
         self.connections: set = set()  # open transports (gateway.transport.Connection)
+        self.writes = WriteBatcher()
         self._maintenance: asyncio.Task | None = None
         self._lock: contextlib.AbstractContextManager | None = None
         self.maintenance_interval = 60.0
@@ -113,18 +114,8 @@ class Node:
         self.flush(out)
 
     def flush(self, out: Outbox) -> None:
-        messages = out.messages
-        start = 0
-        while start < len(messages):  # a run of messages to one session (retained events
-            session = messages[start][0]  # after SUBSCRIBED) goes out in one socket write
-            end = start + 1
-            while end < len(messages) and messages[end][0] is session:
-                end += 1
-            if end - start == 1:
-                session.link.send(messages[start][1])
-            else:
-                session.link.send_many([msg for _, msg in messages[start:end]])
-            start = end
+        for session, msg in out.messages:
+            session.link.send(msg)
         for session in out.closes:
             session.link.close()
         loop = asyncio.get_running_loop()

@@ -612,6 +612,19 @@ async def test_every_transport_and_serializer_delivers_args_and_kwargs_unchanged
     assert typed(event.kwargs) == typed(PAYLOAD_KWARGS)
 
 
+@pytest.mark.parametrize(("publisher", "subscriber"),
+                         [("json", "msgpack"), ("msgpack", "json"), ("json", "json")])
+async def test_binary_values_arrive_as_bytes_whatever_the_serializers(
+        client, publisher, subscriber):
+    sub = await client("websocket", subscriber)
+    pub = await client("websocket", publisher)
+    inbox = await listen(sub, "com.binary")
+    pub.publish("com.binary", b"\x00\xffraw", "text", blob=b"\x01\x02")
+    event = await inbox.next()
+    assert typed(event.args) == typed([b"\x00\xffraw", "text"])
+    assert typed(event.kwargs) == typed({"blob": b"\x01\x02"})
+
+
 async def test_one_publication_reaches_each_of_50_subscribers_exactly_once(client):
     kinds = [(t, s) for t in TRANSPORTS for s in SERIALIZERS]
     subscribers = await asyncio.gather(*(client(*kinds[i % len(kinds)]) for i in range(50)))
