@@ -45,15 +45,16 @@ class Subscription:
         return {"id": self.id, "created": self.created, "uri": self.uri, "match": self.match}
 
 
-_LIST_OPTIONS = ("exclude", "eligible", "exclude_authid", "eligible_authid",
-                 "exclude_authrole", "eligible_authrole")
-_AUDIENCE_OPTIONS = _LIST_OPTIONS[2:]  # the lists that survive a restart (authid/authrole)
+# the black/white lists that survive a restart (authid/authrole; session ids do not)
+_AUDIENCE_OPTIONS = ("exclude_authid", "eligible_authid", "exclude_authrole", "eligible_authrole")
 
 
 def _audience_filter(publish: m.Publish):
     """A predicate for sessions eligible under the publication's black/white lists, or None
     when the publication has no lists (the fast path). An empty eligible list admits nobody."""
-    if all(getattr(publish, name) is None for name in _LIST_OPTIONS):
+    if (publish.exclude is None and publish.eligible is None and publish.exclude_authid is None
+            and publish.eligible_authid is None and publish.exclude_authrole is None
+            and publish.eligible_authrole is None):
         return None
     exclude = set(publish.exclude or ())
     eligible = set(publish.eligible) if publish.eligible is not None else None
