@@ -12,6 +12,7 @@ and a reason, as WAMP asks, instead of just dropping the connection.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -46,14 +47,40 @@ _TYPE_NAMES = {cls.MESSAGE_TYPE: cls.__name__.upper() for cls in (
 
 
 def serializers() -> list[Any]:
-    return [JsonSerializer(), MsgPackSerializer(), CBORSerializer()]
+    json_serializer = JsonSerializer()
+    json_serializer._serializer = JsonObjects()
+    return [json_serializer, MsgPackSerializer(), CBORSerializer()]
+
+
+def _encode_binary(value: Any) -> str:
+    if isinstance(value, bytes):  # WAMP's JSON form of binary: NUL + base64
+        return "\x00" + base64.b64encode(value).decode("ascii")
+    raise TypeError(f"{type(value).__name__} cannot be serialized to JSON")
+
+
+class JsonObjects(JsonObjectSerializer):
+    """autobahn's JSON object serializer, the same wire format, with the standard library's
+    C code on the common path: autobahn's decoder runs the pure-Python scanner on every
+    message (to turn "\\u0000"-prefixed strings into bytes) and its encoder is rebuilt for
+    every message."""
+
+    _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False,
+                                default=_encode_binary)
+
+    def serialize(self, obj: Any) -> bytes:
+        return self._encoder.encode(obj).encode("utf-8")
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        if b"\\u0000" in payload:  # may hold binary values: autobahn's decoder knows them
+            return super().unserialize(payload)
+        return [json.loads(payload.decode("utf-8"))]
 
 
 def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, Any]]]:
     """Parse one transport frame into WAMP messages, each with the options autobahn's parser
     drops (``disclose_me``), raising ProtocolError with a reason."""
     try:
-        raw_messages = _unserialize(serializer._serializer, payload)
+        raw_messages = serializer._serializer.unserialize(payload)
     except Exception as e:
         raise ProtocolError(f"cannot decode {serializer.SERIALIZER_ID}: {e}") from e
     messages = []
@@ -86,16 +113,6 @@ def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, A
                 extra[name] = value
         messages.append((msg, extra))
     return messages
-
-
-def _unserialize(serializer: Any, payload: bytes) -> list[Any]:
-    # autobahn's JSON decoder runs the pure-Python scanner on every message so that it can
-    # turn "\u0000"-prefixed strings into bytes; most messages carry no such string, and the
-    # standard library's C scanner reads those several times faster with the same result.
-    if (type(serializer) is JsonObjectSerializer and not serializer._batched
-            and b"\\u0000" not in payload):
-        return [json.loads(payload.decode("utf-8"))]
-    return serializer.unserialize(payload)
 
 
 class XorMasker:
