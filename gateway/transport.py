@@ -15,6 +15,7 @@ import asyncio
 import base64
 import json
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -245,6 +246,9 @@ class CorkedTransport:
         self.flush()
         self._transport.close()
 
+    def get_write_buffer_size(self) -> int:  # what the kernel has not taken yet
+        return self._transport.get_write_buffer_size()
+
     def write_eof(self) -> None:
         self.flush()
         self._transport.write_eof()
@@ -307,7 +311,6 @@ class Connection:
         if not self._open:
             return
         proto = self.transport
-        # what the kernel has not taken yet; not what this loop pass is still collecting
         buffered = proto.transport.get_write_buffer_size() if proto.transport else 0
         if buffered > self.node.config.router.send_buffer_limit:
             log.warning("session %s: disconnecting slow consumer (%d bytes unsent, limit %d)",
@@ -408,7 +411,10 @@ class RawSocketProtocol(WampRawSocketServerProtocol):
             self.transport.close()
 
     def send_payload(self, payload: bytes, is_binary: bool) -> None:
-        self.sendString(payload)
+        if len(payload) > self.max_length_send:
+            self.sendString(payload)  # autobahn refuses it with the reason
+        else:
+            self.transport.write(self.factory.frame(payload))
 
     def close_transport(self) -> None:
         # Half-close and keep reading until the peer closes too: closing a socket that has
@@ -453,9 +459,22 @@ def websocket_factory(node: Node, url: str) -> WampWebSocketServerFactory:
     return factory
 
 
+class RawSocketFactory(WampRawSocketServerFactory):
+    writes: WriteBatcher
+    _framed: tuple[bytes, bytes] | None = None
+
+    def frame(self, payload: bytes) -> bytes:
+        """Length prefix + payload, built once for all the subscribers an EVENT goes to one
+        after the other (see WebSocketFactory.frame)."""
+        framed = self._framed
+        if framed is None or framed[0] is not payload:
+            prefix = struct.pack(RawSocketProtocol.prefix_format, len(payload))
+            framed = self._framed = (payload, prefix + payload)
+        return framed[1]
+
+
 def rawsocket_factory(node: Node) -> WampRawSocketServerFactory:
-    factory = WampRawSocketServerFactory(lambda: Connection(node, "rawsocket"),
-                                         serializers=serializers())
+    factory = RawSocketFactory(lambda: Connection(node, "rawsocket"), serializers=serializers())
     factory.protocol = RawSocketProtocol
     factory.writes = node.writes
     limit = node.config.router.max_message_size
