@@ -11,8 +11,8 @@ test: setup-test
 lint: setup-test
 	.venv/bin/ruff check .
 
-bench: setup-test
-	.venv/bin/python -m bench.pubsub
+bench: setup-test  # Cairn vs Crossbar.io and Mosquitto, ~5 min; writes docs/benchmarks.md
+	.venv/bin/python -m bench
 
 payload: setup  # the files an image (or an existing Pi) installs: dist/cairn-payload-*.tar.gz
 	.venv/bin/python images/build_payload.py --out dist

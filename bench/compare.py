@@ -5,6 +5,8 @@ Run from the repository root (Crossbar.io must be installed first, see :mod:`ben
     .venv/bin/python -m bench.crossbar --install      # once
     .venv/bin/python -m bench.compare [--duration 3] [--cases ws-json-1,rs-msgpack-1,ws-json-100]
 
+(``python -m bench`` runs this as one part of the whole side-by-side suite.)
+
 One after the other (never both at once, so they do not compete for the CPUs), it starts
 Crossbar.io and then Cairn on free 127.0.0.1 ports, measures for each
 
@@ -13,23 +15,27 @@ Crossbar.io and then Cairn on free 127.0.0.1 ports, measures for each
 - idle RSS, summed over the server's process tree (/proc), ``--settle`` seconds after start-up
   and before any client connects, and RSS again after the workload;
 
-and runs :func:`bench.pubsub.run_case` for every case (same lean multi-process clients, same
+and runs :func:`bench.pubsub.run_case` for every case (1 publisher -> 1, 10 and 100
+subscribers over WebSocket/JSON and RawSocket/MsgPack; same lean multi-process clients, same
 throughput phase and paced latency phase). Crossbar goes first so that Cairn's latency phase
 can use the same publication rate as Crossbar's (capped at half of Crossbar's measured
 capacity), and the p50/p99 compare like with like. The table of ratios Cairn/Crossbar goes to
 stdout and the details to ``bench/results/compare.json``. The generator check (same clients
-against a trivial server) is :mod:`bench.pubsub`'s job and is not repeated here.
+against a trivial server) is :mod:`bench.pubsub`'s job; ``python -m bench`` runs it with these
+settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +50,20 @@ from bench.crossbar import (
 from bench.pubsub import (
     REPO,
     RESULTS_DIR,
-    ROUTER_CASES,
     Case,
     RouterProcess,
     fmt,
     machine,
+    machine_busy_seconds,
     run_case,
     source_version,
     table,
 )
 
-DEFAULT_CASES = "ws-json-1,rs-msgpack-1,ws-json-100"
+# 1 publisher -> 1, 10 and 100 subscribers, WebSocket/JSON and RawSocket/MsgPack
+CASES = [Case(f"1->{n}", transport, serializer, n) for n in (1, 10, 100)
+         for transport, serializer in (("websocket", "json"), ("rawsocket", "msgpack"))]
+DEFAULT_CASES = ",".join(c.id for c in CASES)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,8 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sub-procs", type=int, default=max(2, cpus // 2),
                    help="subscriber processes per case (default max(2, cpus/2))")
     p.add_argument("--cases", metavar="IDS", default=DEFAULT_CASES,
-                   help=f"comma-separated subset of {', '.join(c.id for c in ROUTER_CASES)} "
-                        f"(default {DEFAULT_CASES})")
+                   help=f"comma-separated subset of {DEFAULT_CASES} (default: all)")
     p.add_argument("--settle", type=float, default=1.0,
                    help="seconds to wait after start-up before measuring idle RSS (default 1)")
     p.add_argument("--router-cmd", metavar="CMD",
@@ -92,20 +100,64 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def start_server(kind: str, workdir: Path, opts: argparse.Namespace,
+                 history: tuple[str, str] | None = None) -> Any:
+    """Cairn's or Crossbar's process on free ports, with ``startup_s`` set (spawn -> both
+    ports accept); ``history``: (uri, match) whose events the server stores."""
+    t0 = time.monotonic()
+    if kind == "crossbar":
+        if history is None and opts.crossbar_history:
+            history = ("sensor", "prefix")
+        uri, match = history or (None, "prefix")
+        server: Any = CrossbarProcess(workdir, crossbar_executable(opts.crossbar_venv), uri,
+                                      history_match=match)
+    else:
+        server = RouterProcess(workdir, opts.router_cmd, history=history)
+        server.startup_s = time.monotonic() - t0
+    return server
+
+
+@contextlib.contextmanager
+def running_server(kind: str, opts: argparse.Namespace,
+                   history: tuple[str, str] | None = None) -> Iterator[Any]:
+    """:func:`start_server` in a temporary directory, stopped (and removed) on exit."""
+    with tempfile.TemporaryDirectory(prefix=f"cairn-bench-{kind}-") as tmp:
+        server = start_server(kind, Path(tmp), opts, history)
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+class LoadMeter:
+    """CPU of the server (its whole process tree), of this process (the clients) and of
+    anything else on the machine during a phase, in % of one core: a large "other" means
+    the figures were disturbed."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.server0, self.self0 = server.cpu_seconds(), time.process_time()
+        self.busy0, self.wall0 = machine_busy_seconds()[0], time.perf_counter()
+
+    def stop(self) -> dict[str, int]:
+        wall = time.perf_counter() - self.wall0
+        server = self.server.cpu_seconds() - self.server0
+        me = time.process_time() - self.self0
+        other = machine_busy_seconds()[0] - self.busy0 - server - me
+        return {"server_cpu_pct": round(100 * server / wall),
+                "client_cpu_pct": round(100 * me / wall),
+                "other_cpu_pct": round(100 * max(0.0, other) / wall)}
+
+
 def run_server(kind: str, cases: list[Case], opts: argparse.Namespace,
                lat_rates: dict[str, float | None]) -> dict[str, Any]:
     """Starts one server, measures start-up and idle RSS, runs the cases, stops it."""
     out: dict[str, Any] = {"server": kind, "results": [], "problems": []}
     with tempfile.TemporaryDirectory(prefix=f"cairn-bench-{kind}-") as tmp:
-        t0 = time.monotonic()
+        server = start_server(kind, Path(tmp), opts)
+        out["startup_s"] = round(server.startup_s, 3)
         if kind == "crossbar":
-            server: Any = CrossbarProcess(Path(tmp), crossbar_executable(opts.crossbar_venv),
-                                          "sensor" if opts.crossbar_history else None)
             out["first_accept_s"] = round(server.first_accept_s, 3)
-            out["startup_s"] = round(server.startup_s, 3)
-        else:
-            server = RouterProcess(Path(tmp), opts.router_cmd)
-            out["startup_s"] = round(time.monotonic() - t0, 3)
         try:
             time.sleep(opts.settle)
             out["idle_rss"] = tree_rss(server.pid)
@@ -198,20 +250,10 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwind through the finally blocks that stop the servers
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
-    wanted = opts.cases.split(",")
-    known = {c.id: c for c in ROUTER_CASES}
-    if not set(wanted) <= set(known):
-        print(f"unknown case(s) {sorted(set(wanted) - set(known))}; known: {sorted(known)}",
-              file=sys.stderr)
-        return 2
-    cases = [known[w] for w in wanted]
-    if not crossbar_executable(opts.crossbar_venv).exists():
-        print(f"crossbar is not installed in {opts.crossbar_venv}; run "
-              "'.venv/bin/python -m bench.crossbar --install'", file=sys.stderr)
-        return 2
+def run_compare(opts: argparse.Namespace) -> dict[str, Any]:
+    """Crossbar, then Cairn, over the selected cases; the report (also what main writes)."""
+    known = {c.id: c for c in CASES}
+    cases = [known[w] for w in opts.cases.split(",")]
     info = machine()
     info["crossbar"] = crossbar_version(opts.crossbar_venv)
     print(f"machine: {info['nproc']} CPUs ({info['usable_cpus']} usable), {info['cpu_model']}, "
@@ -221,31 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     lat_rates = {c.id: r.get("lat_rate_target")
                  for c, r in zip(cases, crossbar["results"], strict=False)}
     cairn = run_server("cairn", cases, opts, lat_rates)
-    total = time.monotonic() - started
     rows = compare_rows(cairn, crossbar)
-    footprint = {"crossbar_venv_mib": round(venv_size_bytes(opts.crossbar_venv) / 2**20, 1),
-                 "cairn_venv_mib_incl_dev_tools":
-                     round(venv_size_bytes(REPO / ".venv") / 2**20, 1)}
-
-    print()
-    print(table(crossbar["results"] + cairn["results"]))
-    print()
-    print(ratio_table(rows, cairn, crossbar))
-    print()
-    print("events/s: events received by all subscribers / (last delivery - first send); p50/p99: "
-          "publish->event")
-    print("latency in a paced run at the same publications/s for both servers. RSS summed over "
-          "each server's")
-    print(f"process tree. venv size: crossbar {footprint['crossbar_venv_mib']} MiB, cairn "
-          f"{footprint['cairn_venv_mib_incl_dev_tools']} MiB (includes dev tools, not a "
-          "footprint).")
-    for side in (crossbar, cairn):
-        for line in side["problems"]:
-            print(f"  {side['server']}: {line}")
-    print(f"total {total:.0f} s")
-
-    opts.output.parent.mkdir(parents=True, exist_ok=True)
-    report = {
+    return {
         "benchmark": "compare",
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": info,
@@ -254,14 +273,48 @@ def main(argv: list[str] | None = None) -> int:
         "crossbar": crossbar,
         "cairn": cairn,
         "ratios": rows,
-        "footprint": footprint,
-        "total_s": round(total, 1),
+        "footprint": {"crossbar_venv_mib": round(venv_size_bytes(opts.crossbar_venv) / 2**20, 1),
+                      "cairn_venv_mib_incl_dev_tools":
+                          round(venv_size_bytes(REPO / ".venv") / 2**20, 1)},
+        "total_s": round(time.monotonic() - started, 1),
+        "ok": (all(r["ok"] for r in rows) and len(rows) == len(cases)
+               and not crossbar["problems"] and not cairn["problems"]),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    unknown = set(opts.cases.split(",")) - {c.id for c in CASES}
+    if unknown:
+        print(f"unknown case(s) {sorted(unknown)}; known: {DEFAULT_CASES}", file=sys.stderr)
+        return 2
+    if not crossbar_executable(opts.crossbar_venv).exists():
+        print(f"crossbar is not installed in {opts.crossbar_venv}; run "
+              "'.venv/bin/python -m bench.crossbar --install'", file=sys.stderr)
+        return 2
+    report = run_compare(opts)
+    crossbar, cairn, footprint = report["crossbar"], report["cairn"], report["footprint"]
+    print()
+    print(table(crossbar["results"] + cairn["results"]))
+    print()
+    print(ratio_table(report["ratios"], cairn, crossbar))
+    print()
+    print("events/s: events received by all subscribers / (last delivery - first send); p50/p99: "
+          "publish->event")
+    print("latency in a paced run at the same publications/s for both servers. RSS summed over "
+          "each server's")
+    print(f"process tree. venv size: crossbar {footprint['crossbar_venv_mib']} MiB, cairn "
+          f"{footprint['cairn_venv_mib_incl_dev_tools']} MiB (includes dev tools, not a "
+          "footprint; python -m bench measures a runtime-only one).")
+    for side in (crossbar, cairn):
+        for line in side["problems"]:
+            print(f"  {side['server']}: {line}")
+    print(f"total {report['total_s']:.0f} s")
+    opts.output.parent.mkdir(parents=True, exist_ok=True)
     opts.output.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {opts.output}")
-    ok = (all(r["ok"] for r in rows) and len(rows) == len(cases)
-          and not crossbar["problems"] and not cairn["problems"])
-    return 0 if ok else 1
+    return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -80,16 +80,18 @@ def venv_size_bytes(venv: Path) -> int:
 
 
 def node_config(ws_port: int, rs_port: int, history_prefix: str | None = None,
-                history_limit: int = 1000) -> dict[str, Any]:
+                history_limit: int = 1000, history_match: str = "prefix") -> dict[str, Any]:
     """A Crossbar node config matching bench.pubsub.ROUTER_TOML; with ``history_prefix``,
-    also an in-memory event history for that URI prefix.
+    also an in-memory event history for that URI (``history_match``: prefix or exact).
 
     Caution (crossbar 26.10.1, router/broker.py + router/realmstore.py): once a realm has a
     ``store``, the broker calls ``store_event_history`` for every event delivered to every
     subscriber, also on topics without history, and the memory store logs an "INTERNAL
     WARNING: subscription ... not in event store" line for each one; the router worker's
     log lines go through the controller process, so both burn CPU and throughput drops by
-    about half. The live pub/sub comparison therefore runs without a store, like Cairn's.
+    about half. The live pub/sub comparison therefore runs without a store, like Cairn's;
+    where history is wanted, subscribers use the history's own URI and match, which is the
+    subscription the store knows, so nothing is logged.
     """
     endpoint = {"type": "tcp", "interface": "127.0.0.1"}
     config: dict[str, Any] = {
@@ -130,7 +132,7 @@ def node_config(ws_port: int, rs_port: int, history_prefix: str | None = None,
         config["workers"][0]["realms"][0]["store"] = {
             "type": "memory",
             "limit": history_limit,
-            "event-history": [{"uri": history_prefix, "match": "prefix",
+            "event-history": [{"uri": history_prefix, "match": history_match,
                                "limit": history_limit}],
         }
     return config
@@ -186,7 +188,8 @@ class CrossbarProcess:
     name = "crossbar"
 
     def __init__(self, workdir: Path, executable: Path | None = None,
-                 history_prefix: str | None = None, timeout: float = 60) -> None:
+                 history_prefix: str | None = None, timeout: float = 60,
+                 history_match: str = "prefix") -> None:
         exe = executable or crossbar_executable()
         if not exe.exists():
             raise RuntimeError(f"crossbar not found at {exe}; install it with "
@@ -195,7 +198,8 @@ class CrossbarProcess:
         self.cbdir = workdir / ".crossbar"
         self.cbdir.mkdir(parents=True, exist_ok=True)
         (self.cbdir / "config.json").write_text(
-            json.dumps(node_config(self.ws_port, self.rs_port, history_prefix), indent=2))
+            json.dumps(node_config(self.ws_port, self.rs_port, history_prefix,
+                                   history_match=history_match), indent=2))
         self.log_path = workdir / "crossbar.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         t0 = time.monotonic()

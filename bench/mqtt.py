@@ -112,6 +112,19 @@ class Process:
         return self.log.read_text(errors="replace")
 
 
+def start_mosquitto(workdir: Path, nodelay: bool = False) -> tuple[Process, int]:
+    """Mosquitto (no persistence) on a free loopback port, config and log in ``workdir``;
+    returns the process and the port (not yet waited for). ``nodelay``: set_tcp_nodelay
+    (off by default: Nagle holds back writes that follow an unacknowledged small one)."""
+    port = free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text(MOSQUITTO_CONF.format(port=port)
+                    + ("user root\n" if os.geteuid() == 0 else "")
+                    + ("set_tcp_nodelay true\n" if nodelay else ""))
+    exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    return Process("mosquitto", [exe, "-c", str(conf)], workdir / "mosquitto.log"), port
+
+
 def _publisher(port: int, n: int, qos: int, start: Any, result: Any) -> None:
     """Child process: wait for ``start``, publish N messages, report (first, last) send."""
     import aiomqtt
@@ -151,15 +164,12 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
     from drivers.runtime import open_session
 
     workdir = Path(tempfile.mkdtemp(prefix="cairn-bench-mqtt-"))
-    mqtt_port, ws_port, rs_port = free_port(), free_port(), free_port()
-    (workdir / "mosquitto.conf").write_text(MOSQUITTO_CONF.format(port=mqtt_port) +
-                                            ("user root\n" if os.geteuid() == 0 else ""))
+    ws_port, rs_port = free_port(), free_port()
+    mosquitto, mqtt_port = start_mosquitto(workdir)
     (workdir / "router.toml").write_text(ROUTER_TOML.format(ws_port=ws_port, rs_port=rs_port,
                                                             dir=workdir))
     (workdir / "bridge.toml").write_text(BRIDGE_TOML.format(dir=workdir, backlog=backlog,
                                                             mqtt_port=mqtt_port))
-    mosquitto = Process("mosquitto", [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c",
-                                      str(workdir / "mosquitto.conf")], workdir / "mosquitto.log")
     router = Process("router", [sys.executable, "-m", "gateway.cli", "router", "--config",
                                 str(workdir / "router.toml")], workdir / "router.log", workdir)
     processes = [mosquitto, router]

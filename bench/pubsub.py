@@ -43,6 +43,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import resource
 import shlex
 import signal
 import socket
@@ -56,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.wire import Publisher, SubscriberSession, serve_fake_broker
+from bench.wire import TOPIC, Publisher, SubscriberSession, serve_fake_broker
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
@@ -79,6 +80,11 @@ anonymous_role = "anonymous"
   permissions = [
     {{ uri = "", match = "prefix", allow = ["publish", "subscribe"] }},
   ]
+"""
+HISTORY_TOML = """
+  [[realms.history]]
+  uri = "{uri}"
+  match = "{match}"
 """
 
 
@@ -128,11 +134,15 @@ class RouterProcess:
     name = "cairn"
 
     def __init__(self, workdir: Path, command: str | None = None,
-                 trace_gc: bool = False) -> None:
+                 trace_gc: bool = False, history: tuple[str, str] | None = None) -> None:
+        """``history``: (uri, match) of a history rule, so those topics are stored."""
         self.ws_port, self.rs_port = free_port(), free_port()
         self.config = workdir / "bench.toml"
-        self.config.write_text(ROUTER_TOML.format(ws_port=self.ws_port, rs_port=self.rs_port,
-                                                  data_dir=workdir / "data"))
+        toml = ROUTER_TOML.format(ws_port=self.ws_port, rs_port=self.rs_port,
+                                  data_dir=workdir / "data")
+        if history is not None:
+            toml += HISTORY_TOML.format(uri=history[0], match=history[1])
+        self.config.write_text(toml)
         self.log_path = workdir / "router.log"
         cairn = Path(sys.executable).parent / "cairn"
         cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "gateway.cli"]
@@ -244,13 +254,25 @@ class FakeBrokerProcess:
 # -- subscriber processes ------------------------------------------------------------------------
 
 
+CONNECT_CONCURRENCY = 16  # session handshakes in flight per subscriber process
+
+
+def raise_fd_limit() -> int:
+    """Soft RLIMIT_NOFILE up to the hard limit (hundreds of sessions per process)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def _subscriber_main(transport: str, serializer: str, port: int, first: int, n: int,
-                     counts: Any, lasts: Any, conn: Any) -> None:
+                     counts: Any, lasts: Any, conn: Any, topic: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    raise_fd_limit()
     try:
         asyncio.run(_subscriber_async(transport, serializer, port, first, n, counts, lasts,
-                                      conn))
+                                      conn, topic))
     except Exception as e:
         with contextlib.suppress(Exception):
             conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -258,13 +280,21 @@ def _subscriber_main(transport: str, serializer: str, port: int, first: int, n: 
 
 
 async def _subscriber_async(transport: str, serializer: str, port: int, first: int, n: int,
-                            counts: Any, lasts: Any, conn: Any) -> None:
+                            counts: Any, lasts: Any, conn: Any, topic: str) -> None:
     loop = asyncio.get_running_loop()
-    sessions = [SubscriberSession(transport, serializer, port, first + i, counts, lasts)
-                for i in range(n)]
-    await asyncio.gather(*(loop.create_connection(lambda s=s: s, "127.0.0.1", port)
-                           for s in sessions))
-    await asyncio.wait_for(asyncio.gather(*(s.subscribed for s in sessions)), 20)
+    sessions = [SubscriberSession(transport, serializer, port, first + i, counts, lasts,
+                                  topic.format(i=first + i)) for i in range(n)]
+    # a few handshakes at a time: hundreds of simultaneous connects overflow a server's
+    # listen backlog (Twisted's is 50) and the retried SYNs then wait seconds
+    limit = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+    async def open_session(s: SubscriberSession) -> None:
+        async with limit:
+            await loop.create_connection(lambda: s, "127.0.0.1", port)
+            await s.subscribed
+
+    await asyncio.wait_for(asyncio.gather(*(open_session(s) for s in sessions)),
+                           20 + n / 20)
     conn.send(("ready", n))
     done = loop.create_future()
     cpu0 = time.process_time()
@@ -306,9 +336,11 @@ class PhaseStats:
 
 
 class SubscriberGroup:
-    """``n`` subscriber sessions spread over ``procs`` processes."""
+    """``n`` subscriber sessions spread over ``procs`` processes; session ``i`` subscribes
+    to ``topic.format(i=i)``."""
 
-    def __init__(self, transport: str, serializer: str, port: int, n: int, procs: int) -> None:
+    def __init__(self, transport: str, serializer: str, port: int, n: int, procs: int,
+                 topic: str = TOPIC) -> None:
         self.n = n
         self.counts = CTX.RawArray("q", n)
         self.lasts = CTX.RawArray("q", n)
@@ -322,7 +354,7 @@ class SubscriberGroup:
             parent, child = CTX.Pipe()
             p = CTX.Process(target=_subscriber_main, daemon=True,
                             args=(transport, serializer, port, first, size, self.counts,
-                                  self.lasts, child))
+                                  self.lasts, child, topic))
             p.start()
             child.close()
             self.procs.append(p)
@@ -724,6 +756,34 @@ CHECK_CASES = [  # (batched fake server?, case)
 ]
 
 
+def run_generator_check(opts: argparse.Namespace, cases: list[tuple[bool, Case]],
+                        reference: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same clients against the trivial fan-out server; the latency phase runs at the
+    rate the matching ``reference`` case (a router's) used."""
+    results = []
+    for batched in (False, True):
+        todo = [c for b, c in cases if b == batched]
+        if not todo:
+            continue
+        fake = FakeBrokerProcess(batched)
+        try:
+            for case in todo:
+                same = next((r for r in reference
+                             if (r["transport"], r["serializer"], r["subscribers"])
+                             == (case.transport, case.serializer, case.subscribers)), {})
+                print(f"  {fake.name} {case.label} {case.transport}/{case.serializer} ...",
+                      end=" ", flush=True)
+                r = run_case(fake, case, opts, opts.check_duration,
+                             min(opts.lat_duration, opts.check_duration),
+                             lat_rate=same.get("lat_rate_target"))
+                results.append(r)
+                print(f"{fmt(r.get('events_per_s'), ',')} events/s"
+                      + ("" if r["ok"] else f"  PROBLEMS: {r['problems']}"), flush=True)
+        finally:
+            fake.stop()
+    return results
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cpus = len(os.sched_getaffinity(0))
     p = argparse.ArgumentParser(prog="python -m bench.pubsub", description=__doc__.split("\n")[0])
@@ -804,27 +864,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             code = router.stop()
             print(f"  router stopped (exit code {code})", flush=True)
-    for batched in (False, True):
-        cases = [c for b, c in CHECK_CASES if b == batched and selected(c)
-                 and not opts.no_check]
-        if not cases:
-            continue
-        fake = FakeBrokerProcess(batched)
-        try:
-            for case in cases:
-                same = next((r for r in router_results
-                             if (r["transport"], r["serializer"], r["subscribers"])
-                             == (case.transport, case.serializer, case.subscribers)), {})
-                print(f"  {fake.name} {case.label} {case.transport}/{case.serializer} ...",
-                      end=" ", flush=True)
-                r = run_case(fake, case, opts, opts.check_duration,
-                             min(opts.lat_duration, opts.check_duration),
-                             lat_rate=same.get("lat_rate_target"))
-                check_results.append(r)
-                print(f"{fmt(r.get('events_per_s'), ',')} events/s"
-                      + ("" if r["ok"] else f"  PROBLEMS: {r['problems']}"), flush=True)
-        finally:
-            fake.stop()
+    if not opts.no_check:
+        check_results = run_generator_check(
+            opts, [(b, c) for b, c in CHECK_CASES if selected(c)], router_results)
     total = time.monotonic() - started
 
     print()
