@@ -4,6 +4,7 @@ events and bytes written per stored event, all measured through the real router 
 Run from the repository root::
 
     .venv/bin/python -m bench.store [--quick] [--events 1000000] [--profile]
+    .venv/bin/python -m bench.store --only publish,bytes   # the durable part only
 
 What it does, in order:
 
@@ -31,16 +32,25 @@ What it does, in order:
    last of the ``--retained`` retained EVENTs has arrived; UNSUBSCRIBE; ``--repeats`` times.
 5. **durable publishes**: PUBLISH ``acknowledge=true, retain=true`` on ``sensor.devNNNN``
    (PUBLISHED only after the fsynced group commit) with 1 and with 16 concurrent publisher
-   sessions, each keeping ``--window`` publishes in flight, ``--duration`` s per case after a
-   warm-up: PUBLISHED/s and publish->PUBLISHED p50/p99.
+   sessions (``--publishers``), each keeping ``--window`` publishes in flight (one case per
+   window: 1, 8, 32), ``--duration`` s per case after a warm-up: PUBLISHED/s,
+   publish->PUBLISHED p50/p99, and the router's CPU split into its event-loop thread and
+   the rest (the SQLite worker threads). The publishers are lean sessions
+   (:class:`AckPublisher`: pre-serialized msgpack frames, only the request id changes)
+   spread over ``--client-procs`` processes; the generator check runs the largest case
+   against a trivial server that answers PUBLISHED at once, to show the clients' ceiling.
 6. **bytes per event**: ``--bytes-events`` history publications paced at ``--bytes-rate``/s,
    first without acknowledgement (group commit every ``Store.flush_interval``), then the same
    stream with ``acknowledge=true``, then (``--bytes-low-rate``) a slower unacknowledged
-   stream, since the bytes per event depend on how many events share a commit:
-   ``write_bytes`` of ``/proc/<router>/io`` (bytes the router caused to be written to the
-   storage layer, counted when pages are dirtied), growth of ``cairn.db`` + ``cairn.db-wal``,
-   and sectors written on the whole block device (includes the file system journal and
-   anything else on the machine), each divided by the count.
+   stream, since the bytes per event depend on how many events share a commit. Each run
+   starts on an empty WAL and ends with a checkpoint made by this process, so it pays for
+   its own WAL frames and for copying its own pages into the database. Measured: bytes
+   written to files (``wchar`` of ``/proc/<router>/io`` less the bytes the router sent on
+   sockets, which the clients count, plus what the final checkpoint wrote),
+   ``write_bytes`` of ``/proc/<router>/io`` (page-cache memory dirtied; on kernels with large
+   folios a 4 KiB page write into a cached large folio counts the whole folio), growth of
+   ``cairn.db`` + ``cairn.db-wal``, and sectors written on the whole block device (includes
+   the file system journal and anything else on the machine), each divided by the count.
 7. after the router has stopped, every get_events case is replayed in this process through
    ``gateway.history.get_events`` on a ``Store`` opened on the same file, recording the SQL it
    runs, so the report can show ``EXPLAIN QUERY PLAN`` and the bare SQL time next to the
@@ -48,7 +58,8 @@ What it does, in order:
 
 The table goes to stdout, the details (machine, settings, plans, router log problems) to
 ``bench/results/store.json``. ``--profile`` samples the router with py-spy while it answers
-retained subscriptions (and the slowest get_events case) and lists its hot spots.
+retained subscriptions (and the slowest get_events case) and during the largest durable
+publish case (samples per thread: event loop, store writer), and lists its hot spots.
 """
 
 from __future__ import annotations
@@ -61,12 +72,16 @@ import math
 import os
 import random
 import shutil
+import signal
+import socket
 import sqlite3
+import struct
 import sys
 import tempfile
 import time
 import uuid
-from collections import deque
+from array import array
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -76,6 +91,8 @@ import msgpack
 
 from bench.pubsub import (
     CLK_TCK,
+    CTX,
+    FakeBrokerProcess,
     Profiler,
     machine,
     machine_busy_seconds,
@@ -119,6 +136,8 @@ SPACING_MS = 100  # wall time between consecutive history events: 10 events/s
 PAGE = 100
 TARGET_GET_EVENTS_P99_MS = 20.0
 TARGET_RETAINED_MS = 100.0
+TARGET_DURABLE_PER_S = 20_000  # with 16 publishers (issue 9)
+PHASES = ("get_events", "retained", "publish", "bytes")
 
 HELLO, WELCOME, ABORT, GOODBYE, ERROR = 1, 2, 3, 6, 8
 PUBLISH, PUBLISHED, SUBSCRIBE, SUBSCRIBED, UNSUBSCRIBE, UNSUBSCRIBED, EVENT = \
@@ -160,6 +179,7 @@ class WampClient(asyncio.Protocol):
         self.pending: dict[int, asyncio.Future] = {}
         self.next_request = 0
         self.raw_event: Callable[[bytes, int], None] | None = None
+        self.rx_bytes = 0  # what the router sent us: its socket share of wchar
 
     @classmethod
     async def connect(cls, port: int, realm: str = "realm1") -> WampClient:
@@ -187,6 +207,7 @@ class WampClient(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter_ns()
+        self.rx_bytes += len(data)
         buf = self.buf + data if self.buf else data
         if not self.handshaken:
             if len(buf) < 4:
@@ -314,26 +335,37 @@ def kernel_threads_cpu_seconds() -> float:
     return ticks / CLK_TCK
 
 
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 class CpuMeter:
-    """CPU used during a phase by the router, by this process (the clients), by kernel threads
-    and by anything else on the machine (100 = one core). A large "other" means other
-    programs ran meanwhile and the numbers are disturbed."""
+    """CPU used during a phase by the router (and by its event-loop thread apart from its
+    other threads, i.e. the SQLite workers), by the clients, by kernel threads and by
+    anything else on the machine (100 = one core). A large "other" means other programs ran
+    meanwhile and the numbers are disturbed."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.router0 = process_cpu_seconds(pid)
+        self.loop0 = thread_cpu_seconds(pid, pid)
         self.self0 = time.process_time()
         self.kernel0 = kernel_threads_cpu_seconds()
         self.busy0 = machine_busy_seconds()[0]
         self.wall0 = time.perf_counter()
 
-    def stop(self) -> dict[str, int]:
+    def stop(self, client_processes_s: float = 0.0) -> dict[str, int]:
+        """``client_processes_s``: CPU seconds of client processes other than this one."""
         wall = time.perf_counter() - self.wall0
         busy = machine_busy_seconds()[0] - self.busy0
         router = process_cpu_seconds(self.pid) - self.router0
-        me = time.process_time() - self.self0
+        loop = thread_cpu_seconds(self.pid, self.pid) - self.loop0
+        me = time.process_time() - self.self0 + client_processes_s
         kernel = kernel_threads_cpu_seconds() - self.kernel0
         return {"router_cpu_pct": round(100 * router / wall),
+                "router_loop_cpu_pct": round(100 * loop / wall),
                 "client_cpu_pct": round(100 * me / wall),
                 "kernel_threads_cpu_pct": round(100 * kernel / wall),
                 "other_cpu_pct": round(100 * max(0.0, busy - router - me - kernel) / wall)}
@@ -342,6 +374,14 @@ class CpuMeter:
 def proc_io(pid: int) -> dict[str, int]:
     with open(f"/proc/{pid}/io") as f:
         return {k: int(v) for k, v in (line.split(":") for line in f)}
+
+
+def file_bytes(io0: dict[str, int], io1: dict[str, int], socket_bytes: int) -> int:
+    """Bytes the router handed to write system calls for files (the WAL, the database, its
+    log): wchar less what it sent on sockets (= what the clients received). Unlike
+    write_bytes it does not depend on how the kernel accounts dirtied page-cache memory (on
+    kernels with large folios a 4 KiB write into a cached 64 KiB folio counts 64 KiB)."""
+    return io1["wchar"] - io0["wchar"] - socket_bytes
 
 
 def file_size(path: Path) -> int:
@@ -631,60 +671,268 @@ async def bench_retained(client: WampClient, expected: int, repeats: int,
 # -- 5. durable publishes ---------------------------------------------------------------------
 
 
-async def closed_loop(clients: list[WampClient], duration: float, window: int,
-                      seed: int) -> dict[str, Any]:
-    """Each client keeps ``window`` acknowledged retained publishes in flight on its own
-    topic for ``duration`` seconds. Counts the PUBLISHED received within the duration."""
+class AckPublisher(asyncio.Protocol):
+    """A lean publisher session for the durable case: pre-serialized acknowledged retained
+    PUBLISH frames on one topic (only the 8-byte request id changes), ``window`` in flight.
+    Counts the PUBLISHED received in [measure_ns, end_ns] and their latencies; stops sending
+    at ``end_ns`` and is done when nothing is left in flight."""
+
+    options: dict[str, Any] = {"acknowledge": True, "retain": True}
+
+    def __init__(self, topic: str, window: int, payloads: list[bytes]) -> None:
+        loop = asyncio.get_running_loop()
+        self.welcome: asyncio.Future = loop.create_future()
+        self.done: asyncio.Future = loop.create_future()
+        self.window = window
+        options = msgpack.packb(self.options)
+        # fixarray(6), PUBLISH, uint64 request | options, topic, args [], kwargs
+        tails = [options + msgpack.packb(topic) + b"\x90" + p for p in payloads]
+        self.frames = [(struct.pack("!L", 3 + 8 + len(t)) + b"\x96\x10\xcf", t) for t in tails]
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.handshaken = False
+        self.sent: dict[int, int] = {}
+        self.next_request = 0
+        self.measure_ns = self.end_ns = 2**63
+        self.started = False
+        self.count = 0
+        self.rx_bytes = 0  # received from measure_ns on
+        self.latencies = array("q")
+        self.errors: list[str] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.get_extra_info("socket").setsockopt(
+            socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport.write(rs_handshake("msgpack"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.welcome.done():
+            self.welcome.set_exception(ConnectionError(f"router closed the connection ({exc})"))
+        if self.sent:
+            self.errors.append(f"connection lost with {len(self.sent)} in flight ({exc})")
+        self._finish()
+
+    def start(self, measure_ns: int, end_ns: int) -> None:
+        self.measure_ns, self.end_ns, self.started = measure_ns, end_ns, True
+        self._send_publishes(time.perf_counter_ns())
+
+    def _send_publishes(self, now: int) -> None:
+        if now >= self.end_ns:
+            if not self.sent:
+                self._finish()
+            return
+        out = []
+        while len(self.sent) < self.window:
+            self.next_request += 1
+            request = self.next_request
+            head, tail = self.frames[request % len(self.frames)]
+            out += (head, request.to_bytes(8, "big"), tail)
+            self.sent[request] = time.perf_counter_ns()
+        self.transport.write(b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter_ns()
+        if now >= self.measure_ns:
+            self.rx_bytes += len(data)
+        buf = self.buf + data if self.buf else data
+        if not self.handshaken:
+            if len(buf) < 4:
+                self.buf = buf
+                return
+            check_rs_reply(buf[:4], "msgpack")
+            self.handshaken, buf = True, buf[4:]
+            self.transport.write(rs_frame(msgpack.packb(
+                [HELLO, "realm1", {"roles": {"publisher": {}}}])))
+        frames, self.buf = split_rs(buf)
+        for kind, payload in frames:
+            if kind == 1:  # ping
+                self.transport.write(rs_frame(payload, 2))
+            elif kind == 0:
+                self._message(msgpack.unpackb(payload, raw=False), now)
+        if self.started:
+            self._send_publishes(now)
+
+    def _message(self, msg: list[Any], now: int) -> None:
+        if msg[0] == PUBLISHED:
+            t0 = self.sent.pop(msg[1])
+            if self.measure_ns <= now <= self.end_ns:
+                self.count += 1
+                self.latencies.append(now - t0)
+        elif msg[0] == WELCOME:
+            self.welcome.set_result(msg[1])
+        elif msg[0] == ERROR:
+            self.sent.pop(msg[2], None)
+            if len(self.errors) < 5:
+                self.errors.append(f"{msg[4]}: {msg[5:]!r:.200}")
+        else:
+            self.errors.append(f"unexpected {msg!r:.200}")
+            if not self.welcome.done():
+                self.welcome.set_exception(ConnectionError(f"router said {msg!r:.200}"))
+            self.transport.close()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+def _payloads(seed: int, n: int = 64) -> list[bytes]:
     rng = random.Random(seed)
-    lat: list[int] = []
-    t_start = time.perf_counter_ns()
-    deadline = t_start + int(duration * 1e9)
-    counts = [0] * len(clients)
-    errors: list[str] = []
+    return [msgpack.packb(reading(rng)) for _ in range(n)]
 
-    async def run(k: int, client: WampClient) -> None:
-        topic = device_topic(k)
-        flight: deque[tuple[asyncio.Future, int]] = deque()
-        while True:
-            while len(flight) < window and time.perf_counter_ns() < deadline:
-                t0 = time.perf_counter_ns()
-                flight.append((client.publish(topic, reading(rng), acknowledge=True,
-                                              retain=True), t0))
-            if not flight:
-                return
-            fut, t0 = flight.popleft()
-            try:
-                _, now = await asyncio.wait_for(fut, 30)
-            except (WampError, TimeoutError, ConnectionError) as e:
-                errors.append(f"{type(e).__name__}: {e}")
-                return
-            if now <= deadline:
-                counts[k] += 1
-                lat.append(now - t0)
 
-    await asyncio.gather(*(run(k, c) for k, c in enumerate(clients)))
-    published = sum(counts)
-    return {"published": published, "per_s": round(published / duration),
-            "latency": latency_summary(lat), "errors": errors[:5]}
+async def _publisher_async(port: int, topics: list[str], window: int, seed: int,
+                           conn: Any) -> None:
+    loop = asyncio.get_running_loop()
+    sessions = []
+    for topic in topics:
+        _, session = await loop.create_connection(
+            lambda t=topic: AckPublisher(t, window, _payloads(seed)), "127.0.0.1", port)
+        await asyncio.wait_for(session.welcome, 10)
+        sessions.append(session)
+    conn.send("ready")
+    measure_ns, end_ns = await loop.run_in_executor(None, conn.recv)
+    for session in sessions:
+        session.start(measure_ns, end_ns)
+    wait_s = (end_ns - time.perf_counter_ns()) / 1e9 + 30
+    cpu0 = None
+    while time.perf_counter_ns() < measure_ns:
+        await asyncio.sleep(0.01)
+    cpu0 = time.process_time()
+    await asyncio.wait_for(asyncio.gather(*(s.done for s in sessions)), wait_s)
+    cpu = time.process_time() - cpu0
+    latencies = array("q")
+    for s in sessions:
+        latencies.extend(s.latencies)
+        s.transport.close()
+    conn.send({"count": sum(s.count for s in sessions), "latencies": latencies.tobytes(),
+               "rx_bytes": sum(s.rx_bytes for s in sessions),
+               "errors": [e for s in sessions for e in s.errors][:5], "cpu_s": cpu})
+
+
+def _publisher_main(port: int, topics: list[str], window: int, seed: int, conn: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    try:
+        asyncio.run(_publisher_async(port, topics, window, seed, conn))
+    except BaseException as e:  # report, never hang the parent
+        conn.send({"error": f"{type(e).__name__}: {e}"})
+
+
+def _recv(conn: Any, timeout: float) -> Any:
+    if not conn.poll(timeout):
+        raise TimeoutError("a publisher process did not answer")
+    reply = conn.recv()
+    if isinstance(reply, dict) and "error" in reply:
+        raise RuntimeError(f"publisher process failed: {reply['error']}")
+    return reply
+
+
+def run_publishers(port: int, publishers: int, window: int, warmup: float, duration: float,
+                   procs: int, seed: int,
+                   on_start: Callable[[], Any] | None = None) -> tuple[dict[str, Any], Any]:
+    """``publishers`` lean sessions spread over ``procs`` processes (blocking: run it in a
+    thread). ``on_start`` is called when the measured interval begins; its result is returned
+    with the merged results."""
+    procs = max(1, min(procs, publishers))
+    workers = []
+    for p in range(procs):
+        topics = [device_topic(k) for k in range(p, publishers, procs)]
+        parent, child = CTX.Pipe()
+        proc = CTX.Process(target=_publisher_main, daemon=True,
+                           args=(port, topics, window, seed + p, child))
+        proc.start()
+        workers.append((proc, parent))
+    try:
+        for _, conn in workers:
+            _recv(conn, 30)
+        measure_ns = time.perf_counter_ns() + int((0.05 + warmup) * 1e9)
+        end_ns = measure_ns + int(duration * 1e9)
+        for _, conn in workers:
+            conn.send((measure_ns, end_ns))
+        time.sleep(max(0.0, (measure_ns - time.perf_counter_ns()) / 1e9))
+        started = on_start() if on_start is not None else None
+        replies = [_recv(conn, duration + warmup + 60) for _, conn in workers]
+    finally:
+        for proc, _ in workers:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+    latencies = array("q")
+    for r in replies:
+        latencies.frombytes(r["latencies"])
+    published = sum(r["count"] for r in replies)
+    result = {"published": published, "per_s": round(published / duration),
+              "latency": latency_summary(list(latencies)),
+              "errors": [e for r in replies for e in r["errors"]][:5],
+              "client_cpu_s": sum(r["cpu_s"] for r in replies), "client_procs": procs,
+              "rx_bytes": sum(r["rx_bytes"] for r in replies)}
+    return result, started
 
 
 async def bench_publish(port: int, pid: int, publishers: int, duration: float, window: int,
-                        warmup: float, seed: int) -> dict[str, Any]:
-    clients = [await WampClient.connect(port) for _ in range(publishers)]
-    try:
-        await closed_loop(clients, warmup, window, seed)
-        io0, meter = proc_io(pid), CpuMeter(pid)
-        r = await closed_loop(clients, duration, window, seed + 1)
-        io1, cpu = proc_io(pid), meter.stop()
-    finally:
-        for c in clients:
-            await c.close()
-    n = r["published"]
+                        warmup: float, procs: int, seed: int,
+                        profile: Path | None = None) -> dict[str, Any]:
+    """Durable publishes through the router: PUBLISHED/s, latency, router CPU per thread
+    and bytes written, over the measured interval (py-spy'd into ``profile`` if given)."""
+    state: dict[str, Any] = {}
+
+    def started() -> None:
+        state["io0"], state["meter"] = proc_io(pid), CpuMeter(pid)
+        if profile is not None:
+            state["profiler"] = Profiler(pid, duration - 0.5, profile)
+
+    r, _ = await asyncio.to_thread(run_publishers, port, publishers, window, warmup,
+                                   duration, procs, seed, started)
+    io1, cpu = proc_io(pid), state["meter"].stop(r.pop("client_cpu_s"))
+    io0, n = state["io0"], r["published"]
+    if profile is not None:
+        r["profile"] = {**await asyncio.to_thread(state["profiler"].finish),
+                        "threads": thread_shares(profile)}
     return {"publishers": publishers, "window": window, "duration_s": duration, **r,
             "cpu": cpu,
             "write_bytes_per_event": round((io1["write_bytes"] - io0["write_bytes"]) / n)
             if n else None,
+            "file_bytes_per_event": round(file_bytes(io0, io1, r.pop("rx_bytes")) / n)
+            if n else None,
             "ok": not r["errors"] and n > 0}
+
+
+def thread_shares(path: Path, top: int = 8) -> dict[str, Any]:
+    """py-spy samples per router thread (event loop, the store's writer, others), and the
+    writer's hottest frames: where a durable publish spends its time."""
+    samples: Counter[str] = Counter()
+    writer: Counter[str] = Counter()
+    with contextlib.suppress(OSError), open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not count.isdigit():
+                continue
+            kind = ("event loop" if "run_forever" in stack else
+                    "store writer" if "_commit_batch" in stack or "futures/thread.py" in stack
+                    else "other")
+            samples[kind] += int(count)
+            if kind == "store writer":
+                writer[stack.rsplit(";", 1)[-1]] += int(count)
+    total = sum(samples.values()) or 1
+    return {"share_pct": {k: round(100 * v / total, 1) for k, v in samples.items()},
+            "writer_self_top": [(f, round(100 * c / (sum(writer.values()) or 1), 1))
+                                for f, c in writer.most_common(top)]}
+
+
+async def generator_check(publishers: int, window: int, duration: float, procs: int,
+                          seed: int) -> dict[str, Any]:
+    """The same publisher processes against a trivial server that answers every PUBLISH
+    with PUBLISHED at once (bench.wire.FakeBroker in its own process): the clients' ceiling."""
+    fake = FakeBrokerProcess(batched=True)
+    try:
+        r, _ = await asyncio.to_thread(run_publishers, fake.rs_port, publishers, window,
+                                       min(1.0, duration / 2), duration, procs, seed)
+    finally:
+        fake.stop()
+    cpu_s = r.pop("client_cpu_s")
+    return {"publishers": publishers, "window": window, **r,
+            "client_cpu_pct": round(100 * cpu_s / duration)}
 
 
 # -- 6. bytes per stored event ----------------------------------------------------------------
@@ -718,41 +966,67 @@ async def paced_stream(client: WampClient, n: int, rate: float, acknowledge: boo
     return {"sent": sent, "rate": round(sent / send_s), "latency": latency_summary(lat)}
 
 
+def checkpoint_now(db: Path) -> int:
+    """Copy the whole WAL into the database from this process (in WAL mode any connection
+    may) and truncate it; returns the bytes this process wrote for it."""
+    before = proc_io(os.getpid())["wchar"]
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
+        (busy, _, _), = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    if busy:
+        raise RuntimeError("the checkpoint could not complete (the router kept writing)")
+    return proc_io(os.getpid())["wchar"] - before
+
+
 async def bench_bytes(port: int, pid: int, db: Path, runs: list[tuple[int, float, bool]],
                       seed: int) -> list[dict[str, Any]]:
-    """One measurement per (count, rate, acknowledge) in ``runs``."""
+    """One measurement per (count, rate, acknowledge) in ``runs``. Each starts on an empty
+    WAL and ends with a checkpoint, so it pays for its own WAL frames and for copying its
+    own pages into the database, whatever the router's checkpoint interval."""
     client = await WampClient.connect(port)
-    device = block_device_stat(db.parent)
     results = []
     try:
         # settle: an acknowledged history publish commits whatever is pending
         await asyncio.wait_for(client.publish(device_topic(0), {}, acknowledge=True), 30)
         for n, rate, acknowledge in runs:
-            io0, size0 = proc_io(pid), db_files_size(db)
-            sectors0, meter = device_sectors_written(device), CpuMeter(pid)
-            r = await paced_stream(client, n, rate, acknowledge, seed + int(acknowledge))
-            io1, size1 = proc_io(pid), db_files_size(db)
-            sectors1, cpu = device_sectors_written(device), meter.stop()
-            write_bytes = io1["write_bytes"] - io0["write_bytes"]
-            results.append({
-                "acknowledge": acknowledge, "events": n, "rate": r["rate"],
-                "write_bytes": write_bytes,
-                "write_bytes_per_event": round(write_bytes / n),
-                "wchar_per_event": round((io1["wchar"] - io0["wchar"]) / n),
-                "syscw_per_event": round((io1["syscw"] - io0["syscw"]) / n, 2),
-                "db_growth_bytes": size1[0] - size0[0],
-                "wal_growth_bytes": size1[1] - size0[1],
-                "files_growth_per_event": round((size1[0] + size1[1] - size0[0] - size0[1]) / n),
-                "wal_size_after": size1[1],
-                "device_bytes_per_event": round((sectors1 - sectors0) * 512 / n)
-                if sectors0 is not None and sectors1 is not None else None,
-                "cpu": cpu, "latency": r["latency"], "ok": True,
-            })
+            checkpoint_now(db)
+            r = await bytes_run(client, pid, db, n, rate, acknowledge, seed)
+            results.append(r)
             print(f"  {n:,} {'acknowledged' if acknowledge else 'not acknowledged'} at "
-                  f"{r['rate']:,}/s: {write_bytes / n:,.0f} B/event written", flush=True)
+                  f"{r['rate']:,}/s: {r['file_bytes_per_event']:,} B/event written to files "
+                  f"({r['checkpoint_bytes_per_event']:,} of them copying the WAL into the "
+                  f"database), {r['write_bytes_per_event']:,} B write_bytes", flush=True)
     finally:
         await client.close()
     return results
+
+
+async def bytes_run(client: WampClient, pid: int, db: Path, n: int, rate: float,
+                    acknowledge: bool, seed: int) -> dict[str, Any]:
+    device = block_device_stat(db.parent)
+    io0, size0, rx0 = proc_io(pid), db_files_size(db), client.rx_bytes
+    sectors0, meter = device_sectors_written(device), CpuMeter(pid)
+    r = await paced_stream(client, n, rate, acknowledge, seed + int(acknowledge))
+    io1, size1 = proc_io(pid), db_files_size(db)
+    checkpoint = checkpoint_now(db)
+    files = file_bytes(io0, io1, client.rx_bytes - rx0) + checkpoint
+    sectors1, cpu = device_sectors_written(device), meter.stop()
+    write_bytes = io1["write_bytes"] - io0["write_bytes"]
+    return {
+        "acknowledge": acknowledge, "events": n, "rate": r["rate"],
+        "write_bytes": write_bytes,
+        "write_bytes_per_event": round(write_bytes / n),
+        "file_bytes_per_event": round(files / n),
+        "checkpoint_bytes_per_event": round(checkpoint / n),
+        "wchar_per_event": round((io1["wchar"] - io0["wchar"]) / n),
+        "syscw_per_event": round((io1["syscw"] - io0["syscw"]) / n, 2),
+        "db_growth_bytes": size1[0] - size0[0],
+        "wal_growth_bytes": size1[1] - size0[1],
+        "files_growth_per_event": round((size1[0] + size1[1] - size0[0] - size0[1]) / n),
+        "wal_size_after": size1[1],
+        "device_bytes_per_event": round((sectors1 - sectors0) * 512 / n)
+        if sectors0 is not None and sectors1 is not None else None,
+        "cpu": cpu, "latency": r["latency"], "ok": True,
+    }
 
 
 # -- 7. diagnosis: the SQL get_events runs ------------------------------------------------------
@@ -856,9 +1130,18 @@ def build_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                  f"db {pop['db_bytes'] / 2**20:,.0f} MiB)", "-", "info"))
     for r in report.get("publish", []):
         lat = r["latency"]
+        if r.get("generator_check"):
+            rows.append((f"generator check: {r['publishers']} x window {r['window']} against "
+                         f"a trivial server", f"{r['per_s']:,}/s (client CPU "
+                         f"{r['client_cpu_pct']}%)", "-", "info"))
+            continue
+        target, result = "-", "info" if r["ok"] else "ERROR"
+        if r["publishers"] == 16 and r["ok"]:
+            target = f">= {TARGET_DURABLE_PER_S:,}/s"
+            result = "pass" if r["per_s"] >= TARGET_DURABLE_PER_S else "FAIL"
         rows.append((f"durable publish, {r['publishers']} publisher(s) x window {r['window']}",
                      f"{r['per_s']:,}/s; p50 {fmt_ms(lat['p50_ms'])}, p99 {fmt_ms(lat['p99_ms'])}",
-                     "-", "info" if r["ok"] else "ERROR"))
+                     target, result))
     for r in report.get("get_events", []):
         rows.append((r["label"], f"p50 {fmt_ms(r['p50_ms'])}, p99 {fmt_ms(r['p99_ms'])} "
                                  f"(n={r['n']})",
@@ -875,14 +1158,15 @@ def build_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         kind = "acknowledged" if r["acknowledge"] else "not acknowledged"
         dev = r["device_bytes_per_event"]
         rows.append((f"bytes written/event, {r['events']:,} {kind} @ {r['rate']:,}/s",
-                     f"{r['write_bytes_per_event']:,} B (router write_bytes); db+wal growth "
-                     f"{r['files_growth_per_event']:,} B; device "
-                     + (f"{dev:,} B" if dev is not None else "-"), "-", "info"))
+                     f"{r['file_bytes_per_event']:,} B to files; {r['write_bytes_per_event']:,}"
+                     f" B write_bytes; db+wal growth {r['files_growth_per_event']:,} B; "
+                     "device " + (f"{dev:,} B" if dev is not None else "-"), "-", "info"))
     for r in report.get("publish", []):
         if r.get("write_bytes_per_event") is not None:
-            rows.append((f"bytes written/event, durable publish x{r['publishers']} "
-                         f"(closed loop, retain)", f"{r['write_bytes_per_event']:,} B "
-                         f"(router write_bytes)", "-", "info"))
+            rows.append((f"bytes written/event, durable publish {r['publishers']} x window "
+                         f"{r['window']} (closed loop, retain)",
+                         f"{r['file_bytes_per_event']:,} B to files; "
+                         f"{r['write_bytes_per_event']:,} B write_bytes", "-", "info"))
     return rows
 
 
@@ -906,10 +1190,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="get_retained subscriptions (default 20; 5 with --quick)")
     p.add_argument("--duration", type=float,
                    help="seconds per durable-publish case (default 5; 1 with --quick)")
-    p.add_argument("--window", type=int, default=1,
-                   help="acknowledged publishes each publisher keeps in flight (default 1)")
+    p.add_argument("--window", default="1,8,32",
+                   help="acknowledged publishes each publisher keeps in flight: one case per "
+                        "value (default 1,8,32)")
     p.add_argument("--publishers", default="1,16",
                    help="publisher counts of the durable-publish cases (default 1,16)")
+    p.add_argument("--client-procs", type=int, default=2,
+                   help="processes the durable-publish sessions are spread over (default 2)")
+    p.add_argument("--no-generator-check", action="store_true",
+                   help="skip the durable-publish clients against a trivial server")
+    p.add_argument("--only", default=",".join(PHASES),
+                   help=f"comma-separated phases to run (default all: {','.join(PHASES)}); "
+                        "e.g. --only publish,bytes --events 100000 for the durable part")
     p.add_argument("--bytes-events", type=int,
                    help="publications per bytes-per-event run (default 20,000; 2,000 with "
                         "--quick)")
@@ -942,6 +1234,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(opts, name) is None:
             setattr(opts, name, small if quick else full)
     opts.publisher_counts = [int(x) for x in opts.publishers.split(",") if x]
+    opts.windows = [int(x) for x in opts.window.split(",") if x]
+    opts.phases = {x for x in opts.only.split(",") if x}
+    if opts.phases - set(PHASES):
+        p.error(f"--only: unknown phase(s) {', '.join(sorted(opts.phases - set(PHASES)))}")
     return opts
 
 
@@ -980,63 +1276,37 @@ async def run(opts: argparse.Namespace, workdir: Path, report: dict[str, Any]) -
                                           10)
         sub_ids[SPARSE_PREFIX] = msg[2]
 
-        print("get_events (limit 100):", flush=True)
-        phases["get_events"] = round(time.monotonic() - t_start, 1)
-        report["get_events"] = await bench_get_events(client, pid, sub_ids, pop, opts.calls,
-                                                      opts.call_budget, opts.seed)
-
-        print("get_retained:", end=" ", flush=True)
-        phases["retained"] = round(time.monotonic() - t_start, 1)
-        meter = CpuMeter(pid)
-        r = await bench_retained(client, opts.retained, opts.repeats)
-        r["cpu"] = meter.stop()
-        report["retained"] = r
-        print(f"p50 {fmt_ms(r['p50_ms'])}, p99 {fmt_ms(r['p99_ms'])}"
-              + (f"  PROBLEMS: {r['problems']}" if r["problems"] else ""), flush=True)
-
-        if opts.profile:
-            print("profiling the router (py-spy) ...", flush=True)
-            opts.output.parent.mkdir(parents=True, exist_ok=True)
-            profiles = {}
-
-            async def retained_once() -> None:
-                await bench_retained(client, opts.retained, 1, warmup=0)
-
-            profiles["retained"] = await profile_router(
-                pid, 5, opts.output.parent / "profile-store-retained.txt", retained_once)
-            slowest = max(report["get_events"], key=lambda c: c["p99_ms"] or 0)
-            rng = random.Random(opts.seed)
-
-            async def get_events_once() -> None:
-                kwargs, _ = make_query(slowest["id"], pop, rng)
-                await client.call("wamp.subscription.get_events", [sub_ids[slowest["sub"]]],
-                                  kwargs)
-
-            profiles[f"get_events-{slowest['id']}"] = await profile_router(
-                pid, 5, opts.output.parent / f"profile-store-{slowest['id']}.txt",
-                get_events_once)
-            report["profiles"] = profiles
+        if "get_events" in opts.phases:
+            print("get_events (limit 100):", flush=True)
+            phases["get_events"] = round(time.monotonic() - t_start, 1)
+            report["get_events"] = await bench_get_events(client, pid, sub_ids, pop, opts.calls,
+                                                          opts.call_budget, opts.seed)
+        if "retained" in opts.phases:
+            print("get_retained:", end=" ", flush=True)
+            phases["retained"] = round(time.monotonic() - t_start, 1)
+            meter = CpuMeter(pid)
+            r = await bench_retained(client, opts.retained, opts.repeats)
+            r["cpu"] = meter.stop()
+            report["retained"] = r
+            print(f"p50 {fmt_ms(r['p50_ms'])}, p99 {fmt_ms(r['p99_ms'])}"
+                  + (f"  PROBLEMS: {r['problems']}" if r["problems"] else ""), flush=True)
+        if opts.profile and {"get_events", "retained"} <= opts.phases:
+            report["profiles"] = await profile_queries(client, pid, sub_ids, pop, report, opts)
         await client.close()
 
-        report["publish"] = []
-        for n in opts.publisher_counts:
-            print(f"durable publishes, {n} publisher(s):", end=" ", flush=True)
-            phases[f"publish-{n}"] = round(time.monotonic() - t_start, 1)
-            r = await bench_publish(port, pid, n, opts.duration, opts.window,
-                                    min(1.0, opts.duration / 2), opts.seed)
-            report["publish"].append(r)
-            print(f"{r['per_s']:,}/s, p50 {fmt_ms(r['latency']['p50_ms'])}, p99 "
-                  f"{fmt_ms(r['latency']['p99_ms'])}"
-                  + (f"  ERRORS: {r['errors']}" if r["errors"] else ""), flush=True)
-
-        print("bytes per stored event:", flush=True)
-        phases["bytes"] = round(time.monotonic() - t_start, 1)
-        runs = [(opts.bytes_events, opts.bytes_rate, False),
-                (opts.bytes_events, opts.bytes_rate, True)]
-        if opts.bytes_low_rate:
-            low_n = max(1, int(opts.bytes_low_rate * opts.bytes_low_seconds))
-            runs.append((low_n, opts.bytes_low_rate, False))
-        report["bytes"] = await bench_bytes(port, pid, router.db_path, runs, opts.seed)
+        if "publish" in opts.phases:
+            phases["publish"] = round(time.monotonic() - t_start, 1)
+            opts.output.parent.mkdir(parents=True, exist_ok=True)
+            report["publish"] = await run_publish_cases(port, pid, opts)
+        if "bytes" in opts.phases:
+            print("bytes per stored event:", flush=True)
+            phases["bytes"] = round(time.monotonic() - t_start, 1)
+            runs = [(opts.bytes_events, opts.bytes_rate, False),
+                    (opts.bytes_events, opts.bytes_rate, True)]
+            if opts.bytes_low_rate:
+                low_n = max(1, int(opts.bytes_low_rate * opts.bytes_low_seconds))
+                runs.append((low_n, opts.bytes_low_rate, False))
+            report["bytes"] = await bench_bytes(port, pid, router.db_path, runs, opts.seed)
         phases["end"] = round(time.monotonic() - t_start, 1)
         if router.proc.poll() is not None:
             raise RuntimeError(f"the router exited with {router.proc.returncode}")
@@ -1050,15 +1320,69 @@ async def run(opts: argparse.Namespace, workdir: Path, report: dict[str, Any]) -
             or "Traceback" in line][:30]
         print(f"router stopped (exit code {code})", flush=True)
 
-    if not opts.no_diagnose and sub_ids:
+    if not opts.no_diagnose and sub_ids and "get_events" in opts.phases:
         report["diagnosis"] = await diagnose_get_events(router.db_path, sub_ids, pop, opts.seed)
+
+
+async def profile_queries(client: WampClient, pid: int, sub_ids: dict[str, int],
+                          pop: dict[str, Any], report: dict[str, Any],
+                          opts: argparse.Namespace) -> dict[str, Any]:
+    print("profiling the router (py-spy) ...", flush=True)
+    opts.output.parent.mkdir(parents=True, exist_ok=True)
+    profiles = {}
+
+    async def retained_once() -> None:
+        await bench_retained(client, opts.retained, 1, warmup=0)
+
+    profiles["retained"] = await profile_router(
+        pid, 5, opts.output.parent / "profile-store-retained.txt", retained_once)
+    slowest = max(report["get_events"], key=lambda c: c["p99_ms"] or 0)
+    rng = random.Random(opts.seed)
+
+    async def get_events_once() -> None:
+        kwargs, _ = make_query(slowest["id"], pop, rng)
+        await client.call("wamp.subscription.get_events", [sub_ids[slowest["sub"]]], kwargs)
+
+    profiles[f"get_events-{slowest['id']}"] = await profile_router(
+        pid, 5, opts.output.parent / f"profile-store-{slowest['id']}.txt", get_events_once)
+    return profiles
+
+
+async def run_publish_cases(port: int, pid: int, opts: argparse.Namespace) -> list[dict]:
+    """Every (publishers, window) case, then the generator check on the largest one."""
+    results = []
+    for n in opts.publisher_counts:
+        for window in opts.windows:
+            print(f"durable publishes, {n} publisher(s) x window {window}:", end=" ",
+                  flush=True)
+            largest = (n, window) == (max(opts.publisher_counts), max(opts.windows))
+            profile = (opts.output.parent / f"profile-store-publish-{n}x{window}.txt"
+                       if opts.profile and largest else None)
+            r = await bench_publish(port, pid, n, opts.duration, window,
+                                    min(1.0, opts.duration / 2), opts.client_procs,
+                                    opts.seed, profile)
+            results.append(r)
+            print(f"{r['per_s']:,}/s, p50 {fmt_ms(r['latency']['p50_ms'])}, p99 "
+                  f"{fmt_ms(r['latency']['p99_ms'])}; CPU router {r['cpu']['router_cpu_pct']}% "
+                  f"(loop {r['cpu']['router_loop_cpu_pct']}%), clients "
+                  f"{r['cpu']['client_cpu_pct']}%"
+                  + (f"  ERRORS: {r['errors']}" if r["errors"] else ""), flush=True)
+    if not opts.no_generator_check and results:
+        n, window = max(opts.publisher_counts), max(opts.windows)
+        print(f"generator check ({n} x {window} against a trivial server):", end=" ",
+              flush=True)
+        g = await generator_check(n, window, opts.duration, opts.client_procs, opts.seed)
+        print(f"{g['per_s']:,}/s, client CPU {g['client_cpu_pct']}%", flush=True)
+        results.append({**g, "generator_check": True})
+    return results
 
 
 def phase_cpu(report: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
     out = [(f"get_events {r['id']}", r["cpu"]) for r in report.get("get_events", [])]
     if "cpu" in report.get("retained", {}):
         out.append(("get_retained", report["retained"]["cpu"]))
-    out += [(f"publish x{r['publishers']}", r["cpu"]) for r in report.get("publish", [])]
+    out += [(f"publish {r['publishers']}x{r['window']}", r["cpu"])
+            for r in report.get("publish", []) if "cpu" in r]
     out += [(f"bytes {'ack' if r['acknowledge'] else 'no-ack'} @ {r['rate']}/s", r["cpu"])
             for r in report.get("bytes", [])]
     return out
@@ -1069,8 +1393,10 @@ def print_report(report: dict[str, Any]) -> None:
     print(table(build_rows(report)))
     print()
     print("Latencies are measured at the client: CALL->RESULT, SUBSCRIBE->last retained EVENT,")
-    print("PUBLISH->PUBLISHED. write_bytes: /proc/<router>/io (bytes the router dirtied for the")
-    print("storage layer); device: sectors written on the whole block device meanwhile.")
+    print("PUBLISH->PUBLISHED. to files: the router's write system calls to files (wchar less")
+    print("socket bytes); write_bytes: /proc/<router>/io (page-cache memory the router dirtied,")
+    print("inflated by large folios on recent kernels); device: sectors written on the whole")
+    print("block device meanwhile (includes other programs).")
     print("CPU % (router/clients/kernel threads/other programs) per phase: " + "; ".join(
         f"{name} {c['router_cpu_pct']}/{c['client_cpu_pct']}/{c['kernel_threads_cpu_pct']}/"
         f"{c['other_cpu_pct']}"
@@ -1090,6 +1416,16 @@ def print_report(report: dict[str, Any]) -> None:
                 print(f"    params: {s['params']}")
             for line in s["plan"]:
                 print(f"    PLAN {line}  [{fmt_ms(s['sql_ms_median'])}]")
+    for r in report.get("publish", []):
+        prof = r.get("profile")
+        if prof:
+            print(f"router while {r['publishers']} x {r['window']} publish durably (py-spy "
+                  f"samples per thread: {prof['threads']['share_pct']}); event loop, self %:")
+            for fn, share in prof.get("self_top", [])[:12]:
+                print(f"  {share:5.1f}%  {fn}")
+            print("  store writer thread, self %:")
+            for fn, share in prof["threads"]["writer_self_top"]:
+                print(f"  {share:5.1f}%  {fn}")
     for name, prof in report.get("profiles", {}).items():
         print(f"router hot spots while answering {name} (py-spy, event-loop thread, self %):")
         if "error" in prof:

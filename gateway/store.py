@@ -1,15 +1,25 @@
 """The store: publications (history), retained events, stable subscription ids, clock
-anchors and gap records, in one SQLite file in WAL mode behind aiosqlite.
+anchors and gap records, in one SQLite file in WAL mode.
 
 Writes are grouped: :meth:`Store.append` queues a row and returns a future that resolves
 once the transaction holding it is committed with ``synchronous=FULL`` (fsync). The writer
 commits as soon as someone waits for durability (an acknowledged publish) and otherwise at
 most every :attr:`Store.flush_interval` seconds, so whatever arrives while one commit runs
-goes into the next: group commit. Reads use a second connection and never block writes.
+goes into the next: group commit. One thread owns the writing connection and each commit is
+a single call into it (rows built, inserted and committed there), so a commit costs the
+event loop one thread round trip however many rows it holds. Reads use a second connection
+(aiosqlite) and never block writes.
 
-Ordering is always by ``seq``, a strictly increasing number assigned on receipt. The highest
-seq ever handed to the database is kept in ``meta``, so pruning the newest rows can never
-lead to a seq being reused after a restart.
+Ordering is always by ``seq``, a strictly increasing number assigned on receipt. At start-up
+the next seq follows the highest of the stored rows, the gap records and ``highest_seq`` in
+``meta``, which is raised by every transaction that deletes rows (pruning) and at close, so
+pruning the newest rows can never lead to a seq being reused after a restart. (Raising it in
+every commit would cost one more page written per commit.)
+
+Write amplification (SD-card wear) comes from pages: every page a commit dirties is written
+once to the WAL and once more at the next checkpoint. So the hot insert path avoids random
+keys (publication ids are random, so they are indexed by seq chunk first: see schema
+version 2), rows go in as multi-row INSERTs, and a batch writes each retained slot once.
 """
 
 from __future__ import annotations
@@ -17,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +46,7 @@ from gateway.patterns import wildcard_matches
 
 log = logging.getLogger("cairn.store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: list[str] = [
     # version 1
     """
@@ -103,7 +115,64 @@ MIGRATIONS: list[str] = [
         wall_ms INTEGER NOT NULL
     );
     """,
+    # version 2: the random-key index on publication put every new row on a random page of
+    # a large index (about one 4 KiB page written per event, twice). Keyed by seq chunk
+    # first, new rows all land in the few pages of the newest chunk.
+    """
+    DROP INDEX publications_publication;
+    CREATE INDEX publications_chunk_publication ON publications ((seq >> 10), publication);
+    """,
 ]
+
+# A batch of publications goes in as ONE statement: a multi-row INSERT into a TEMP view
+# whose trigger (run by SQLite, per row, without the GIL) writes the history row and the
+# retained slot. Without BEGIN it is its own transaction, so the commit and its fsync
+# happen in the same sqlite3_step. Each statement the writer thread runs gives up the GIL
+# and must win it back from the busy event loop (waking up at every release the loop
+# makes): executemany costs that once per row, this once per commit.
+_BATCH_COLUMNS = ("seq", "publication", "realm", "topic", "rule", "wall_ms", "boot_id",
+                  "boottime_ns", "clock_synced", "authid", "authrole", "audience", "details",
+                  "payload", "retain", "audience_key", "slot")
+_BATCH_SCHEMA = [
+    f"CREATE TEMP VIEW publication_batch ({', '.join(_BATCH_COLUMNS)}) AS SELECT "
+    + ", ".join(["NULL"] * len(_BATCH_COLUMNS)) + " WHERE 0",
+    # slot: the newest publication of the batch for its retained slot; and a retried
+    # older row must never replace a newer one
+    """CREATE TEMP TRIGGER publication_batch_insert INSTEAD OF INSERT ON publication_batch
+    BEGIN
+      INSERT INTO publications (seq, publication, realm, topic, rule, wall_ms, boot_id,
+          boottime_ns, clock_synced, authid, authrole, audience, details, payload, retain)
+        SELECT NEW.seq, NEW.publication, NEW.realm, NEW.topic, NEW.rule, NEW.wall_ms,
+          NEW.boot_id, NEW.boottime_ns, NEW.clock_synced, NEW.authid, NEW.authrole,
+          NEW.audience, NEW.details, NEW.payload, NEW.retain
+        WHERE NEW.rule IS NOT NULL;
+      INSERT INTO retained (realm, topic, audience_key, seq, publication, wall_ms, authid,
+          authrole, audience, details, payload)
+        SELECT NEW.realm, NEW.topic, NEW.audience_key, NEW.seq, NEW.publication, NEW.wall_ms,
+          NEW.authid, NEW.authrole, NEW.audience, NEW.details, NEW.payload
+        WHERE NEW.slot
+        ON CONFLICT (realm, topic, audience_key) DO UPDATE SET seq = excluded.seq,
+          publication = excluded.publication, wall_ms = excluded.wall_ms,
+          authid = excluded.authid, authrole = excluded.authrole,
+          audience = excluded.audience, details = excluded.details,
+          payload = excluded.payload
+        WHERE excluded.seq > retained.seq;
+    END""",
+]
+# Statements are padded with rows of NULLs (filtered out) to a power of two, so a dozen
+# prepared statements serve every batch size; bigger batches take several statements.
+_MAX_BATCH_ROWS = 1024  # x 17 parameters: within SQLite's limit of 32,766
+_RAISE_META = ("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) "
+               "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)")
+# Probe each chunk of 1,024 seqs, newest first, on the (seq >> 10, publication) index (the
+# expression must stay exactly the index's): ~1,000 index seeks per million rows, ~1 ms.
+_SEQ_OF_PUBLICATION = (
+    "WITH RECURSIVE chunk(k) AS ("
+    " SELECT (SELECT MAX(seq) FROM publications) >> 10"
+    " UNION ALL SELECT k - 1 FROM chunk"
+    " WHERE k > (SELECT MIN(seq) FROM publications) >> 10)"
+    " SELECT p.seq FROM chunk CROSS JOIN publications AS p"
+    " WHERE (p.seq >> 10) = chunk.k AND p.publication = ? AND +p.realm = ? LIMIT 1")
 
 
 class StorageError(Exception):
@@ -174,7 +243,10 @@ class _Pending:
     waiters: list[asyncio.Future] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.publications or self.subscriptions or self.anchors or self.gaps)
+        return bool(self.publications or self.has_records())
+
+    def has_records(self) -> bool:
+        return bool(self.subscriptions or self.anchors or self.gaps)
 
 
 def audience_allows(audience: dict[str, list[Any]] | None, authid: str | None,
@@ -196,11 +268,30 @@ def eligible(audience_json: str | None, authid: str | None, authrole: str | None
     return audience_allows(json.loads(audience_json) if audience_json else None, authid, authrole)
 
 
+class _WriterThread:
+    """The one connection that writes, and the one thread that uses it."""
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="cairn-store-writer")
+        self.db: sqlite3.Connection | None = None
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def connect(self, path: Path) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    async def close(self) -> None:
+        if self.db is not None:
+            await self.run(self.db.close)
+        self._executor.shutdown(wait=True)
+
+
 class Store:
     flush_interval = 0.05  # the bound on what a power cut may take without acknowledge
     max_batch = 5000
 
-    def __init__(self, path: Path, writer: aiosqlite.Connection,
+    def __init__(self, path: Path, writer: _WriterThread,
                  reader: aiosqlite.Connection) -> None:
         self.path = path
         self._writer = writer
@@ -213,6 +304,11 @@ class Store:
         self.commit_latencies: list[float] = []  # seconds, recent commits (for metrics)
         self.failed_writes = 0
         self._transaction = asyncio.Lock()  # one transaction at a time on the writer
+        # the writer thread's
+        self._details_json: dict[str, str] = {}  # topic -> '{"topic": topic}'
+        self._packer = msgpack.Packer()  # as StoredPublication.payload, without a new Packer
+        # asyncio.get_running_loop() costs a getpid() system call: once per append is too much
+        self._loop = asyncio.get_running_loop()
 
     # -- opening and closing -------------------------------------------------------------
 
@@ -220,10 +316,9 @@ class Store:
     async def open(cls, path: Path) -> Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         _refuse_newer_schema(path)  # before anything could touch the file
-        writer = await aiosqlite.connect(path, isolation_level=None)
+        writer = _WriterThread()
         try:
-            await _configure(writer)
-            await _migrate(writer, path)
+            await writer.run(_open_writer, writer, path)
             reader = await aiosqlite.connect(path, isolation_level=None)
         except BaseException:
             await writer.close()
@@ -232,19 +327,9 @@ class Store:
         await reader.create_function("eligible", 3, eligible, deterministic=True)
         await reader.create_function("wildcard_match", 2, wildcard_matches, deterministic=True)
         store = cls(path, writer, reader)
-        store.next_seq = await store._highest_seq() + 1
-        store._task = asyncio.get_running_loop().create_task(store._write_loop())
+        store.next_seq = await writer.run(_highest_seq, writer.db) + 1
+        store._task = store._loop.create_task(store._write_loop())
         return store
-
-    async def _highest_seq(self) -> int:
-        values = []
-        for sql in ("SELECT value FROM meta WHERE key = 'highest_seq'",
-                    "SELECT MAX(seq) FROM publications", "SELECT MAX(seq) FROM retained"):
-            async with self._writer.execute(sql) as cur:
-                row = await cur.fetchone()
-                if row and row[0] is not None:
-                    values.append(int(row[0]))
-        return max(values, default=0)
 
     async def close(self) -> None:
         """Flush everything queued, then close both connections."""
@@ -253,8 +338,11 @@ class Store:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        with contextlib.suppress(sqlite3.Error):  # every seq handed out, stored or not
+            await self._writer.run(_fetch, self._writer.db, _RAISE_META,
+                                   ("highest_seq", self.next_seq - 1))
         with contextlib.suppress(sqlite3.Error):
-            await self._writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            await self._writer.run(_fetch, self._writer.db, "PRAGMA wal_checkpoint(TRUNCATE)")
         await self._reader.close()
         await self._writer.close()
 
@@ -283,7 +371,9 @@ class Store:
         self._pending.gaps.append(gap)
 
     def _waiter(self) -> asyncio.Future:
-        future = asyncio.get_running_loop().create_future()
+        # one future per caller, not one per batch: cancelling one awaiting task must not
+        # cancel the others' acknowledgements
+        future = self._loop.create_future()
         self._pending.waiters.append(future)
         return future
 
@@ -298,15 +388,21 @@ class Store:
             self._wake.set()
             await future
 
+    async def _wait_for_work(self, timeout: float) -> None:
+        if not self._wake.is_set():
+            timer = self._loop.call_later(timeout, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
+        self._wake.clear()
+
     async def _write_loop(self) -> None:
         backoff = 0.0  # > 0 while writes fail: retry slower, unless someone is waiting
         while True:
             if not self._pending and self._closing:
                 return
-            if not self._wake.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), backoff or self.flush_interval)
-            self._wake.clear()
+            await self._wait_for_work(backoff or self.flush_interval)
             if not self._pending:
                 continue
             batch, self._pending = self._pending, _Pending()
@@ -358,73 +454,88 @@ class Store:
 
     async def _commit(self, batch: _Pending) -> None:
         async with self._transaction:
-            try:
-                await self._commit_locked(batch)
-            except sqlite3.Error:
-                with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
-                    await self._writer.execute("ROLLBACK")
-                raise
+            await self._commit_locked(batch)
 
     async def _commit_locked(self, batch: _Pending) -> None:
-        db = self._writer
-        await db.execute("BEGIN IMMEDIATE")
-        history = [p for p in batch.publications if p.history_rule is not None]
-        if history:
-            await db.executemany(
-                "INSERT INTO publications (seq, publication, realm, topic, rule, wall_ms, "
-                "boot_id, boottime_ns, clock_synced, authid, authrole, audience, details, "
-                "payload, retain) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [(p.seq, p.publication, p.realm, p.topic, p.history_rule, p.wall_ms, p.boot_id,
-                  p.boottime_ns, int(p.clock_synced), p.authid, p.authrole,
-                  json.dumps(p.audience) if p.audience else None, json.dumps(p.details),
-                  p.payload(), int(p.retain)) for p in history])
-        retained = [p for p in batch.publications if p.retain]
-        if retained:
-            # a retried older row must never replace a newer one
-            await db.executemany(
-                "INSERT INTO retained (realm, topic, audience_key, seq, publication,"
-                " wall_ms, authid, authrole, audience, details, payload)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?)"
-                " ON CONFLICT (realm, topic, audience_key) DO UPDATE SET seq = excluded.seq,"
-                " publication = excluded.publication, wall_ms = excluded.wall_ms,"
-                " authid = excluded.authid, authrole = excluded.authrole,"
-                " audience = excluded.audience, details = excluded.details,"
-                " payload = excluded.payload WHERE excluded.seq > retained.seq",
-                [(p.realm, p.topic, p.audience_key, p.seq, p.publication, p.wall_ms, p.authid,
-                  p.authrole, json.dumps(p.audience) if p.audience else None,
-                  json.dumps(p.details), p.payload()) for p in retained])
+        await self._writer.run(self._commit_batch, batch)
+
+    # the writer thread: the batch is no longer touched by the event loop
+
+    def _commit_batch(self, batch: _Pending) -> None:
+        db = self._writer.db
+        rows = self._batch_rows(batch.publications)
+        if len(rows) <= _MAX_BATCH_ROWS and not batch.has_records():
+            _insert_batch(db, rows)  # autocommit: the usual case, one statement
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for start in range(0, len(rows), _MAX_BATCH_ROWS):
+                _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
+            self._write_records(db, batch)
+            db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+                db.execute("ROLLBACK")
+            raise
+
+    def _batch_rows(self, pubs: list[StoredPublication]) -> list[tuple[Any, ...]]:
+        """A row per history publication, and per retained slot the newest publication of
+        the batch (a topic published 100 times in one batch is upserted once)."""
+        newest: dict[tuple[str, str, str], StoredPublication] = {}
+        for p in pubs:
+            if p.retain:
+                key = (p.realm, p.topic, p.audience_key)
+                other = newest.get(key)
+                if other is None or p.seq > other.seq:
+                    newest[key] = p
+        slots = {id(p): key[2] for key, p in newest.items()}
+        pack = self._packer.pack
+        rows = []
+        for p in pubs:
+            audience_key = slots.get(id(p))
+            if p.history_rule is None and audience_key is None:
+                continue  # retained only, and a newer one of its slot is in the batch
+            rows.append((
+                p.seq, p.publication, p.realm, p.topic, p.history_rule, p.wall_ms, p.boot_id,
+                p.boottime_ns, int(p.clock_synced), p.authid, p.authrole,
+                json.dumps(p.audience) if p.audience else None, self._details(p),
+                pack([p.args, p.kwargs]), int(p.retain), audience_key,
+                int(audience_key is not None)))
+        return rows
+
+    def _details(self, p: StoredPublication) -> str:
+        """The details as JSON; the usual ``{"topic": topic}`` from a cache."""
+        details = p.details
+        if len(details) != 1 or details.get("topic") != p.topic:
+            return json.dumps(details)
+        text = self._details_json.get(p.topic)
+        if text is None:
+            if len(self._details_json) >= 10_000:
+                self._details_json.clear()
+            text = self._details_json[p.topic] = json.dumps(details)
+        return text
+
+    @staticmethod
+    def _write_records(db: sqlite3.Connection, batch: _Pending) -> None:
         if batch.subscriptions:
-            await db.executemany(
+            db.executemany(
                 "INSERT OR IGNORE INTO subscriptions (id, realm, uri, match, created)"
                 " VALUES (?,?,?,?,?)", batch.subscriptions)
         if batch.anchors:
-            await db.executemany(
+            db.executemany(
                 "INSERT INTO anchors (reason, boot_id, boottime_ns, wall_ns, offset_before_ns,"
                 " clock_synced, after_seq) VALUES (?,?,?,?,?,?,?)",
                 [(a.reason, a.boot_id, a.boottime_ns, a.wall_ns, a.offset_before_ns,
                   int(a.synced), after) for a, after in batch.anchors])
         if batch.gaps:
-            now = int(time.time() * 1000)
-            await db.executemany(
-                "INSERT INTO gaps (realm, rule, first_seq, last_seq, count, reason, wall_ms)"
-                " VALUES (?,?,?,?,?,?,?)",
-                [(g.realm, g.rule, g.first_seq, g.last_seq, g.count, g.reason, now)
-                 for g in batch.gaps])
-        if batch.publications:
-            highest = max(p.seq for p in batch.publications)
-            await db.execute(
-                "INSERT INTO meta (key, value) VALUES ('highest_seq', ?) ON CONFLICT(key) "
-                "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)", (highest,))
-        await db.execute("COMMIT")
+            _insert_gaps(db, batch.gaps)
 
     # -- bounds --------------------------------------------------------------------------
 
     async def set_synced_seq(self, seq: int) -> None:
         """Everything up to ``seq`` has reached the central sink (the uploader says so)."""
         async with self._transaction:
-            await self._writer.execute(
-                "INSERT INTO meta (key, value) VALUES ('synced_seq', ?) ON CONFLICT(key) "
-                "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)", (seq,))
+            await self._writer.run(_fetch, self._writer.db, _RAISE_META, ("synced_seq", seq))
 
     async def synced_seq(self) -> int:
         rows = await self.query("SELECT value FROM meta WHERE key = 'synced_seq'", ())
@@ -438,71 +549,14 @@ class Store:
         recorded with a synchronized clock: a Pi that boots in 1970 must not mistake
         everything it stored for ancient history.
         """
-        gaps: list[Gap] = []
         synced = await self.synced_seq()
         async with self._transaction:
-            db = self._writer
-            await db.execute("BEGIN IMMEDIATE")
-            try:
-                for rule in rules:
-                    where, params = "realm = ? AND rule = ?", [rule.realm, rule.index]
-                    (count,), = await self._fetch(
-                        f"SELECT COUNT(*) FROM publications WHERE {where}", params)
-                    if count > rule.max_events:
-                        gaps += await self._drop(where, params, count - rule.max_events,
-                                                 synced, rule, "max_events")
-                    if rule.max_age_ms is not None and clock_synced:
-                        age_where = f"{where} AND clock_synced = 1 AND wall_ms < ?"
-                        age_params = [*params, now_ms - rule.max_age_ms]
-                        (old,), = await self._fetch(
-                            f"SELECT COUNT(*) FROM publications WHERE {age_where}", age_params)
-                        if old:
-                            gaps += await self._drop(age_where, age_params, old, synced, rule,
-                                                     "max_age")
-                while await self._used_bytes() > max_bytes:
-                    dropped = await self._drop("1", [], 1000, synced, None, "max_store_bytes")
-                    if not dropped:
-                        break
-                    gaps += dropped
-                now = int(time.time() * 1000)
-                await db.executemany(
-                    "INSERT INTO gaps (realm, rule, first_seq, last_seq, count, reason, wall_ms)"
-                    " VALUES (?,?,?,?,?,?,?)",
-                    [(g.realm, g.rule, g.first_seq, g.last_seq, g.count, g.reason, now)
-                     for g in gaps])
-                await db.execute("COMMIT")
-            except BaseException:
-                await db.execute("ROLLBACK")
-                raise
-        if gaps:
-            await self._writer.execute("PRAGMA incremental_vacuum")
-            for g in gaps:
-                log.warning("dropped %d events (seq %s..%s, %s) to stay within %s", g.count,
-                            g.first_seq, g.last_seq, g.realm or "all realms", g.reason)
+            gaps = await self._writer.run(_prune, self._writer.db, rules, max_bytes, now_ms,
+                                          clock_synced, synced)
+        for g in gaps:
+            log.warning("dropped %d events (seq %s..%s, %s) to stay within %s", g.count,
+                        g.first_seq, g.last_seq, g.realm or "all realms", g.reason)
         return gaps
-
-    async def _drop(self, where: str, params: list[Any], count: int, synced: int,
-                    rule: PruneRule | None, reason: str) -> list[Gap]:
-        """Delete the ``count`` oldest rows matching ``where``: synced ones first."""
-        victims = await self._fetch(
-            f"SELECT seq, realm FROM publications WHERE {where} "
-            f"ORDER BY seq > ?, seq LIMIT ?", [*params, synced, count])
-        if not victims:
-            return []
-        await self._writer.executemany("DELETE FROM publications WHERE seq = ?",
-                                       [(seq,) for seq, _ in victims])
-        seqs = [seq for seq, _ in victims]
-        return [Gap(rule.realm if rule else None, rule.index if rule else None,
-                    min(seqs), max(seqs), len(seqs), reason)]
-
-    async def _fetch(self, sql: str, params: Iterable[Any]) -> list[tuple[Any, ...]]:
-        async with self._writer.execute(sql, tuple(params)) as cur:
-            return [tuple(row) for row in await cur.fetchall()]
-
-    async def _used_bytes(self) -> int:
-        (pages, free, size), = await self._fetch(
-            "SELECT * FROM pragma_page_count(), pragma_freelist_count(), pragma_page_size()", ())
-        return (pages - free) * size
 
     async def gaps(self) -> list[tuple[Any, ...]]:
         return await self.query(
@@ -536,9 +590,7 @@ class Store:
             return [tuple(row) for row in await cur.fetchall()]
 
     async def seq_of_publication(self, realm: str, publication: int) -> int | None:
-        rows = await self.query(
-            "SELECT seq FROM publications WHERE publication = ? AND +realm = ?",
-            (publication, realm))
+        rows = await self.query(_SEQ_OF_PUBLICATION, (publication, realm))
         return rows[0][0] if rows else None
 
     async def summary(self, realm: str) -> dict[str, Any]:
@@ -563,12 +615,119 @@ class Store:
         return int(rows[0][0]) if rows else 0
 
 
-async def _configure(db: aiosqlite.Connection) -> None:
-    await db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new database
-    await db.execute("PRAGMA journal_mode = WAL")
-    await db.execute("PRAGMA synchronous = FULL")
-    await db.execute("PRAGMA foreign_keys = ON")
-    await db.execute("PRAGMA wal_autocheckpoint = 4000")  # pages: fewer, larger checkpoints
+# -- the writer thread's side: plain sqlite3 on the writing connection ------------------------
+
+
+def _open_writer(writer: _WriterThread, path: Path) -> None:
+    writer.connect(path)
+    _configure(writer.db)
+    _migrate(writer.db, path)
+    for statement in _BATCH_SCHEMA:  # TEMP: this connection's, not the file's
+        writer.db.execute(statement)
+
+
+@functools.cache
+def _batch_sql(rows: int) -> str:
+    row = "(" + ",".join("?" * len(_BATCH_COLUMNS)) + ")"
+    return (f"INSERT INTO publication_batch SELECT * FROM (VALUES {','.join([row] * rows)})"
+            " WHERE column1 IS NOT NULL")
+
+
+_NULL_ROW = (None,) * len(_BATCH_COLUMNS)
+
+
+def _insert_batch(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """INSERT up to _MAX_BATCH_ROWS ``rows`` into publication_batch in one statement."""
+    if not rows:
+        return
+    size = 1 << (len(rows) - 1).bit_length()  # the next power of two
+    values = [value for row in rows for value in row]
+    values += _NULL_ROW * (size - len(rows))
+    db.execute(_batch_sql(size), values)
+
+
+def _fetch(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
+    return db.execute(sql, tuple(params)).fetchall()
+
+
+def _highest_seq(db: sqlite3.Connection) -> int:
+    values = []
+    for sql in ("SELECT value FROM meta WHERE key = 'highest_seq'",
+                "SELECT MAX(seq) FROM publications", "SELECT MAX(seq) FROM retained",
+                "SELECT MAX(last_seq) FROM gaps"):
+        row = db.execute(sql).fetchone()
+        if row and row[0] is not None:
+            values.append(int(row[0]))
+    return max(values, default=0)
+
+
+def _insert_gaps(db: sqlite3.Connection, gaps: list[Gap]) -> None:
+    now = int(time.time() * 1000)
+    db.executemany(
+        "INSERT INTO gaps (realm, rule, first_seq, last_seq, count, reason, wall_ms)"
+        " VALUES (?,?,?,?,?,?,?)",
+        [(g.realm, g.rule, g.first_seq, g.last_seq, g.count, g.reason, now) for g in gaps])
+
+
+def _prune(db: sqlite3.Connection, rules: list[PruneRule], max_bytes: int, now_ms: int,
+           clock_synced: bool, synced: int) -> list[Gap]:
+    gaps: list[Gap] = []
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute(_RAISE_META, ("highest_seq", _highest_seq(db)))  # before deleting any
+        for rule in rules:
+            where, params = "realm = ? AND rule = ?", [rule.realm, rule.index]
+            (count,), = _fetch(db, f"SELECT COUNT(*) FROM publications WHERE {where}", params)
+            if count > rule.max_events:
+                gaps += _drop(db, where, params, count - rule.max_events, synced, rule,
+                              "max_events")
+            if rule.max_age_ms is not None and clock_synced:
+                age_where = f"{where} AND clock_synced = 1 AND wall_ms < ?"
+                age_params = [*params, now_ms - rule.max_age_ms]
+                (old,), = _fetch(db, f"SELECT COUNT(*) FROM publications WHERE {age_where}",
+                                 age_params)
+                if old:
+                    gaps += _drop(db, age_where, age_params, old, synced, rule, "max_age")
+        while _used_bytes(db) > max_bytes:
+            dropped = _drop(db, "1", [], 1000, synced, None, "max_store_bytes")
+            if not dropped:
+                break
+            gaps += dropped
+        _insert_gaps(db, gaps)
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    if gaps:
+        _fetch(db, "PRAGMA incremental_vacuum")
+    return gaps
+
+
+def _drop(db: sqlite3.Connection, where: str, params: list[Any], count: int, synced: int,
+          rule: PruneRule | None, reason: str) -> list[Gap]:
+    """Delete the ``count`` oldest rows matching ``where``: synced ones first."""
+    victims = _fetch(db, f"SELECT seq, realm FROM publications WHERE {where} "
+                         f"ORDER BY seq > ?, seq LIMIT ?", [*params, synced, count])
+    if not victims:
+        return []
+    db.executemany("DELETE FROM publications WHERE seq = ?", [(seq,) for seq, _ in victims])
+    seqs = [seq for seq, _ in victims]
+    return [Gap(rule.realm if rule else None, rule.index if rule else None,
+                min(seqs), max(seqs), len(seqs), reason)]
+
+
+def _used_bytes(db: sqlite3.Connection) -> int:
+    (pages, free, size), = _fetch(
+        db, "SELECT * FROM pragma_page_count(), pragma_freelist_count(), pragma_page_size()")
+    return (pages - free) * size
+
+
+def _configure(db: sqlite3.Connection) -> None:
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect on a new database
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = FULL")
+    db.execute("PRAGMA foreign_keys = ON")
+    db.execute("PRAGMA wal_autocheckpoint = 4000")  # pages: fewer, larger checkpoints
 
 
 def _refuse_newer_schema(path: Path) -> None:
@@ -585,26 +744,21 @@ def _refuse_newer_schema(path: Path) -> None:
             f"a backup made by this release; refusing to start rather than corrupt it.")
 
 
-async def _migrate(db: aiosqlite.Connection, path: Path) -> None:
-    async with db.execute("PRAGMA user_version") as cur:
-        version = (await cur.fetchone())[0]
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
     for target in range(version + 1, SCHEMA_VERSION + 1):
         log.info("migrating %s to schema version %d", path, target)
-        await db.execute("BEGIN IMMEDIATE")
+        db.execute("BEGIN IMMEDIATE")
         try:
-            await _execute_statements(db, MIGRATIONS[target - 1])
-            await db.execute(f"PRAGMA user_version = {target}")
-            await db.execute("COMMIT")
+            # executescript() would COMMIT first; run statement by statement inside ours
+            for statement in MIGRATIONS[target - 1].split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {target}")
+            db.execute("COMMIT")
         except BaseException:
-            await db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
-
-
-async def _execute_statements(db: aiosqlite.Connection, script: str) -> None:
-    # executescript() would COMMIT first; run statement by statement inside our transaction
-    for statement in script.split(";"):
-        if statement.strip():
-            await db.execute(statement)
 
 
 class HistoryReader:

@@ -14,6 +14,7 @@ import sqlite3
 import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
+from gateway.store import PruneRule, Store, StoredPublication
 from tests.router_process import RouterProcess
 from tests.wamp_client import connect
 
@@ -142,3 +143,24 @@ async def test_seq_keeps_increasing_across_restarts_even_after_the_newest_rows_a
     second = [seq_of[p] for p in runs[1]]
     assert second == sorted(second)
     assert min(second) > 5 >= max(first)
+
+
+async def test_pruning_the_newest_rows_records_their_seqs_first(tmp_path):
+    """Commits do not write the highest seq (a page per commit); the transaction that
+    deletes rows does, before a crash could lose it."""
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        for i in range(5):
+            store.append(StoredPublication(
+                seq=store.assign_seq(), publication=1000 + i, realm="realm1", topic="sensor.x",
+                args=[i], kwargs=None, wall_ms=1000, boot_id="boot", boottime_ns=1,
+                clock_synced=True, details={"topic": "sensor.x"}, history_rule=0))
+        await store.flush()
+        gaps = await store.prune([PruneRule("realm1", 0, 0, None)], 10**12, 2000, True)
+        assert [(g.first_seq, g.last_seq) for g in gaps] == [(1, 5)]
+        with contextlib.closing(sqlite3.connect(tmp_path / "cairn.db")) as db:  # as if killed now
+            assert db.execute("SELECT COUNT(*) FROM publications").fetchone() == (0,)
+            assert db.execute(
+                "SELECT value FROM meta WHERE key = 'highest_seq'").fetchone() == ("5",)
+    finally:
+        await store.close()
