@@ -12,6 +12,7 @@ outbox, so no live event can come between them.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp import message as m
 
-from gateway.core import Outbox, Session, WampError, global_id
+from gateway.core import Outbox, Session, WampError, global_id, publication_id
 from gateway.patterns import PatternMap
 from gateway.retention import RetainedEvent
 from gateway.store import StorageError, StoredPublication
@@ -170,7 +171,7 @@ class Broker:
                 raise
             return  # WAMP answers a refused PUBLISH with ERROR only when acknowledge is set
         disclose = rule.disclose or disclose_me
-        publication = global_id()
+        publication = publication_id()
         durable = self._store(session, msg, publication, disclose)
         self.dispatch(msg, publication, out, publisher=session, disclose=disclose)
         if not msg.acknowledge:
@@ -179,19 +180,22 @@ class Broker:
             out.send(session, m.Published(msg.request, publication))
             return
 
-        async def acknowledge_when_durable(o: Outbox) -> None:
-            try:
-                await durable
-            except StorageError as e:
+        def acknowledge(stored: asyncio.Future, o: Outbox) -> None:
+            if stored.cancelled():  # the router is stopping
+                return
+            error = stored.exception()
+            if error is None:
+                o.send(session, m.Published(msg.request, publication))
+            elif isinstance(error, StorageError):
                 o.send(session, m.Error(m.Publish.MESSAGE_TYPE, msg.request,
                                         "cairn.error.storage_failed",
                                         args=[f"publication {publication} was delivered live "
-                                              f"but could not be stored: {e}"]))
+                                              f"but could not be stored: {error}"]))
             else:
-                o.send(session, m.Published(msg.request, publication))
+                raise error
 
         self.realm.store.request_flush()
-        out.spawn(acknowledge_when_durable)
+        out.when_done(durable, acknowledge)
 
     def _store(self, session: Session, msg: m.Publish, publication: int,
                disclose: bool) -> Any:
@@ -260,4 +264,4 @@ class Broker:
     def publish_internal(self, topic: str, args: list[Any], out: Outbox) -> None:
         """A publication from the router itself (meta events)."""
         if self.subscriptions.match(topic):
-            self.dispatch(m.Publish(0, topic, args=args), global_id(), out)
+            self.dispatch(m.Publish(0, topic, args=args), publication_id(), out)

@@ -8,6 +8,8 @@ sessions to close, timers to start, coroutines to run. The asyncio shell
 
 from __future__ import annotations
 
+import asyncio
+import random
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,16 @@ if TYPE_CHECKING:
 def global_id() -> int:
     """A random id from WAMP's global scope [1, 2**53]."""
     return secrets.randbits(53) or 1
+
+
+_publication_ids = random.Random(secrets.randbits(128))
+
+
+def publication_id() -> int:
+    """A publication id, random in [1, 2**53] like global_id() but from a generator seeded
+    once by the OS: one system call per publication shows on the hot path, and unlike session
+    ids, publication ids guard nothing."""
+    return _publication_ids.getrandbits(53) or 1
 
 
 class WampError(Exception):
@@ -83,18 +95,20 @@ class Session:
 
 Timer = Callable[["Outbox"], None]
 Task = Callable[["Outbox"], Awaitable[None]]
+Resolved = Callable[[asyncio.Future, "Outbox"], None]
 
 
 class Outbox:
     """What the core wants done, in order. The shell drains it after each call."""
 
-    __slots__ = ("messages", "closes", "timers", "tasks")
+    __slots__ = ("messages", "closes", "timers", "tasks", "waits")
 
     def __init__(self) -> None:
         self.messages: list[tuple[Session, Message]] = []
         self.closes: list[Session] = []
         self.timers: list[tuple[float, Timer]] = []
         self.tasks: list[Task] = []
+        self.waits: list[tuple[asyncio.Future, Resolved]] = []
 
     def send(self, session: Session, message: Message) -> None:
         if not session.closed:
@@ -109,3 +123,7 @@ class Outbox:
 
     def spawn(self, task: Task) -> None:
         self.tasks.append(task)
+
+    def when_done(self, future: asyncio.Future, callback: Resolved) -> None:
+        """``callback(future, outbox)`` once the future is done (cheaper than a task)."""
+        self.waits.append((future, callback))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -23,7 +24,7 @@ from autobahn.wamp import message as m
 
 from gateway.clock import rfc3339
 from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
-from gateway.core import Outbox, Session, Task, Timer
+from gateway.core import Outbox, Resolved, Session, Task, Timer
 from gateway.metrics import MessageCounters
 from gateway.metrics import render as render_metrics
 from gateway.notify import keep_watchdog_fed, notify
@@ -119,6 +120,10 @@ class Node:
             session.link.send(msg)
         for session in out.closes:
             session.link.close()
+        for future, callback in out.waits:
+            future.add_done_callback(functools.partial(self._resolved, callback))
+        if not (out.timers or out.tasks):
+            return
         loop = asyncio.get_running_loop()
         for delay, timer in out.timers:
             loop.call_later(delay, self._fire, timer)
@@ -126,6 +131,14 @@ class Node:
             t = loop.create_task(self._run(task))
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
+
+    def _resolved(self, callback: Resolved, future: asyncio.Future) -> None:
+        out = Outbox()
+        try:
+            callback(future, out)
+        except Exception:
+            log.exception("internal error after a store write")
+        self.flush(out)
 
     def _fire(self, timer: Timer) -> None:
         out = Outbox()
