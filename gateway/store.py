@@ -420,6 +420,10 @@ class Store:
                               len(self._pending.publications))
                     return
                 continue
+            except Exception as e:  # a bug (say, a value msgpack cannot pack): lose this
+                log.exception("the store could not write a batch")  # batch, not the store
+                self._fail(batch, e, retry_retained=False)
+                continue
             if backoff:
                 log.warning("the store writes again")
                 backoff = 0.0
@@ -429,16 +433,16 @@ class Store:
                 if not w.done():
                     w.set_result(None)
 
-    def _fail(self, batch: _Pending, e: sqlite3.Error) -> None:
+    def _fail(self, batch: _Pending, e: Exception, retry_retained: bool = True) -> None:
         self.failed_writes += len(batch.publications)
         error = StorageError(f"the store could not write: {e}")
         for w in batch.waiters:
             if not w.done():
                 w.set_exception(error)
                 w.exception()  # a waiter nobody awaits must not log "never retrieved"
-        self._record_loss(batch, str(e))
+        self._record_loss(batch, str(e), retry_retained)
 
-    def _record_loss(self, batch: _Pending, reason: str) -> None:
+    def _record_loss(self, batch: _Pending, reason: str, retry_retained: bool) -> None:
         """Publications that failed to store are recorded as a gap (retried with the next
         batch, so the record survives once the disk has room again)."""
         lost = [p for p in batch.publications if p.history_rule is not None]
@@ -446,8 +450,10 @@ class Store:
             self._pending.gaps.append(Gap(lost[0].realm, None, lost[0].seq, lost[-1].seq,
                                           len(lost), f"write failed: {reason}"))
         # The router already serves these retained values: keep trying to store them.
-        self._pending.publications.extend(
-            dataclasses.replace(p, history_rule=None) for p in batch.publications if p.retain)
+        if retry_retained:
+            self._pending.publications.extend(
+                dataclasses.replace(p, history_rule=None) for p in batch.publications
+                if p.retain)
         self._pending.subscriptions.extend(batch.subscriptions)
         self._pending.anchors.extend(batch.anchors)
         self._pending.gaps.extend(batch.gaps)

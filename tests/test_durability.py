@@ -14,7 +14,7 @@ import sqlite3
 import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from gateway.store import PruneRule, Store, StoredPublication
+from gateway.store import PruneRule, StorageError, Store, StoredPublication
 from tests.router_process import RouterProcess
 from tests.wamp_client import connect
 
@@ -164,3 +164,23 @@ async def test_pruning_the_newest_rows_records_their_seqs_first(tmp_path):
                 "SELECT value FROM meta WHERE key = 'highest_seq'").fetchone() == ("5",)
     finally:
         await store.close()
+
+
+async def test_a_batch_the_store_cannot_encode_fails_its_waiters_and_storing_goes_on(tmp_path):
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        def publication(args: list) -> StoredPublication:
+            return StoredPublication(
+                seq=store.assign_seq(), publication=store.next_seq, realm="realm1",
+                topic="sensor.a", args=args, kwargs=None, wall_ms=1, boot_id="boot",
+                boottime_ns=1, clock_synced=True, details={"topic": "sensor.a"},
+                history_rule=0, retain=True)
+
+        with pytest.raises(StorageError):
+            await asyncio.wait_for(store.append(publication([object()])), 5)
+        await asyncio.wait_for(store.append(publication([2])), 5)
+        assert store.failed_writes == 1
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "cairn.db")) as db:
+        assert db.execute("SELECT count(*) FROM publications").fetchone() == (1,)
