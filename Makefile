@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint bench setup setup-test payload image
+.PHONY: run test lint bench soak setup setup-test payload image
 
 run: setup
 	.venv/bin/cairn demo
@@ -13,6 +13,9 @@ lint: setup-test
 
 bench: setup-test  # Cairn vs Crossbar.io and Mosquitto, ~5 min; writes docs/benchmarks.md
 	.venv/bin/python -m bench
+
+soak: setup-test  # the soak and fault suite (soak/), ~20 min; not part of `make test`
+	.venv/bin/pytest soak -v -s
 
 payload: setup  # the files an image (or an existing Pi) installs: dist/cairn-payload-*.tar.gz
 	.venv/bin/python images/build_payload.py --out dist

@@ -36,6 +36,16 @@ def publication_id() -> int:
     return _publication_ids.getrandbits(53) or 1
 
 
+def brief(value: Any, width: int = 60) -> str:
+    """The start of repr(value), for error messages about untrusted values: repr() raises
+    on integers of more than 4,300 digits and on very deeply nested lists."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__} too large to show>"
+    return text[:width]
+
+
 class WampError(Exception):
     """An error to return to the peer as a WAMP ERROR (or ABORT before WELCOME)."""
 

@@ -16,7 +16,7 @@ import msgpack
 
 from gateway.clock import parse_rfc3339, rfc3339
 from gateway.config import HistoryRule
-from gateway.core import Session, WampError
+from gateway.core import Session, WampError, brief
 from gateway.dealer import MetaResult
 from gateway.patterns import matches
 
@@ -94,13 +94,13 @@ class EventsQuery:
                                      f"{', '.join(sorted(_KNOWN_ARGS))})")
         reverse = kwargs.get("reverse", False)
         if not isinstance(reverse, bool):
-            raise _invalid("reverse", f"must be true or false, got {reverse!r}")
+            raise _invalid("reverse", f"must be true or false, got {brief(reverse)}")
         limit = kwargs.get("limit")
         if limit is not None and (not _is_int(limit) or limit <= 0):
-            raise _invalid("limit", f"must be a positive integer, got {limit!r}")
+            raise _invalid("limit", f"must be a positive integer, got {brief(limit)}")
         topic = kwargs.get("topic")
         if topic is not None and (not isinstance(topic, str) or not topic):
-            raise _invalid("topic", f"must be a topic URI, got {topic!r}")
+            raise _invalid("topic", f"must be a topic URI, got {brief(topic)}")
         times = []
         for name, op in _TIME_ARGS.items():
             if name in kwargs:
@@ -114,7 +114,7 @@ class EventsQuery:
                 value = kwargs[name]
                 if not _is_int(value) or not 1 <= value <= _MAX_ID:
                     raise _invalid(name, f"must be a publication id (an integer from 1 to "
-                                         f"2**53), got {value!r}")
+                                         f"2**53), got {brief(value)}")
                 publications.append((name, value))
         return cls(reverse, limit, topic, tuple(times), tuple(publications))
 

@@ -32,7 +32,7 @@ from autobahn.wamp.serializer import (
 )
 from autobahn.websocket import protocol as websocket_protocol
 
-from gateway.core import Session
+from gateway.core import Session, brief
 
 if TYPE_CHECKING:
     from gateway.server import Node
@@ -73,8 +73,14 @@ class JsonObjects(JsonObjectSerializer):
 
     def unserialize(self, payload: bytes) -> list[Any]:
         if b"\\u0000" in payload:  # may hold binary values: autobahn's decoder knows them
-            return super().unserialize(payload)
-        return [json.loads(payload.decode("utf-8"))]
+            messages = super().unserialize(payload)
+        else:
+            messages = [json.loads(payload.decode("utf-8"))]
+        if b"\\ud" in payload or b"\\uD" in payload:
+            # "\\ud800" alone is valid JSON but no Unicode text: no other serializer, and
+            # not the store, could carry it. Encoding it again finds it.
+            self.serialize(messages)
+        return messages
 
 
 def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, Any]]]:
@@ -87,11 +93,11 @@ def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, A
     messages = []
     for raw in raw_messages:
         if not isinstance(raw, list) or not raw:
-            raise ProtocolError(f"a WAMP message must be a non-empty array, got {raw!r:.60}")
+            raise ProtocolError(f"a WAMP message must be a non-empty array, got {brief(raw)}")
         kind = raw[0]
         cls = serializer.MESSAGE_TYPE_MAP.get(kind) if isinstance(kind, int) else None
         if cls is None:
-            raise ProtocolError(f"unknown WAMP message type {kind!r:.20}")
+            raise ProtocolError(f"unknown WAMP message type {brief(kind, 20)}")
         try:
             msg = cls.parse(raw)
             if cls is m.Subscribe:  # autobahn allows empty components whatever the policy
@@ -155,7 +161,10 @@ def _check_pattern(uri: str, match: str | None, what: str) -> None:
 _WITH_PAYLOAD = (m.Publish, m.Call, m.Yield, m.Error)
 
 
-def _unportable(value: Any) -> str | None:
+_MAX_DEPTH = 100  # deeper payloads cannot be read back by every client (cbor2 stops at 400)
+
+
+def _unportable(value: Any, depth: int = 0) -> str | None:
     """Where and why ``value`` cannot be carried by every serializer, or None if it can: what
     a CBOR peer sends must reach JSON and MessagePack peers too, not be dropped on the way."""
     kind = type(value)
@@ -163,19 +172,21 @@ def _unportable(value: Any) -> str | None:
         return None
     if kind is int:
         return None if -(2**63) <= value < 2**64 else ": integer out of the 64-bit range"
+    if depth == _MAX_DEPTH and (kind is list or kind is dict):
+        return f": nested deeper than {_MAX_DEPTH} levels"
     if kind is list:
         for i, item in enumerate(value):
-            problem = _unportable(item)
+            problem = _unportable(item, depth + 1)
             if problem is not None:
                 return f"[{i}]{problem}"
         return None
     if kind is dict:
         for key, item in value.items():
             if type(key) is not str:
-                return f": map key {key!r:.40} is not a string"
-            problem = _unportable(item)
+                return f": map key {brief(key, 40)} is not a string"
+            problem = _unportable(item, depth + 1)
             if problem is not None:
-                return f"[{key!r:.40}]{problem}"
+                return f"[{brief(key, 40)}]{problem}"
         return None
     return f": {kind.__name__} is not a value every WAMP serializer can carry"
 
@@ -329,7 +340,11 @@ class Connection:
             log.error("session %s: cannot serialize %s: %s", self.session.id,
                       type(msg).__name__, e)
             return
-        proto.send_payload(payload, serializer.BINARY)
+        try:
+            proto.send_payload(payload, serializer.BINARY)
+        except Exception:  # costs this session, never the sender of what is being delivered
+            log.exception("session %s: cannot send; closing its transport", self.session.id)
+            self.abort()
 
     def close(self) -> None:
         if self._open:
@@ -366,7 +381,9 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
         self._session.receive(payload)
 
     def send_payload(self, payload: bytes, is_binary: bool) -> None:
-        if self.state == self.STATE_OPEN and self._perMessageCompress is None:
+        if self.state != self.STATE_OPEN:
+            return  # the peer is closing the WebSocket: nothing more can reach it
+        if self._perMessageCompress is None:
             self.transport.write(self.factory.frame(payload, is_binary))
         else:
             self.sendMessage(payload, is_binary)

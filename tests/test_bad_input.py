@@ -161,6 +161,14 @@ async def ws_expect_abort(peer: WsPeer, *words: str) -> str:
 
 # -- the cases -----------------------------------------------------------------------------
 
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 # (id, send HELLO first?, what to send: bytes are sent as they are, anything else is
 #  serialized, words the ABORT reason must contain)
 CASES = [
@@ -200,6 +208,11 @@ CASES = [
     ("result-from-client", True, [50, 1, {}], [r"RESULT"]),
     ("welcome-from-client", True, [2, 1, {"roles": {"broker": {}}}], [r"WELCOME"]),
     ("error-for-a-call", True, [8, 48, 1, {}, "com.err"], [r"ERROR"]),
+    ("lone-surrogate", True, b'[16, 1, {"acknowledge": true}, "com.t", ["\\ud800"]]',
+     [r"decode", r"surrogate"]),
+    ("payload-nested-too-deep", True, [16, 1, {}, "com.t", [_nested(150)]],
+     [r"PUBLISH", r"deeper than 100"]),
+    ("type-deeply-nested", True, b"[" * 900 + b"]" * 900, [r"unknown"]),
 ]
 
 
@@ -222,6 +235,20 @@ async def test_websocket_bad_message_aborts_only_that_session(router, client, he
     peer = await ws_open(router, hello=hello)
     peer.send_bytes(data) if isinstance(data, bytes) else peer.send(data)
     await ws_expect_abort(peer, *words)
+    await witness.check()
+
+
+@pytest.mark.parametrize(("serializer", "data"), [
+    ("cbor", cbor2.dumps(10**5000)),
+    ("cbor", cbor2.dumps([16, 1, {}, "com.t", [10**5000]])),
+    ("msgpack", b"\x91" * 900 + b"\xc0"),
+])
+async def test_values_too_large_to_show_still_get_an_abort_with_a_reason(
+        router, client, serializer, data):
+    witness = await Witness.join(client, "websocket", "ws")
+    peer = await raw_open(router, serializer, hello=True)
+    peer.send_bytes(data)
+    await raw_expect_abort(peer, r"array|unknown|range|PUBLISH")
     await witness.check()
 
 
@@ -557,3 +584,50 @@ async def test_slow_subscriber_is_disconnected_and_nobody_else_loses_anything(ro
     assert await slow.closed(timeout=5), "the slow subscriber's connection is still open"
     slow.close()
     await publisher.check()
+
+
+def _masked_frame(opcode: int, payload: bytes) -> bytes:
+    """A client WebSocket frame (FIN, mask key 0, so the payload goes as it is)."""
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    else:
+        head += bytes([0x80 | 126]) + struct.pack("!H", n)
+    return head + b"\0\0\0\0" + payload
+
+
+async def test_a_websocket_subscriber_closing_with_events_queued_costs_nobody_else_anything(
+        router, client):
+    """A subscriber that stopped reading says Close while events still wait for it; the next
+    publication to it must not take down the publisher's session or its PUBLISHED."""
+    topic = "com.closing"
+    publisher = await Witness.join(client, "websocket", "pub")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", router.port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=8192)
+    writer.write(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                 b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                 b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: wamp.2.json\r\n\r\n")
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    writer.write(_masked_frame(1, json.dumps(HELLO).encode()))
+    writer.write(_masked_frame(1, json.dumps([32, 1, {}, topic]).encode()))
+    await asyncio.sleep(0.2)  # WELCOME and SUBSCRIBED arrive; from now on nobody reads
+
+    stalled = next(c for c in router.node.connections
+                   if c.session.id != publisher.session.session_id)
+    for i in range(300):  # until events wait in the router, not only in the kernel
+        await asyncio.wait_for(publisher.session.publish(
+            topic, i, "x" * 20_000, options=PublishOptions(acknowledge=True)), 5)
+        if stalled.transport.transport.get_write_buffer_size() > 100_000:
+            break
+    assert stalled.transport.transport.get_write_buffer_size() > 100_000
+    writer.write(_masked_frame(8, struct.pack("!H", 1000)))
+    await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(publisher.session.publish(
+        topic, "after the close", options=PublishOptions(acknowledge=True)), 5)
+    await publisher.check()
+    writer.close()
