@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import free_port, process_cpu_seconds, wait_for_ports
+from bench.pubsub import LoggedProcess, free_port, process_cpu_seconds, wait_for_ports
 
 CACHE_DIR = Path(os.environ.get("CAIRN_BENCH_CACHE",
                                 Path.home() / ".cache" / "cairn-bench"))
@@ -182,7 +182,7 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
-class CrossbarProcess:
+class CrossbarProcess(LoggedProcess):
     """``crossbar start --cbdir DIR`` on free loopback ports, output to a log file."""
 
     name = "crossbar"
@@ -225,18 +225,6 @@ class CrossbarProcess:
 
     def gc_pauses(self, start: float, end: float) -> list[float] | None:
         return None
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def log_lines(self) -> list[str]:
-        try:
-            return self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return []
 
     def stop(self) -> int | None:
         """SIGTERM to the controller (it stops its workers), then SIGKILL to whatever of

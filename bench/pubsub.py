@@ -128,7 +128,25 @@ def wait_for_ports(ports: list[int], alive: Any, timeout: float = 15) -> None:
                 time.sleep(0.05)
 
 
-class RouterProcess:
+class LoggedProcess:
+    """A server process whose output goes to ``log_path``."""
+
+    log_path: Path
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def log_lines(self) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+
+class RouterProcess(LoggedProcess):
     """``cairn router --config FILE`` on free loopback ports, stderr to a log file."""
 
     name = "cairn"
@@ -180,18 +198,6 @@ class RouterProcess:
                 if start <= float(when) <= end:
                     pauses.append(float(ms))
         return pauses
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def log_lines(self) -> list[str]:
-        try:
-            return self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return []
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
