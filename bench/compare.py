@@ -50,6 +50,7 @@ from bench.crossbar import (
 from bench.pubsub import (
     REPO,
     RESULTS_DIR,
+    ROUTER_CASES,
     Case,
     RouterProcess,
     fmt,
@@ -60,9 +61,7 @@ from bench.pubsub import (
     table,
 )
 
-# 1 publisher -> 1, 10 and 100 subscribers, WebSocket/JSON and RawSocket/MsgPack
-CASES = [Case(f"1->{n}", transport, serializer, n) for n in (1, 10, 100)
-         for transport, serializer in (("websocket", "json"), ("rawsocket", "msgpack"))]
+CASES = ROUTER_CASES
 DEFAULT_CASES = ",".join(c.id for c in CASES)
 
 

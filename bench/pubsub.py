@@ -748,12 +748,9 @@ def generator_verdict(router: list[dict[str, Any]], fake: list[dict[str, Any]]) 
 # -- main -----------------------------------------------------------------------------------------
 
 
-ROUTER_CASES = [
-    Case("1->1", "websocket", "json", 1),
-    Case("1->1", "rawsocket", "msgpack", 1),
-    Case("1->10", "websocket", "json", 10),
-    Case("1->100", "websocket", "json", 100),
-]
+# 1 publisher -> 1, 10 and 100 subscribers, WebSocket/JSON and RawSocket/MsgPack
+ROUTER_CASES = [Case(f"1->{n}", transport, serializer, n) for n in (1, 10, 100)
+                for transport, serializer in (("websocket", "json"), ("rawsocket", "msgpack"))]
 CHECK_CASES = [  # (batched fake server?, case)
     (False, Case("1->1", "websocket", "json", 1)),
     (False, Case("1->1", "rawsocket", "msgpack", 1)),
@@ -809,8 +806,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sub-procs", type=int, default=max(2, cpus // 2),
                    help="subscriber processes per case (default max(2, cpus/2))")
     p.add_argument("--cases", metavar="IDS",
-                   help="comma-separated subset: ws-json-1, rs-msgpack-1, ws-json-10, "
-                        "ws-json-100 (default: all)")
+                   help="comma-separated subset of "
+                        f"{', '.join(c.id for c in ROUTER_CASES)} (default: all)")
     p.add_argument("--no-check", action="store_true", help="skip the generator check")
     p.add_argument("--profile", action="store_true",
                    help="py-spy the router during each throughput phase "

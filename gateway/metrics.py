@@ -3,17 +3,41 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
+
+from autobahn.wamp import message as m
 
 from gateway.clock import parse_rfc3339
 
 
 class MessageCounters:
-    """WAMP messages in and out by type, counted on the hot path with one dict update."""
+    """WAMP messages in and out, counted on the hot path with one dict update: received ones
+    by class, sent ones by type code; named when rendered."""
 
     def __init__(self) -> None:
-        self.received: Counter[str] = Counter()
-        self.sent: Counter[str] = Counter()
+        self.received: Counter[type] = Counter()
+        self.sent: Counter[int] = Counter()
+
+    def received_by_name(self) -> dict[str, int]:
+        return _by_name((cls.MESSAGE_TYPE, n) for cls, n in self.received.items())
+
+    def sent_by_name(self) -> dict[str, int]:
+        return _by_name(self.sent.items())
+
+
+_NAMES = {cls.MESSAGE_TYPE: cls.__name__.upper() for cls in (
+    m.Hello, m.Welcome, m.Abort, m.Challenge, m.Authenticate, m.Goodbye, m.Error, m.Publish,
+    m.Published, m.Subscribe, m.Subscribed, m.Unsubscribe, m.Unsubscribed, m.Event, m.Call,
+    m.Cancel, m.Result, m.Register, m.Registered, m.Unregister, m.Unregistered, m.Invocation,
+    m.Interrupt, m.Yield)}
+
+
+def _by_name(counts: Iterable[tuple[int, int]]) -> dict[str, int]:
+    named: Counter[str] = Counter()
+    for code, n in counts:
+        named[_NAMES.get(code, "OTHER")] += n
+    return dict(sorted(named.items()))
 
 
 def _line(name: str, value: float | int | None, labels: dict[str, str] | None = None) -> str:
@@ -50,10 +74,10 @@ def render(status: dict[str, Any], counters: MessageCounters,
                  for realm, n in status.get("sessions_by_realm", {}).items()]),
         _metric("cairn_messages_received_total", "counter", "WAMP messages received by type.",
                 [_line("cairn_messages_received_total", n, {"type": t})
-                 for t, n in sorted(counters.received.items())]),
+                 for t, n in counters.received_by_name().items()]),
         _metric("cairn_messages_sent_total", "counter", "WAMP messages sent by type.",
                 [_line("cairn_messages_sent_total", n, {"type": t})
-                 for t, n in sorted(counters.sent.items())]),
+                 for t, n in counters.sent_by_name().items()]),
         _metric("cairn_slow_consumer_disconnects_total", "counter",
                 "Sessions disconnected because they stopped reading.",
                 [_line("cairn_slow_consumer_disconnects_total", status.get("slow_consumers"))]),

@@ -90,7 +90,7 @@ class Node:
     # -- the outbox pump -----------------------------------------------------------------
 
     def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None:
-        self.counters.received[type(msg).__name__.upper()] += 1
+        self.counters.received[type(msg)] += 1
         out = Outbox()
         try:
             self.router.receive(session, msg, out, extra)

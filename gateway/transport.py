@@ -41,10 +41,6 @@ log = logging.getLogger("cairn.transport")
 
 # Options autobahn's parser drops but WAMP clients still send (autobahn-js, wampy).
 _PASS_THROUGH_OPTIONS = {m.Publish: ("disclose_me",), m.Call: ("disclose_me",)}
-_TYPE_NAMES = {cls.MESSAGE_TYPE: cls.__name__.upper() for cls in (
-    m.Welcome, m.Abort, m.Challenge, m.Goodbye, m.Error, m.Published, m.Subscribed,
-    m.Unsubscribed, m.Event, m.Result, m.Registered, m.Unregistered, m.Invocation,
-    m.Interrupt)}
 
 
 def serializers() -> list[Any]:
@@ -207,8 +203,9 @@ class WriteBatcher:
         self._dirty: list[CorkedTransport] = []
         self._reading = 0
 
-    def cork(self, transport: asyncio.Transport) -> CorkedTransport:
-        return CorkedTransport(transport, self)
+    def cork(self, transport: asyncio.Transport, limit: int,
+             overflowed: Callable[[int], None]) -> CorkedTransport:
+        return CorkedTransport(transport, self, limit, overflowed)
 
     def mark(self, corked: CorkedTransport) -> None:
         if not self._dirty and not self._reading:
@@ -234,11 +231,15 @@ class WriteBatcher:
 class CorkedTransport:
     """Stands in for a connection's asyncio transport: write() collects, the batcher
     flushes at the end of the loop pass; closing flushes first. Everything else is the real
-    transport's."""
+    transport's. When what the kernel has not taken exceeds ``limit`` bytes after a flush,
+    ``overflowed(buffered)`` is called: the peer stopped reading."""
 
-    def __init__(self, transport: asyncio.Transport, batcher: WriteBatcher) -> None:
+    def __init__(self, transport: asyncio.Transport, batcher: WriteBatcher, limit: int,
+                 overflowed: Callable[[int], None]) -> None:
         self._transport = transport
         self._batcher = batcher
+        self._limit = limit
+        self._overflowed = overflowed
         self._chunks: list[bytes] = []
 
     def write(self, data: bytes) -> None:
@@ -250,8 +251,12 @@ class CorkedTransport:
         if self._chunks:
             data = b"".join(self._chunks)
             self._chunks.clear()
-            if not self._transport.is_closing():
-                self._transport.write(data)
+            transport = self._transport
+            if not transport.is_closing():
+                transport.write(data)
+                buffered = transport.get_write_buffer_size()
+                if buffered > self._limit:
+                    self._overflowed(buffered)
 
     def close(self) -> None:
         self.flush()
@@ -281,6 +286,7 @@ class Connection:
         self.transport: Any = None  # the autobahn protocol instance
         self.session = Session(link=self)
         self._open = False
+        self._sent = node.counters.sent
 
     # autobahn's ITransportHandler
     def onOpen(self, transport: Any) -> None:
@@ -293,7 +299,13 @@ class Connection:
             "peer": details.peer if details else None,
             "serializer": transport._serializer.SERIALIZER_ID,
         }
-        transport.transport = self.node.writes.cork(transport.transport)
+        transport.transport = self.node.writes.cork(
+            transport.transport, self.node.config.router.send_buffer_limit, self._overflowed)
+        # The object serializer is shared by all sessions, and a message caches its bytes per
+        # serializer: an EVENT is encoded once for all its subscribers. (This skips autobahn's
+        # per-session statistics wrapper; /metrics counts messages.)
+        self._serializer = transport._serializer._serializer
+        self._binary = self._serializer.BINARY
 
     def onClose(self, was_clean: bool) -> None:
         self._open = False
@@ -321,29 +333,24 @@ class Connection:
     def send(self, msg: m.Message) -> None:
         if not self._open:
             return
-        proto = self.transport
-        buffered = proto.transport.get_write_buffer_size() if proto.transport else 0
-        if buffered > self.node.config.router.send_buffer_limit:
-            log.warning("session %s: disconnecting slow consumer (%d bytes unsent, limit %d)",
-                        self.session.id, buffered, self.node.config.router.send_buffer_limit)
-            self.node.slow_consumers += 1
-            self.abort()
-            return
-        self.node.counters.sent[_TYPE_NAMES.get(msg.MESSAGE_TYPE, "OTHER")] += 1
-        # The object serializer is shared by all sessions, and a message caches its bytes per
-        # serializer: an EVENT is encoded once for all its subscribers. (This skips autobahn's
-        # per-session statistics wrapper; /metrics counts messages.)
-        serializer = proto._serializer._serializer
+        self._sent[msg.MESSAGE_TYPE] += 1
         try:
-            payload = msg.serialize(serializer)
+            payload = msg.serialize(self._serializer)
         except Exception as e:
             log.error("session %s: cannot serialize %s: %s", self.session.id,
                       type(msg).__name__, e)
             return
         try:
-            proto.send_payload(payload, serializer.BINARY)
+            self.transport.send_payload(payload, self._binary)
         except Exception:  # costs this session, never the sender of what is being delivered
             log.exception("session %s: cannot send; closing its transport", self.session.id)
+            self.abort()
+
+    def _overflowed(self, buffered: int) -> None:
+        if self._open:
+            log.warning("session %s: disconnecting slow consumer (%d bytes unsent, limit %d)",
+                        self.session.id, buffered, self.node.config.router.send_buffer_limit)
+            self.node.slow_consumers += 1
             self.abort()
 
     def close(self) -> None:
@@ -376,6 +383,13 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
             if self.transport is None:  # closed by what came before
                 return
             self._dataReceived(data[start:start + _WEBSOCKET_SLICE])
+
+    def onMessageEnd(self) -> None:
+        # Without autobahn's "message" observer event, which costs a future, a loop-time
+        # lookup and an extra loop pass per message before the EVENTs are flushed.
+        if not self.failedByMe:
+            self._session.receive(b"".join(self.message_data))
+        self.message_data = None
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         self._session.receive(payload)
