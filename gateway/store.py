@@ -3,9 +3,10 @@ anchors and gap records, in one SQLite file in WAL mode.
 
 Writes are grouped: :meth:`Store.append` queues a row and returns a future that resolves
 once the transaction holding it is committed with ``synchronous=FULL`` (fsync). The writer
-commits as soon as someone waits for durability (an acknowledged publish) and otherwise at
-most every :attr:`Store.flush_interval` seconds, so whatever arrives while one commit runs
-goes into the next: group commit. One thread owns the writing connection and each commit is
+commits as soon as someone waits for durability (an acknowledged publish) and otherwise
+:attr:`Store.flush_interval` seconds after the first row of a batch was queued, so whatever
+arrives while one commit runs goes into the next: group commit. With nothing queued, no
+timer runs. One thread owns the writing connection and each commit is
 a single call into it (rows built, inserted and committed there), so a commit costs the
 event loop one thread round trip however many rows it holds. Reads use a second connection
 (aiosqlite) and never block writes.
@@ -297,7 +298,9 @@ class Store:
         self._writer = writer
         self._reader = reader
         self._pending = _Pending()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # set: commit what is pending now
+        self._deadline: asyncio.TimerHandle | None = None  # sets _wake for a pending batch
+        self._backoff = 0.0  # > 0 while writes fail: retry slower, unless someone is waiting
         self._task: asyncio.Task | None = None
         self._closing = False
         self.next_seq = 1
@@ -357,6 +360,7 @@ class Store:
         """Queue a publication; the future resolves when it is durable (or fails with
         StorageError)."""
         self._pending.publications.append(pub)
+        self._queued()
         return self._waiter()
 
     def add_subscription(self, sub_id: int, realm: str, uri: str, match: str,
@@ -366,9 +370,17 @@ class Store:
 
     def add_anchor(self, anchor: Anchor) -> None:
         self._pending.anchors.append((anchor, self.next_seq - 1))
+        self._queued()
 
     def add_gap(self, gap: Gap) -> None:
         self._pending.gaps.append(gap)
+        self._queued()
+
+    def _queued(self) -> None:
+        # The first item of a batch gives it flush_interval to fill up: no timer runs while
+        # nothing is queued, so an idle router sleeps.
+        if self._deadline is None and not self._backoff:
+            self._deadline = self._loop.call_later(self.flush_interval, self._wake.set)
 
     def _waiter(self) -> asyncio.Future:
         # one future per caller, not one per batch: cancelling one awaiting task must not
@@ -388,21 +400,26 @@ class Store:
             self._wake.set()
             await future
 
-    async def _wait_for_work(self, timeout: float) -> None:
+    async def _wait_for_work(self) -> None:
         if not self._wake.is_set():
-            timer = self._loop.call_later(timeout, self._wake.set)
+            retry = self._loop.call_later(self._backoff, self._wake.set) if self._backoff else None
             try:
                 await self._wake.wait()
             finally:
-                timer.cancel()
+                if retry is not None:
+                    retry.cancel()
         self._wake.clear()
 
     async def _write_loop(self) -> None:
-        backoff = 0.0  # > 0 while writes fail: retry slower, unless someone is waiting
         while True:
             if not self._pending and self._closing:
                 return
-            await self._wait_for_work(backoff or self.flush_interval)
+            if self._pending:  # left over from a failed batch
+                self._queued()
+            await self._wait_for_work()
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
             if not self._pending:
                 continue
             batch, self._pending = self._pending, _Pending()
@@ -410,10 +427,10 @@ class Store:
             try:
                 await self._commit(batch)
             except sqlite3.Error as e:
-                if not backoff:
+                if not self._backoff:
                     log.error("the store cannot write (%s): acknowledged publishes get an "
                               "error, live routing goes on; retrying", e)
-                backoff = min(max(backoff * 2, 0.1), 5.0)
+                self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
                 self._fail(batch, e)
                 if self._closing:
                     log.error("closing with unwritten data: %d publications lost",
@@ -424,9 +441,9 @@ class Store:
                 log.exception("the store could not write a batch")  # batch, not the store
                 self._fail(batch, e, retry_retained=False)
                 continue
-            if backoff:
+            if self._backoff:
                 log.warning("the store writes again")
-                backoff = 0.0
+                self._backoff = 0.0
             self.commit_latencies.append(time.perf_counter() - started)
             del self.commit_latencies[:-1000]
             for w in batch.waiters:

@@ -476,6 +476,52 @@ def parse_prometheus(text: str) -> dict[str, dict]:
     return families
 
 
+def _context_switches(pid: int) -> int:
+    """How often any thread of the process has given up or lost the CPU so far."""
+    return sum(int(line.split()[1])
+               for task in Path(f"/proc/{pid}/task").iterdir()
+               for line in (task / "status").read_text().splitlines()
+               if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
+
+
+def _stored_rows(db: Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        return conn.execute("SELECT count(*) FROM publications").fetchone()[0]
+
+
+@pytest.mark.slow
+async def test_an_unacknowledged_publication_is_committed_without_anyone_asking(tmp_path):
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        publisher = await connect(router, "rawsocket-tcp", "msgpack")
+        publisher.publish("sensor.t", 1)
+        deadline = time.monotonic() + 5
+        while _stored_rows(router.db_path) < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert _stored_rows(router.db_path) == 1
+        await publisher.leave()
+    finally:
+        router.stop()
+
+
+@pytest.mark.slow
+async def test_an_idle_router_sleeps(tmp_path):
+    """Nothing connected and nothing to write: no timer may wake the device (power)."""
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        publisher = await connect(router, "rawsocket-tcp", "msgpack")
+        await publisher.publish("sensor.t", 1, options=PublishOptions(acknowledge=True))
+        publisher.publish("sensor.t", 2)  # left for the batch timer to commit
+        await publisher.leave()
+        await asyncio.sleep(0.5)
+        before = _context_switches(router.proc.pid)
+        await asyncio.sleep(3)
+        woke = _context_switches(router.proc.pid) - before
+    finally:
+        assert router.stop() == 0
+    assert woke <= 2, f"the idle router woke up {woke} times in 3 s"
+
+
 @pytest.mark.slow
 async def test_metrics_answer_in_prometheus_text_format_with_the_documented_metrics(tmp_path):
     sink = tmp_path / "sink"
