@@ -777,7 +777,7 @@ def run_generator_check(opts: argparse.Namespace, cases: list[tuple[bool, Case]]
                 print(f"  {fake.name} {case.label} {case.transport}/{case.serializer} ...",
                       end=" ", flush=True)
                 r = run_case(fake, case, opts, opts.check_duration,
-                             min(opts.lat_duration, opts.check_duration),
+                             opts.lat_duration,
                              lat_rate=same.get("lat_rate_target"))
                 results.append(r)
                 print(f"{fmt(r.get('events_per_s'), ',')} events/s"
