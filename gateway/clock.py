@@ -9,6 +9,7 @@ so the store can record an anchor, from which Spark re-bases earlier timestamps.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -44,17 +45,18 @@ def rfc3339(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
+# RFC 3339, 5.6 date-time; datetime.fromisoformat alone takes any ISO 8601 form (week and
+# ordinal dates, the basic format, no offset)
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})",
+                      re.ASCII)
+
+
 def parse_rfc3339(text: str) -> int:
     """An RFC 3339 timestamp as milliseconds since the epoch; ValueError if it is not one."""
-    if not isinstance(text, str) or "T" not in text.upper():
-        raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
-    value = text.strip()
-    if value[-1] in "zZ":
-        value = value[:-1] + "+00:00"
-    parsed = datetime.fromisoformat(value)
-    if parsed.tzinfo is None:
-        raise ValueError(f"RFC 3339 timestamp needs a time zone offset or Z: {text!r}")
-    return int(parsed.timestamp() * 1000)
+    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
+        raise ValueError(f"{text!r} is not in the form 2026-11-22T01:02:03.456Z")
+    value = text[:-1] + "+00:00" if text[-1] in "zZ" else text
+    return int(datetime.fromisoformat(value).timestamp() * 1000)
 
 
 @dataclass(frozen=True)
