@@ -41,9 +41,9 @@ if [ "$PROFILE" = test ]; then
     # the Spark tests (tests/test_spark.py) need PySpark and a Java runtime (17 works)
     command -v java >/dev/null || apt_install default-jre-headless
     pip_install -e ".[test,spark]"
-    apt_install mosquitto  # the MQTT bridge tests run a real broker
-    # the image tests partition and format card images (sfdisk, mkfs.ext4)
-    apt_install fdisk e2fsprogs
+    # the MQTT bridge tests run a real broker; the image tests partition and format card
+    # images (sfdisk, mkfs.ext4)
+    apt_install mosquitto fdisk e2fsprogs
 else
     pip_install -e .
 fi
