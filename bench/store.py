@@ -9,7 +9,7 @@ Run from the repository root::
 What it does, in order:
 
 1. **populate** (not through the router, timed separately): a fresh database in a temporary
-   directory is filled with ``gateway.store.Store`` itself (``Store.open``, ``assign_seq``,
+   directory is filled with ``gateway.store.Store`` itself (``Store.open``, ``assign``,
    ``append``, ``flush``, ``close``): ``--events`` history rows on ``sensor.dev0000`` ..
    ``sensor.dev0099`` (each topic ~1 %) and, every 5,000th, ``sensor.door.front``; 10
    events/s of wall time (so 1,000,000 events span ~28 hours), kwargs
@@ -465,9 +465,8 @@ async def populate(db_path: Path, events: int, retained: int, seed: int) -> dict
     chunk = 20_000
     try:
         for i in range(events):
-            seq = store.assign_seq()
+            seq, publication = store.assign()
             wall_ms = first_ms + i * SPACING_MS + rng.randrange(SPACING_MS)
-            publication = rng.getrandbits(53) or 1
             if mid_lo <= i <= mid_hi:
                 mid_pubs.append(publication)
             topic = device_topic(rng.randrange(DEVICES))
@@ -486,10 +485,10 @@ async def populate(db_path: Path, events: int, retained: int, seed: int) -> dict
         history_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         for j in range(retained):
-            seq = store.assign_seq()
+            seq, publication = store.assign()
             topic = f"{RETAINED_PREFIX}.dev{j:05d}"
             store.append(StoredPublication(
-                seq=seq, publication=rng.getrandbits(53) or 1, realm="realm1", topic=topic,
+                seq=seq, publication=publication, realm="realm1", topic=topic,
                 args=[], kwargs={"online": rng.random() < 0.95,
                                  "battery_v": round(rng.uniform(3.3, 4.2), 2),
                                  "rssi": rng.randrange(-90, -40), "fw": "1.4.2"},

@@ -60,16 +60,17 @@ async def populate(db: Path, events: int, seed: int = 1) -> int:
         for i in range(events):
             wall_ms = T0_MS + i * 100 + rng.randrange(100)
             if i % 100 == 50:
+                seq, publication = store.assign()
                 store.append(StoredPublication(
-                    seq=store.assign_seq(), publication=rng.getrandbits(53) or 1, realm="realm1",
+                    seq=seq, publication=publication, realm="realm1",
                     topic=f"gateway.device.dev{i % 100:04d}.status", args=[],
                     kwargs={"state": "ok"}, wall_ms=wall_ms, boot_id=BOOT,
                     boottime_ns=5_000_000_000 + (wall_ms - T0_MS) * 1_000_000,
                     clock_synced=True, retain=True))
             topic = f"sensor.dev{rng.randrange(100):04d}"
+            seq, publication = store.assign()
             store.append(StoredPublication(
-                seq=store.assign_seq(), publication=rng.getrandbits(53) or 1, realm="realm1",
-                topic=topic, args=[],
+                seq=seq, publication=publication, realm="realm1", topic=topic, args=[],
                 kwargs={"temperature": round(rng.uniform(-5, 35), 1),
                         "humidity": round(rng.uniform(20, 95), 1)},
                 wall_ms=wall_ms, boot_id=BOOT,

@@ -171,8 +171,7 @@ class Broker:
                 raise
             return  # WAMP answers a refused PUBLISH with ERROR only when acknowledge is set
         disclose = rule.disclose or disclose_me
-        publication = publication_id()
-        durable = self._store(session, msg, publication, disclose)
+        publication, durable = self._store(session, msg, disclose)
         self.dispatch(msg, publication, out, publisher=session, disclose=disclose)
         if not msg.acknowledge:
             return
@@ -194,20 +193,18 @@ class Broker:
             else:
                 raise error
 
-        self.realm.store.request_flush()
         out.when_done(durable, acknowledge)
 
-    def _store(self, session: Session, msg: m.Publish, publication: int,
-               disclose: bool) -> Any:
-        """Record the publication for history and/or retention; returns the awaitable of its
-        durability, or None when it is not stored. Publications addressed by session ids are
-        never stored: session ids do not survive a restart."""
+    def _store(self, session: Session, msg: m.Publish, disclose: bool) -> tuple[int, Any]:
+        """Record the publication for history and/or retention. Returns its publication id
+        and the awaitable of its durability (None when it is not stored). Publications
+        addressed by session ids are never stored: session ids do not survive a restart."""
         realm = self.realm
         if msg.exclude or msg.eligible is not None:
-            return None
+            return publication_id(), None
         rule = realm.history.rule_for(msg.topic)
         if rule is None and not msg.retain:
-            return None
+            return publication_id(), None
         reading, anchor = realm.clock.read()
         if anchor is not None and realm.store is not None:
             realm.store.add_anchor(anchor)
@@ -217,17 +214,27 @@ class Broker:
         if disclose:
             details.update(publisher=session.id, publisher_authid=session.authid,
                            publisher_authrole=session.authrole)
+        store = realm.store
+        seq, publication = (store.assign() if store is not None
+                            else (next(self._memory_seq), publication_id()))
         pub = StoredPublication(
-            seq=0, publication=publication, realm=realm.name, topic=msg.topic,
+            seq=seq, publication=publication, realm=realm.name, topic=msg.topic,
             args=msg.args, kwargs=msg.kwargs, wall_ms=reading.wall_ms,
             boot_id=realm.clock.boot_id, boottime_ns=reading.boottime_ns,
             clock_synced=reading.synced, authid=session.authid, authrole=session.authrole,
             audience=audience, details=details, history_rule=rule, retain=bool(msg.retain))
-        store = realm.store
-        pub.seq = store.assign_seq() if store is not None else next(self._memory_seq)
         if msg.retain:
             realm.retention.put(pub)
-        return store.append(pub) if store is not None else None
+        if store is None:
+            return publication, None
+        return publication, store.append(pub, self._commit_within(rule, bool(msg.acknowledge)))
+
+    def _commit_within(self, rule: int | None, acknowledge: bool) -> float | None:
+        """How long the publication may wait for its group commit: its history rule's
+        commit window; without one, none when the publisher waits for PUBLISHED, and the
+        store's default otherwise."""
+        window = self.realm.history.rules[rule].commit_window if rule is not None else 0.0
+        return window if window or acknowledge else None
 
     def dispatch(self, msg: m.Publish, publication: int, out: Outbox,
                  publisher: Session | None = None, disclose: bool = False) -> None:

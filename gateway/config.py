@@ -18,8 +18,11 @@ from gateway.patterns import MATCH_POLICIES
 
 ACTIONS = ("publish", "subscribe", "call", "register")
 _URI_COMPONENT = re.compile(r"^[^\s.#]+$")
-_DURATION = re.compile(r"^(\d+)\s*([smhdw])$")
-_DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|[smhdw])$")
+_DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+# An acknowledged publish on a rule with a commit window waits up to that long for its group
+# commit; beyond a minute a driver's readings in flight would time out first.
+MAX_COMMIT_WINDOW = 60.0
 EMBEDDED = "<embedded default>"
 
 
@@ -85,6 +88,7 @@ class HistoryRule:
     match: str = "exact"
     max_events: int = 1_000_000
     max_age: float | None = None  # seconds
+    commit_window: float = 0.0  # seconds a publication may wait for its group commit
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,7 @@ class RouterConfig:
     max_store_bytes: int = 2 * 1024**3
     log_level: str = "info"
     tls: TlsConfig | None = None
+    card_endurance_tb: float = 10.0  # a 32 GB consumer card: ~300 program/erase cycles
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -153,6 +158,7 @@ anonymous_role = "anonymous"
   match = "prefix"
   max_events = 1000000
   max_age = "90d"
+  commit_window = "5s"
 """
 
 
@@ -200,7 +206,8 @@ def parse(data: dict[str, Any], source: str) -> Config:
 
 def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
-                   "history_page_cap", "max_store_bytes", "log_level", "tls"})
+                   "history_page_cap", "max_store_bytes", "log_level", "tls",
+                   "card_endurance_tb"})
     d = RouterConfig()
     listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
     rawsocket = tuple(
@@ -226,6 +233,7 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
         history_page_cap=v.positive(t, at, "history_page_cap", d.history_page_cap),
         max_store_bytes=v.positive(t, at, "max_store_bytes", d.max_store_bytes),
         log_level=level,
+        card_endurance_tb=v.positive_number(t, at, "card_endurance_tb", d.card_endurance_tb),
     )
 
 
@@ -354,25 +362,32 @@ def _secret(v: _Validator, t: dict[str, Any], at: str) -> str | None:
 
 
 def _history(v: _Validator, t: dict[str, Any], at: str) -> HistoryRule:
-    v.keys(t, at, {"uri", "match", "max_events", "max_age"})
+    v.keys(t, at, {"uri", "match", "max_events", "max_age", "commit_window"})
     uri = v.get(t, at, "uri", str, None)
     if uri is None:
         raise ConfigError(v.source, f"{at}.uri", "missing")
     match = v.match(t, at)
     v.uri(uri, f"{at}.uri", match)
     max_age = v.get(t, at, "max_age", str, None)
+    window = v.get(t, at, "commit_window", str, "0s")
+    commit_window = parse_duration(window, v.source, f"{at}.commit_window")
+    if commit_window > MAX_COMMIT_WINDOW:
+        raise ConfigError(v.source, f"{at}.commit_window",
+                          f"must be at most {MAX_COMMIT_WINDOW:g}s, not {window!r}")
     return HistoryRule(
         uri, match, v.positive(t, at, "max_events", HistoryRule.max_events),
         parse_duration(max_age, v.source, f"{at}.max_age") if max_age is not None else None,
+        commit_window,
     )
 
 
 def parse_duration(text: str, source: str, key: str) -> float:
     m = _DURATION.match(text.strip())
     if not m:
-        raise ConfigError(source, key,
-                          f"expected a duration like '90d', '12h' or '30m', not {text!r}")
-    return int(m.group(1)) * _DURATION_SECONDS[m.group(2)]
+        problem = "must not be negative" if text.strip().startswith("-") else \
+            "expected a duration like '90d', '12h', '30m', '5s' or '250ms'"
+        raise ConfigError(source, key, f"{problem}, not {text!r}")
+    return float(m.group(1)) * _DURATION_SECONDS[m.group(2)]
 
 
 class _Validator:
@@ -401,6 +416,14 @@ class _Validator:
             raise ConfigError(self.source, f"{at}.{key}",
                               f"must be a positive integer, not {value}")
         return value
+
+    def positive_number(self, table: dict[str, Any], at: str, key: str,
+                        default: float) -> float:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ConfigError(self.source, f"{at}.{key}",
+                              f"must be a positive number, not {_describe(value)}")
+        return float(value)
 
     def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
         return self.get(data, "", key, dict, {}) if key in data else {}

@@ -127,74 +127,35 @@ def _invalid(name: str, problem: str) -> WampError:
     return WampError("wamp.error.invalid_argument", f"get_events: {name!r} {problem}")
 
 
-_FEW = 5000
-
-
-async def _few_rows(store: Store, realm: str, prefix: str) -> bool:
-    """Does a prefix match fewer than _FEW stored rows? (a bounded probe, ~0.3 ms)"""
-    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-    rows = await store.query(
-        "SELECT COUNT(*) FROM (SELECT 1 FROM publications WHERE realm = ? AND topic >= ? "
-        "AND topic < ? LIMIT ?)", (realm, prefix, upper, _FEW))
-    return rows[0][0] < _FEW
-
-
-def _topic_condition(uri: str, match: str, topic: str | None,
-                     walk_seq: bool = True) -> tuple[str, list[Any]]:
-    """The SQL for "published to a topic this subscription matches". One concrete topic
-    (an exact subscription, or the ``topic`` argument) uses the (realm, topic, seq) index;
-    a pattern is tested row by row while scanning seq (``+topic`` keeps SQLite from ranging
-    over the topic index and then sorting a million rows for a page of 100)."""
-    if topic is not None:
-        return ("topic = ?", [topic]) if matches(uri, match, topic) else ("0", [])
-    if match == "exact":
-        return "topic = ?", [uri]
-    if match == "prefix":
-        if not uri:
-            return "1", []
-        upper = uri[:-1] + chr(ord(uri[-1]) + 1)
-        column = "+topic" if walk_seq else "topic"
-        return f"{column} >= ? AND {column} < ?", [uri, upper]
-    return "wildcard_match(?, topic)", [uri]
+def _topic_ids(store: Store, realm: str, sub: Subscription, topic: str | None) -> list[int]:
+    """The stored topics whose history a query reads: the subscription's matches, or the
+    one ``topic`` asked for if the subscription matches it."""
+    if topic is None:
+        return store.topics.matching(realm, sub.uri, sub.match)
+    found = store.topics.get(realm, topic) if matches(sub.uri, sub.match, topic) else None
+    return [] if found is None else [found]
 
 
 async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscription,
                      query: EventsQuery, page_cap: int) -> MetaResult:
-    # A pattern without time bounds is best served by walking seq (the rowid) and testing
-    # each row ("+realm" keeps SQLite from choosing an index on realm and sorting instead),
-    # unless the pattern matches few rows: then the topic index and a small sort win.
-    walk_seq = (query.topic is None and sub.match != "exact") and not query.times
-    if walk_seq and sub.match == "prefix" and sub.uri:
-        walk_seq = not await _few_rows(store, realm.name, sub.uri)
-    where = ["+realm = ?" if walk_seq else "realm = ?"]
-    params: list[Any] = [realm.name]
-    condition, values = _topic_condition(sub.uri, sub.match, query.topic, walk_seq)
-    where.append(condition)
-    params += values
-    where.append("(audience IS NULL OR eligible(audience, ?, ?))")
-    params += [caller.authid, caller.authrole]
-    for op, ms in query.times:
-        where.append(f"wall_ms {op} ?")
-        params.append(ms)
+    conditions = [("wall_ms", op, ms) for op, ms in query.times]
     for name, publication in query.publications:
         seq = await store.seq_of_publication(realm.name, publication)
         if seq is None:
             raise _invalid(name, f"names publication {publication}, which is not in the "
                                  f"stored history")
-        where.append(f"seq {_PUBLICATION_ARGS[name]} ?")
-        params.append(seq)
+        conditions.append(("seq", _PUBLICATION_ARGS[name], seq))
+    topics = _topic_ids(store, realm.name, sub, query.topic)
     page = min(query.limit or page_cap, page_cap)
-    order, beyond = ("DESC", "<") if query.reverse else ("ASC", ">")
-    sql = (f"SELECT seq, publication, topic, wall_ms, details, payload FROM publications "
-           f"WHERE {' AND '.join(where)} AND seq {beyond} ? ORDER BY seq {order} LIMIT ?")
     # A pattern subscription may match topics the caller's role may not subscribe to:
     # those rows are skipped, and more are read until the page is full.
     check_topic = sub.match != "exact"
     events: list[dict[str, Any]] = []
-    last_seq = 2**63 - 1 if query.reverse else 0
+    beyond = 2**63 - 1 if query.reverse else 0
     more = False
     while True:
-        rows = await store.query(sql, [*params, last_seq, page + 1])
+        rows = await store.history(topics, conditions, (caller.authid, caller.authrole),
+                                   query.reverse, beyond, page + 1)
         for row in rows:
             if len(events) == page:
                 more = True
@@ -203,7 +164,7 @@ async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscript
                 events.append(_event(sub.id, row))
         if more or len(rows) <= page:
             break
-        last_seq = rows[-1][0]
+        beyond = rows[-1][0]
     return MetaResult(args=[events], kwargs={"is_limit_reached": more})
 
 

@@ -65,6 +65,7 @@ def render(status: dict[str, Any], counters: MessageCounters,
     store = status.get("store") or {}
     sync = status.get("sync") or {}
     clock = status.get("clock") or {}
+    wear = status.get("wear") or {}
     latencies = sorted(commit_latencies)
     parts = [
         _metric("cairn_uptime_seconds", "gauge", "Seconds since the router started.",
@@ -125,8 +126,29 @@ def render(status: dict[str, Any], counters: MessageCounters,
                 [_line("cairn_clock_synchronized", int(bool(clock.get("synchronized"))))]),
         _metric("cairn_clock_steps_total", "counter", "Steps of the wall clock recorded.",
                 [_line("cairn_clock_steps_total", store.get("clock_steps"))]),
+        _metric("cairn_process_written_bytes_total", "counter",
+                "Bytes the router has written towards storage (its write_bytes).",
+                [_line("cairn_process_written_bytes_total", wear.get("process_written_bytes"))]),
+        _metric("cairn_disk_written_bytes_total", "counter",
+                "Bytes written to the disk that holds the data directory, by anyone, since "
+                "boot.",
+                [_line("cairn_disk_written_bytes_total", wear.get("disk_written_bytes"),
+                       {"disk": wear.get("disk") or ""})]),
+        _metric("cairn_card_written_bytes_per_day", "gauge",
+                "Bytes written to the card per day, over the last day.",
+                [_line("cairn_card_written_bytes_per_day", wear.get("bytes_per_day"))]),
+        _metric("cairn_card_life_years", "gauge",
+                "Years a fresh card of router.card_endurance_tb lasts at that rate.",
+                [_line("cairn_card_life_years", wear.get("life_years"))]),
+        _metric("cairn_card_endurance_bytes", "gauge",
+                "The card's write endurance (router.card_endurance_tb).",
+                [_line("cairn_card_endurance_bytes", _bytes(wear.get("endurance_tb")))]),
     ]
     return "".join(parts)
+
+
+def _bytes(tb: float | None) -> int | None:
+    return None if tb is None else round(tb * 1e12)
 
 
 def _epoch(rfc3339_text: str | None) -> float | None:

@@ -8,6 +8,7 @@ import fcntl
 import os
 import shutil
 import sqlite3
+import ssl
 import sys
 import time
 import urllib.error
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway import clock
+from gateway import clock, wear
 from gateway.config import Config, ConfigError, load, read_document
 from gateway.store import SCHEMA_VERSION
 
@@ -133,6 +134,7 @@ def doctor(config_path: str | None) -> Report:
     _check_serial(report, data.get("sensors", []))
     _check_clock(report)
     _check_sink(report, data.get("sync"))
+    _check_wear(report, config)
     return report
 
 
@@ -212,6 +214,56 @@ def _check_sink(report: Report, sync: dict[str, Any] | None) -> None:
     except (urllib.error.URLError, OSError) as e:
         report.add("warn", "sync sink", f"{base} unreachable now ({getattr(e, 'reason', e)});"
                                         f" batches wait until it is back")
+
+
+def _check_wear(report: Report, config: Config) -> None:
+    """The running router's figures (its /metrics): the card's writes per day and the years
+    a fresh card of ``router.card_endurance_tb`` lasts at that rate."""
+    listen = config.router.listen
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen.host or "", listen.host)
+    url = f"{'https' if listen.tls else 'http'}://{_url_host(host)}:{listen.port}/metrics"
+    context = None
+    if listen.tls:  # its own certificate, on this machine
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
+            metrics = _parse_metrics(response.read().decode())
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        report.add("warn", "card wear", f"no figures: the router does not answer at {url} "
+                                        f"({getattr(e, 'reason', e)})")
+        return
+    per_day = metrics.get("cairn_card_written_bytes_per_day")
+    years = metrics.get("cairn_card_life_years")
+    endurance = config.router.card_endurance_tb
+    if per_day is None:
+        report.add("ok", "card wear", "no rate yet (the router has just started)")
+        return
+    detail = f"{per_day / 1e9:.2f} GB/day written to the card"
+    if years is None:
+        report.add("ok", "card wear", detail)
+    elif years < wear.WARN_YEARS:
+        report.add("warn", "card wear",
+                   f"{detail}: a {endurance:g} TB card lasts {years:.1f} years at this rate "
+                   f"(under {wear.WARN_YEARS:g}); a commit_window on busy history rules "
+                   f"writes less (see README, Durability and the SD card)")
+    else:
+        report.add("ok", "card wear", f"{detail}: a {endurance:g} TB card lasts "
+                                      f"{years:.0f} years at this rate")
+
+
+def _url_host(host: str | None) -> str:
+    return f"[{host}]" if host and ":" in host else host or "127.0.0.1"
+
+
+def _parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text format, unlabelled samples only (what doctor reads)."""
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.partition(" ")
+            values[name] = float(value)
+    return values
 
 
 # -- commands ------------------------------------------------------------------------------

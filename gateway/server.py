@@ -32,6 +32,7 @@ from gateway.ops import data_dir_lock
 from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, WriteBatcher, rawsocket_factory, websocket_factory
+from gateway.wear import WearMeter, disk_of
 
 log = logging.getLogger("cairn.server")
 
@@ -79,6 +80,7 @@ class Node:
         self._tasks: set[asyncio.Task] = set()
         self.urls: list[str] = []
         self.store: Store | None = None
+        self.wear: WearMeter | None = None
         self.connections: set = set()  # open transports (gateway.transport.Connection)
         self.writes = WriteBatcher()
         self._maintenance: asyncio.Task | None = None
@@ -208,6 +210,7 @@ class Node:
                       "now": rfc3339(reading.wall_ms)},
             "sync": sync,
             "slow_consumers": self.slow_consumers,
+            "wear": self.wear.report() if self.wear is not None else None,
         }
 
     async def metrics(self) -> str:
@@ -249,6 +252,8 @@ class Node:
             realm.dealer.meta_procedures["cairn.router.status"] = self._status_procedure(realm)
         log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
                  path, len(retained), len(subscriptions), self.store.next_seq)
+        self.wear = WearMeter(disk_of(self.config.router.data_dir),
+                              self.config.router.card_endurance_tb)
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
 
     def prune_rules(self) -> list[PruneRule]:
@@ -271,6 +276,8 @@ class Node:
                 await self.prune()
             except Exception:
                 log.exception("pruning the store failed; will try again")
+            if self.wear is not None:
+                self.wear.sample()
 
     async def _listen(self) -> None:
         loop = asyncio.get_running_loop()

@@ -139,10 +139,12 @@ class Uploader:
     batch_bytes: int = 8 * 1024 * 1024
     status: SyncStatus = field(init=False)
     progress_interval: float = 5.0  # seconds between progress lines while draining
+    status_interval: float = 600.0  # seconds between rewrites of a status that only aged
 
     def __post_init__(self) -> None:
         self.status = SyncStatus(self.gateway_id, self.sink.describe(),
                                  synced_seq=self.reader.synced_seq())
+        self._written: tuple[dict[str, Any], float] | None = None
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -201,7 +203,7 @@ class Uploader:
             raise
         if shipped == 0:
             self.status.state = "idle"
-            self._mark_success()
+        self._mark_success(force=True)
         return shipped
 
     def run(self, interval: float = 60.0, max_backoff: float = 600.0,
@@ -230,12 +232,12 @@ class Uploader:
 
     # -- status --------------------------------------------------------------------------
 
-    def _mark_success(self) -> None:
+    def _mark_success(self, force: bool = False) -> None:
         self.status.last_success = rfc3339(int(time.time() * 1000))
         self.status.last_error = None
         if self.status.state in ("starting", "retrying"):
             self.status.state = "ok"
-        self._write_status()
+        self._write_status(force)
 
     def _mark_failure(self, error: str) -> None:
         self.status.state = "retrying"
@@ -243,14 +245,27 @@ class Uploader:
         self.status.backlog = self.reader.backlog(self.status.synced_seq)
         self._write_status()
 
-    def _write_status(self) -> None:
-        """A small JSON file the router's status procedure (and the dashboard) shows."""
+    def _write_status(self, force: bool = False) -> None:
+        """A small JSON file the router's status procedure (and the dashboard) shows.
+        Each rewrite costs the card a new file and a journal commit, so a status in which
+        only the times moved (an idle check every minute) is rewritten at most every
+        ``status_interval``: its ``last_success`` may be that old."""
+        status = asdict(self.status)
+        lasting = {k: v for k, v in status.items() if k not in _AGING}
+        if not force and self._written is not None and self._written[0] == lasting and \
+                time.monotonic() - self._written[1] < self.status_interval:
+            return
         temp = self.status_file.with_suffix(".tmp")
         try:
-            temp.write_text(json.dumps(asdict(self.status), indent=1))
+            temp.write_text(json.dumps(status, indent=1))
             os.replace(temp, self.status_file)
         except OSError as e:
             log.warning("cannot write %s: %s", self.status_file, e)
+            return
+        self._written = lasting, time.monotonic()
+
+
+_AGING = ("last_success", "last_attempt", "rate_events_per_s")  # what changes when idle
 
 
 def manifest_name(data_name: str) -> str:

@@ -20,6 +20,7 @@ max_message_size = 262144
 send_buffer_limit = 2097152
 history_page_cap = 500
 max_store_bytes = 1073741824
+card_endurance_tb = 100
 log_level = "debug"
 
 [router.tls]
@@ -81,6 +82,7 @@ anonymous_role = "guest"
   match = "prefix"
   max_events = 5000
   max_age = "12h"
+  commit_window = "2.5s"
 
   [[realms.history]]
   uri = "alarm..raised"
@@ -128,7 +130,7 @@ def test_embedded_default():
     assert anonymous is not None
     assert anonymous.permissions == (
         cfg.Permission("", "prefix", frozenset(cfg.ACTIONS), False),)
-    assert realm.history == (cfg.HistoryRule("sensor", "prefix", 1_000_000, 90 * 86400),)
+    assert realm.history == (cfg.HistoryRule("sensor", "prefix", 1_000_000, 90 * 86400, 5.0),)
 
 
 PUBKEY = "0123456789abcdef" * 4
@@ -154,6 +156,7 @@ def test_full_example_with_every_key(tmp_path, monkeypatch):
     assert r.data_dir == Path("/var/lib/cairn")
     assert (r.max_message_size, r.send_buffer_limit) == (262144, 2097152)
     assert (r.history_page_cap, r.max_store_bytes) == (500, 1073741824)
+    assert r.card_endurance_tb == 100.0
     assert r.log_level == "debug"
 
     assert [realm.name for realm in config.realms] == ["farm.north", "realm2"]
@@ -171,7 +174,7 @@ def test_full_example_with_every_key(tmp_path, monkeypatch):
         cfg.User("gate", "device", "from-the-env", salt="salt123", iterations=2000, keylen=16),
         cfg.User("tractor", "device", pubkeys=(PUBKEY,)),
     )
-    assert farm.history == (cfg.HistoryRule("sensor", "prefix", 5000, 12 * 3600),
+    assert farm.history == (cfg.HistoryRule("sensor", "prefix", 5000, 12 * 3600, 2.5),
                             cfg.HistoryRule("alarm..raised", "wildcard", 1_000_000, None))
     realm2 = config.realm("realm2")
     assert (realm2.anonymous_role, realm2.roles, realm2.users, realm2.history) == (
@@ -316,6 +319,22 @@ MISTAKES = [
     ("max-events-negative",
      BASE + '  [[realms.history]]\n  uri = "sensor"\n  max_events = -1\n',
      "realms[0].history[0].max_events", [r"positive integer"]),
+    ("card-endurance-zero", _replace('[router]\n', '[router]\ncard_endurance_tb = 0\n'),
+     "router.card_endurance_tb", [r"positive number", r"0"]),
+    ("card-endurance-a-string", _replace('[router]\n', '[router]\ncard_endurance_tb = "10TB"\n'),
+     "router.card_endurance_tb", [r"positive number", r"'10TB'"]),
+    ("commit-window-not-a-duration",
+     BASE + '  [[realms.history]]\n  uri = "sensor"\n  commit_window = "soon"\n',
+     "realms[0].history[0].commit_window", [r"duration like", r"'soon'"]),
+    ("commit-window-negative",
+     BASE + '  [[realms.history]]\n  uri = "sensor"\n  commit_window = "-5s"\n',
+     "realms[0].history[0].commit_window", [r"must not be negative", r"'-5s'"]),
+    ("commit-window-over-a-minute",
+     BASE + '  [[realms.history]]\n  uri = "sensor"\n  commit_window = "2m"\n',
+     "realms[0].history[0].commit_window", [r"at most 60s", r"'2m'"]),
+    ("commit-window-is-a-number",
+     BASE + '  [[realms.history]]\n  uri = "sensor"\n  commit_window = 5\n',
+     "realms[0].history[0].commit_window", [r"expected a string"]),
     ("history-without-uri", BASE + '  [[realms.history]]\n  match = "prefix"\n',
      "realms[0].history[0].uri", [r"missing"]),
     ("bad-log-level", _replace('[router]\n', '[router]\nlog_level = "verbose"\n'),
@@ -383,12 +402,18 @@ def test_parse_takes_the_source_name_for_messages():
 
 @pytest.mark.parametrize(("text", "seconds"), [("30s", 30), ("15m", 900), ("12h", 43200),
                                                 ("90d", 7776000), ("2w", 1209600),
-                                                (" 7 d ", 604800)])
+                                                (" 7 d ", 604800), ("250ms", 0.25),
+                                                ("1.5h", 5400), ("0s", 0)])
 def test_durations(text, seconds):
     assert cfg.parse_duration(text, "f", "k") == seconds
 
 
-@pytest.mark.parametrize("text", ["", "90", "d", "1.5h", "-1d", "90 days", "1y"])
+@pytest.mark.parametrize("text", ["", "90", "d", "1.h", "90 days", "1y", "5 s s"])
 def test_bad_durations(text):
     with pytest.raises(cfg.ConfigError, match=r"^f: k: expected a duration"):
         cfg.parse_duration(text, "f", "k")
+
+
+def test_a_negative_duration_is_refused_as_negative():
+    with pytest.raises(cfg.ConfigError, match=r"^f: k: must not be negative, not '-1d'"):
+        cfg.parse_duration("-1d", "f", "k")

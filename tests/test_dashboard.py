@@ -397,7 +397,7 @@ async def test_the_status_strip_shows_the_routers_figures(sensors, open_page):
     else:
         raise AssertionError(f"sessions shown vs the router's: {seen}")
     strip = {name: await page.text_content(f"#st-{name}")
-             for name in ("uptime", "sessions", "store", "history", "sync", "clock")}
+             for name in ("uptime", "sessions", "store", "history", "sync", "clock", "card")}
     assert re.fullmatch(r"\d+(\.\d)? (KB|MB) [\d,]+ events", strip["store"]), strip["store"]
     events = int(strip["store"].split()[-2].replace(",", ""))
     assert events == status["store"]["events"]
@@ -407,6 +407,8 @@ async def test_the_status_strip_shows_the_routers_figures(sensors, open_page):
     assert strip["clock"] == ("synchronized" if synced else "not synchronized")
     assert await page.is_hidden("#clock-banner") == synced
     assert re.fullmatch(r"\d+ (s|min)", strip["uptime"]), strip["uptime"]
+    assert re.fullmatch(r"measuring…|\d+(\.\d)? (B|KB|MB|GB)/day ~[\d.,]+ years of a 10 TB card",
+                        strip["card"]), strip["card"]
     # refreshed every few seconds
     before = strip["sessions"]
     other = await connect(sensors.router)

@@ -151,8 +151,9 @@ async def test_pruning_the_newest_rows_records_their_seqs_first(tmp_path):
     store = await Store.open(tmp_path / "cairn.db")
     try:
         for i in range(5):
+            seq, publication = store.assign()
             store.append(StoredPublication(
-                seq=store.assign_seq(), publication=1000 + i, realm="realm1", topic="sensor.x",
+                seq=seq, publication=publication, realm="realm1", topic="sensor.x",
                 args=[i], kwargs=None, wall_ms=1000, boot_id="boot", boottime_ns=1,
                 clock_synced=True, details={"topic": "sensor.x"}, history_rule=0))
         await store.flush()
@@ -170,8 +171,9 @@ async def test_a_batch_the_store_cannot_encode_fails_its_waiters_and_storing_goe
     store = await Store.open(tmp_path / "cairn.db")
     try:
         def publication(args: list) -> StoredPublication:
+            seq, publication = store.assign()
             return StoredPublication(
-                seq=store.assign_seq(), publication=store.next_seq, realm="realm1",
+                seq=seq, publication=publication, realm="realm1",
                 topic="sensor.a", args=args, kwargs=None, wall_ms=1, boot_id="boot",
                 boottime_ns=1, clock_synced=True, details={"topic": "sensor.a"},
                 history_rule=0, retain=True)

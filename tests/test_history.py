@@ -494,6 +494,7 @@ async def test_a_missing_or_malformed_subscription_id_is_an_invalid_argument(ten
 async def test_a_store_read_failure_answers_get_events_with_an_error(cairn, monkeypatch):
     session = await cairn.connect()
     sub = await lookup(session, "hist", "prefix")
+    await publish_series(session, "hist.a", 1)
 
     async def failing_query(sql: str, params: Any) -> list:
         raise sqlite3.OperationalError("disk I/O error")

@@ -65,9 +65,9 @@ def make_store(data_dir: Path, events: int = 500, note: int = 200) -> Path:
     async def fill() -> None:
         store = await Store.open(data_dir / ops.DB_NAME)
         for _ in range(events):
-            seq = store.assign_seq()
+            seq, publication = store.assign()
             store.append(StoredPublication(
-                seq=seq, publication=10_000 + seq, realm="realm1", topic=f"sensor.s{seq % 7}",
+                seq=seq, publication=publication, realm="realm1", topic=f"sensor.s{seq % 7}",
                 args=[seq], kwargs={"temperature": 20.5, "note": "x" * note},
                 wall_ms=1_700_000_000_000 + seq, boot_id="test", boottime_ns=seq,
                 clock_synced=True, details={"topic": f"sensor.s{seq % 7}"}, history_rule=0,

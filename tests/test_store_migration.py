@@ -8,7 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from gateway.store import (
-    _SEQ_OF_PUBLICATION,
+    _LEGACY_SEQ_OF_PUBLICATION,
     MIGRATIONS,
     SCHEMA_VERSION,
     Store,
@@ -45,9 +45,10 @@ def indexes(path: Path) -> set[str]:
             "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'publications'")}
 
 
-def new_publication(store: Store, publication: int) -> StoredPublication:
+def new_publication(store: Store) -> StoredPublication:
+    seq, publication = store.assign()
     return StoredPublication(
-        seq=store.assign_seq(), publication=publication, realm="realm1", topic="sensor.a",
+        seq=seq, publication=publication, realm="realm1", topic="sensor.a",
         args=[1], kwargs=None, wall_ms=2000, boot_id="boot", boottime_ns=2,
         clock_synced=True, details={"topic": "sensor.a"}, history_rule=0)
 
@@ -62,21 +63,28 @@ async def test_a_version_1_database_is_upgraded_at_start_up_and_keeps_working(tm
         with contextlib.closing(sqlite3.connect(path)) as db:
             assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
             assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        assert "publications_publication" not in indexes(path)  # the random-key index is gone
-        assert "publications_chunk_publication" in indexes(path)
+        assert indexes(path) == {"publications_legacy_publication"}
+        with contextlib.closing(sqlite3.connect(path)) as db:  # what queries walk
+            assert db.execute("SELECT s.seq, t.realm, t.topic, s.rule FROM history_scan AS s"
+                              " JOIN topics AS t ON t.id = s.topic ORDER BY s.seq").fetchall() \
+                == [(seq, "realm1", "sensor.a", 0) for seq, _ in OLD_ROWS]
         assert store.next_seq == 70_004  # seq carries on, never reused
 
         for seq, publication in OLD_ROWS:  # the old rows are found by publication id
             assert await store.seq_of_publication("realm1", publication) == seq
         assert await store.seq_of_publication("realm2", OLD_ROWS[0][1]) is None
         assert await store.seq_of_publication("realm1", 123) is None
-
-        fresh = new_publication(store, 2**52)
-        await store.append(fresh)
-        assert await store.seq_of_publication("realm1", 2**52) == fresh.seq == 70_004
+        legacy = _LEGACY_SEQ_OF_PUBLICATION.format(legacy=70_001)
         plan = " ".join(row[-1] for row in await store.query(
-            f"EXPLAIN QUERY PLAN {_SEQ_OF_PUBLICATION}", (5, "realm1")))
-        assert "INDEX publications_chunk_publication (<expr>=? AND publication=?)" in plan, plan
+            f"EXPLAIN QUERY PLAN {legacy}", (5, "realm1")))
+        assert "SEARCH p USING INDEX publications_legacy_publication (<expr>=? AND publication=?" \
+            in plan, plan
+
+        fresh = new_publication(store)
+        await store.append(fresh)
+        assert fresh.seq == 70_004
+        assert await store.seq_of_publication("realm1", fresh.publication) == 70_004
+        assert [p.topic for p in await store.load_retained()] == ["state.a"]
     finally:
         await store.close()
 
@@ -84,6 +92,8 @@ async def test_a_version_1_database_is_upgraded_at_start_up_and_keeps_working(tm
     try:
         assert store.next_seq == 70_005
         assert await store.seq_of_publication("realm1", OLD_ROWS[2][1]) == OLD_ROWS[2][0]
+        assert await store.seq_of_publication("realm1", fresh.publication) == 70_004
+        assert (await store.summary("realm1"))["events"] == 5
     finally:
         await store.close()
 
@@ -94,5 +104,4 @@ async def test_a_new_database_gets_the_current_schema(tmp_path):
     await store.close()
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
-    assert indexes(path) == {"publications_topic", "publications_time", "publications_rule",
-                             "publications_chunk_publication"}
+    assert indexes(path) == set()

@@ -74,15 +74,16 @@ async def _fill(path: Path, events: int, retained_every: int, first_index: int) 
         for i in range(first_index, first_index + events):
             if retained_every and i % retained_every == 0:
                 # a retained-only status publication: takes a seq, is not history
+                seq, publication = store.assign()
                 store.append(StoredPublication(
-                    seq=store.assign_seq(), publication=10**9 + i, realm="realm1",
+                    seq=seq, publication=publication, realm="realm1",
                     topic="gateway.device.d1.status", args=[], kwargs={"state": "ok"},
                     wall_ms=T0_MS + i * 1000, boot_id=BOOT,
                     boottime_ns=5_000_000_000 + i * 10**9, clock_synced=True, retain=True))
-            seq = store.assign_seq()
+            seq, publication = store.assign()
             seqs.append(seq)
             store.append(StoredPublication(
-                seq=seq, publication=i + 1, realm="realm1", topic=f"sensor.dev{i % 4}",
+                seq=seq, publication=publication, realm="realm1", topic=f"sensor.dev{i % 4}",
                 args=[i], kwargs={"temperature": 20 + (i % 10) / 10, "humidity": 50.0 + i % 7,
                                   "raw": bytes([i % 256, 0xFF])},
                 wall_ms=T0_MS + i * 1000, boot_id=BOOT, boottime_ns=5_000_000_000 + i * 10**9,
@@ -177,6 +178,29 @@ def test_directory_sink_writes_batches_manifests_and_advances_the_watermark(tmp_
 
     assert uploader.once() == 0  # nothing new: nothing sent
     assert status_of(data_dir)["state"] == "idle"
+
+
+def test_an_idle_uploader_rewrites_its_status_only_when_it_changed(tmp_path):
+    """Each rewrite is a new file on the card: an idle check every minute must not be one."""
+    data_dir = tmp_path / "data"
+    fill_store(data_dir, 10)
+    stop = threading.Event()
+
+    def upload() -> None:  # the reader's SQLite connection belongs to this thread
+        uploader_for(data_dir, DirectorySink(tmp_path / "landing")).run(0.02, stop=stop)
+
+    worker = threading.Thread(target=upload)
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not (data_dir / "sync-status.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # the first batch and its status
+    written = (data_dir / "sync-status.json").stat().st_mtime_ns
+    time.sleep(0.5)  # ~25 idle checks
+    stop.set()
+    worker.join(10)
+    assert status_of(data_dir)["synced_seq"] > 0
+    assert (data_dir / "sync-status.json").stat().st_mtime_ns == written
 
 
 def test_batch_bytes_bound_splits_batches(tmp_path):

@@ -368,6 +368,7 @@
       setStat("st-history", "empty");
     }
     renderSync(s.sync);
+    renderWear(s.wear);
     setStat("st-clock", clock.synchronized ? "synchronized" : "not synchronized", "",
             clock.synchronized ? "good" : "warn");
     $("clock-banner").hidden = clock.synchronized !== false;
@@ -386,6 +387,25 @@
       : "no upload yet";
     const kind = sync.state === "retrying" ? "warn" : sync.state === "ok" ? "good" : "";
     setStat("st-sync", sync.state + " · " + backlog, last, kind, sync.last_error || "");
+  }
+
+  /** What the gateway writes to its SD card a day, and how long a card lasts at that. */
+  function renderWear(wear) {
+    if (!wear) {
+      setStat("st-card", "–");
+      return;
+    }
+    const card = wear.endurance_tb + " TB card";
+    if (wear.bytes_per_day == null) {
+      setStat("st-card", "measuring…", "", "", "writes per day are known after a few seconds");
+      return;
+    }
+    const years = wear.life_years == null ? "" : "~" + wear.life_years.toLocaleString("en") +
+      " years of a " + card;
+    const kind = wear.life_years != null && wear.life_years < 5 ? "warn" : "";
+    setStat("st-card", formatBytes(wear.bytes_per_day) + "/day", years, kind,
+            "written to " + (wear.disk || "storage") + " over the last " +
+            formatDuration(wear.measured_s));
   }
 
   function setStat(id, text, small, kind, title) {

@@ -9,10 +9,13 @@ install -m 644 files/cairn-data-partition.service files/cairn-readonly-root.serv
 install -D -m 644 files/journald.conf "${ROOTFS_DIR}/etc/systemd/journald.conf.d/cairn.conf"
 
 # /var/lib/cairn is the data partition. x-systemd.requires makes its mount wait for the
-# first-boot service that creates it; fsck (pass 2) repairs it after a power cut.
+# first-boot service that creates it; fsck (pass 2) repairs it after a power cut. commit=60:
+# ext4 writes a journal commit (~12 KiB) every commit interval in which a file was written,
+# and the store writes every few seconds; SQLite fsyncs what it needs, so only metadata of
+# unsynced writes can be up to a minute old after a power cut (bench/wear.py mounts the same).
 install -d -m 755 "${ROOTFS_DIR}/var/lib/cairn"
 if ! grep -q "LABEL=cairn-data" "${ROOTFS_DIR}/etc/fstab"; then
-	printf '%s\n' "LABEL=cairn-data  /var/lib/cairn  ext4  defaults,noatime,x-systemd.requires=cairn-data-partition.service  0  2" \
+	printf '%s\n' "LABEL=cairn-data  /var/lib/cairn  ext4  defaults,noatime,commit=60,x-systemd.requires=cairn-data-partition.service  0  2" \
 		>> "${ROOTFS_DIR}/etc/fstab"
 fi
 

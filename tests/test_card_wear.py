@@ -1,0 +1,151 @@
+"""The card's wear as the gateway shows it: bytes written per day and the projected years of
+card life, in /metrics, ``cairn.router.status`` and ``cairn doctor``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from autobahn.wamp.types import PublishOptions
+
+from gateway import wear
+from gateway.wear import WearMeter, disk_of
+from tests.router_process import RouterProcess
+from tests.test_ops import REALM, cairn, doctor_lines, parse_prometheus
+from tests.wamp_client import connect
+
+GB = 10**9
+DAY = 86400
+
+
+class FakeClock:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(wear.time, "monotonic", lambda: self.now)
+
+
+def disk_stat(directory: Path, written_bytes: int) -> Path:
+    """A /sys/block/X-like directory whose stat says ``written_bytes`` were written."""
+    directory.mkdir(exist_ok=True)
+    sectors = written_bytes // wear.SECTOR
+    (directory / "stat").write_text(f"100 0 800 10 7 0 {sectors} 30 0 40 40 0 0 0 0\n")
+    return directory
+
+
+def test_card_life_is_projected_from_the_disks_writes(tmp_path, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    disk = disk_stat(tmp_path / "mmcblk0", 5 * GB)  # written before the router started
+    meter = WearMeter(disk, endurance_tb=10)
+    clock.now += 3600
+    disk_stat(disk, 7 * GB)
+    meter.sample()
+    report = meter.report()
+    assert report["rate_from"] == "disk" and report["disk"] == "mmcblk0"
+    assert report["bytes_per_day"] == 48 * GB  # 2 GB an hour
+    assert report["life_years"] == round(10e12 / (48 * GB * 365), 1) == 0.6
+    assert report["disk_written_bytes"] == 7 * GB
+
+
+def test_the_rate_is_taken_over_the_last_day(tmp_path, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    disk = disk_stat(tmp_path / "sda", 0)
+    meter = WearMeter(disk, endurance_tb=10)
+    written = [0, 50 * GB] + [50 * GB + hour * GB for hour in range(1, 26)]  # a burst, then 1/h
+    for total in written:
+        clock.now += 3600
+        disk_stat(disk, total)
+        meter.sample()
+    assert meter.report()["bytes_per_day"] == 24 * GB  # the burst is more than a day ago
+
+
+def test_without_a_disk_the_rate_is_the_routers_own(tmp_path, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    written = iter([10 * GB, 11 * GB, 11 * GB])
+    monkeypatch.setattr(wear, "process_write_bytes", lambda: next(written))
+    meter = WearMeter(None, endurance_tb=100)
+    clock.now += DAY
+    meter.sample()
+    report = meter.report()
+    assert (report["rate_from"], report["bytes_per_day"], report["life_years"]) == \
+        ("process", GB, 274.0)
+
+
+def test_no_rate_before_ten_seconds(tmp_path, monkeypatch):
+    clock = FakeClock(monkeypatch)
+    meter = WearMeter(disk_stat(tmp_path / "sda", 0), endurance_tb=10)
+    clock.now += 5
+    assert (meter.report()["bytes_per_day"], meter.report()["life_years"]) == (None, None)
+
+
+def fake_sysfs(root: Path, path: Path, partition: bool) -> None:
+    """/sys/dev/block/M:m of the device holding ``path``, as the kernel lays it out for an
+    SD card (mmcblk0, partition mmcblk0p2) or a whole disk."""
+    dev = os.stat(path).st_dev
+    disk = root / "devices/platform/mmc/mmcblk0"
+    node = disk / "mmcblk0p2" if partition else disk
+    node.mkdir(parents=True)
+    disk_stat(disk, 0)
+    if partition:
+        (node / "partition").write_text("2\n")
+        (node / "stat").write_text("1 0 8 0 0 0 0 0 0 0 0 0 0 0 0\n")
+    (root / "dev/block").mkdir(parents=True)
+    (root / f"dev/block/{os.major(dev)}:{os.minor(dev)}").symlink_to(node)
+
+
+@pytest.mark.parametrize("partition", [True, False])
+def test_a_data_directory_is_measured_on_the_whole_disk(tmp_path, monkeypatch, partition):
+    fake_sysfs(tmp_path / "sys", tmp_path, partition)
+    monkeypatch.setattr(wear, "_SYS_DEV_BLOCK", tmp_path / "sys/dev/block")
+    assert disk_of(tmp_path) == (tmp_path / "sys/devices/platform/mmc/mmcblk0").resolve()
+
+
+def test_a_data_directory_without_a_block_device_has_no_disk(tmp_path, monkeypatch):
+    monkeypatch.setattr(wear, "_SYS_DEV_BLOCK", tmp_path / "empty")
+    assert disk_of(tmp_path) is None
+
+
+# -- the router shows it ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_metrics_status_and_doctor_show_a_card_that_wears_out_too_fast(tmp_path):
+    """A card of 1 MB endurance: any write rate wears it out in minutes."""
+    router = RouterProcess(tmp_path, REALM, router_toml="card_endurance_tb = 0.000001").start()
+    try:
+        started = time.monotonic()
+        session = await connect(router)
+        for i in range(20):
+            await session.publish(f"sensor.s{i % 4}", i,
+                                  options=PublishOptions(acknowledge=True, retain=True))
+        await asyncio.sleep(max(0.0, started + wear.MIN_SPAN_S + 1 - time.monotonic()))
+        status = await session.call("cairn.router.status")
+        with urllib.request.urlopen(f"http://127.0.0.1:{router.port}/metrics", timeout=5) as r:
+            families = parse_prometheus(r.read().decode())
+        doctor = cairn("doctor", "--config", str(router.config))
+        await session.leave()
+    finally:
+        router.stop()
+    assert status["wear"]["endurance_tb"] == 0.000001
+    assert status["wear"]["bytes_per_day"] > 0 and status["wear"]["life_years"] < 5
+    metrics = {name: family["samples"][0][2] for name, family in families.items()
+               if family["samples"]}
+    assert metrics["cairn_process_written_bytes_total"] > 0
+    assert metrics["cairn_card_written_bytes_per_day"] > 0
+    assert metrics["cairn_card_life_years"] < 5
+    assert metrics["cairn_card_endurance_bytes"] == 10**6
+    print(doctor.stdout)
+    (level, detail), = doctor_lines(doctor.stdout)["card wear"]
+    assert level == "warn" and "GB/day" in detail and "under 5" in detail
+    assert doctor.returncode == 0  # a warning, not a failure
+
+
+def test_doctor_says_when_the_router_does_not_answer(tmp_path):
+    config = tmp_path / "cairn.toml"
+    RouterProcess(tmp_path, REALM)  # writes the config; never started
+    doctor = cairn("doctor", "--config", str(config))
+    (level, detail), = doctor_lines(doctor.stdout)["card wear"]
+    assert level == "warn" and "does not answer" in detail

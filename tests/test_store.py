@@ -1,0 +1,211 @@
+"""The store on its own (gateway.store.Store on real SQLite files): publication ids computed
+from seq, the state it keeps in memory and writes back now and then, and what it writes to
+the card for a commit and for a prune."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+import struct
+from pathlib import Path
+
+from gateway.publication_ids import PublicationIds, new_key
+from gateway.store import PruneRule, Store, StoredPublication
+
+BOOT = "7a9e4c2e-0d4b-4a43-9d0e-1f3b5f2c6a10"
+T0 = 1_700_000_000_000
+
+
+def reading(store: Store, topic: str, value: float, retain: bool = True,
+            rule: int | None = 0) -> StoredPublication:
+    seq, publication = store.assign()
+    return StoredPublication(
+        seq=seq, publication=publication, realm="realm1", topic=topic, args=None,
+        kwargs={"temperature": value, "humidity": 50.0}, wall_ms=T0 + seq,
+        boot_id=BOOT, boottime_ns=seq, clock_synced=True, authid="anonymous-1",
+        authrole="anonymous", details={"topic": topic}, history_rule=rule, retain=retain)
+
+
+def power_cut_copy(store: Store, into: Path) -> Path:
+    """The files as a power cut would leave them: what is committed (database and WAL),
+    without anything the store does at close."""
+    into.mkdir()
+    for suffix in ("", "-wal"):
+        shutil.copyfile(f"{store.path}{suffix}", into / f"cairn.db{suffix}")
+    return into / "cairn.db"
+
+
+def wal_frames(path: Path) -> list[tuple[int, int]]:
+    """(page number, database size after the commit or 0) of each frame in a WAL file."""
+    wal = Path(f"{path}-wal").read_bytes()
+    page_size = struct.unpack(">I", wal[8:12])[0]
+    return [struct.unpack(">II", wal[offset:offset + 8])
+            for offset in range(32, len(wal) - 23, 24 + page_size)]
+
+
+# -- publication ids -----------------------------------------------------------------------
+
+
+def test_a_publication_id_and_its_seq_give_each_other():
+    ids = PublicationIds(new_key())
+    for seq in (0, 1, 2, 1000, 2**31, 2**53 - 1):
+        publication = ids.of_seq(seq)
+        assert 1 <= publication <= 2**53
+        assert ids.seq_of(publication) == seq
+
+
+def test_publication_ids_never_repeat_and_look_random():
+    ids = PublicationIds(new_key())
+    values = [ids.of_seq(seq) for seq in range(1, 50_001)]
+    assert len(set(values)) == len(values)
+    for bit in (0, 26, 52):  # each bit set about half the time, not in runs
+        share = sum(v >> bit & 1 for v in values) / len(values)
+        assert 0.48 < share < 0.52, (bit, share)
+    assert sorted(values) != values
+
+
+def test_each_database_has_its_own_publication_ids():
+    assert PublicationIds(new_key()).of_seq(1) != PublicationIds(new_key()).of_seq(1)
+
+
+async def test_a_stored_publication_is_found_by_its_id_after_a_restart(tmp_path):
+    store = await Store.open(tmp_path / "cairn.db")
+    pub = reading(store, "sensor.a", 21.5)
+    await store.append(pub)
+    await store.close()
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        assert await store.seq_of_publication("realm1", pub.publication) == pub.seq
+        assert await store.seq_of_publication("realm2", pub.publication) is None
+        assert await store.seq_of_publication("realm1", pub.publication + 1) is None
+    finally:
+        await store.close()
+
+
+# -- state written back now and then -------------------------------------------------------
+
+
+async def test_retained_slots_not_yet_written_back_survive_a_power_cut(tmp_path):
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        await store.append(reading(store, "sensor.a", 20.0))
+        await store.append(reading(store, "sensor.a", 21.0))
+        await store.append(reading(store, "state.x", 1.0, rule=None))  # no history
+        copy = power_cut_copy(store, tmp_path / "cut")
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(copy)) as db:  # only the one without history
+        assert db.execute("SELECT topic FROM retained").fetchall() == [("state.x",)]
+    restarted = await Store.open(copy)
+    try:
+        assert [(p.topic, p.kwargs["temperature"]) for p in await restarted.load_retained()] \
+            == [("sensor.a", 21.0), ("state.x", 1.0)]
+    finally:
+        await restarted.close()
+
+
+async def test_history_counts_survive_a_power_cut(tmp_path):
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        for i in range(7):
+            store.append(reading(store, f"sensor.{i % 3}", i))
+        await store.flush()
+        copy = power_cut_copy(store, tmp_path / "cut")
+    finally:
+        await store.close()
+    restarted = await Store.open(copy)
+    try:
+        assert (await restarted.summary("realm1"))["events"] == 7
+        gaps = await restarted.prune([PruneRule("realm1", 0, 5, None)], 10**12, 0, True)
+        assert [(g.count, g.reason) for g in gaps] == [(2, "max_events")]
+    finally:
+        await restarted.close()
+
+
+async def test_the_state_is_written_back_after_write_back_rows(tmp_path):
+    store = await Store.open(tmp_path / "cairn.db")
+    store.write_back_rows = 3
+    try:
+        for value in range(3):
+            await store.append(reading(store, "sensor.a", value))
+        with contextlib.closing(sqlite3.connect(store.path)) as db:
+            assert db.execute("SELECT topic, seq FROM retained").fetchall() == [("sensor.a", 3)]
+    finally:
+        await store.close()
+
+
+async def test_closing_writes_the_state_back(tmp_path):
+    store = await Store.open(tmp_path / "cairn.db")
+    await store.append(reading(store, "sensor.a", 1.0))
+    await store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "cairn.db")) as db:
+        assert db.execute("SELECT topic FROM retained").fetchall() == [("sensor.a",)]
+
+
+# -- what reaches the card -----------------------------------------------------------------
+
+
+async def test_a_commit_of_ten_sensors_readings_writes_few_pages(tmp_path):
+    """The wear benchmark's figure in miniature: a commit of ten readings of ten sensors on a
+    history of thousands wrote 25 pages of 4 KiB before schema version 3."""
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        for i in range(20_000):
+            store.append(reading(store, f"sensor.dev{i % 20:02d}", i))
+        await store.flush()
+        await store._writer.run(store._writer.db.execute, "PRAGMA wal_checkpoint(TRUNCATE)")
+        for i in range(10):
+            store.append(reading(store, f"sensor.dev{i:02d}", i))
+        await store.flush()
+        frames = wal_frames(store.path)
+    finally:
+        await store.close()
+    assert sum(1 for _, commit in frames if commit) == 1
+    assert len(frames) <= 10, frames  # pages of 1 KiB: about 7 today
+
+
+async def test_pruning_with_nothing_to_drop_writes_nothing(tmp_path):
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        await store.append(reading(store, "sensor.a", 1.0))
+        wal = Path(f"{store.path}-wal")
+        before = wal.stat().st_size, wal.stat().st_mtime_ns
+        gaps = await store.prune([PruneRule("realm1", 0, 100, 86_400_000)], 10**12, T0, True)
+        assert gaps == []
+        assert (wal.stat().st_size, wal.stat().st_mtime_ns) == before
+    finally:
+        await store.close()
+
+
+async def ten_readings(tmp_path: Path) -> Store:
+    store = await Store.open(tmp_path / "cairn.db")
+    for i in range(10):  # seq 1..10, stamped T0 + seq ms
+        store.append(reading(store, "sensor.a", i))
+    await store.flush()
+    return store
+
+
+
+async def test_max_events_drops_the_oldest_and_counts_them(tmp_path):
+    store = await ten_readings(tmp_path)
+    try:
+        gaps = await store.prune([PruneRule("realm1", 0, 6, None)], 10**12, T0, True)
+        left = await store.summary("realm1")
+    finally:
+        await store.close()
+    assert [(g.first_seq, g.last_seq, g.count, g.reason) for g in gaps] == \
+        [(1, 4, 4, "max_events")]
+    assert (left["events"], left["first_seq"], left["last_seq"]) == (6, 5, 10)
+
+
+async def test_max_age_drops_what_is_older_in_receive_order(tmp_path):
+    store = await ten_readings(tmp_path)
+    try:
+        gaps = await store.prune([PruneRule("realm1", 0, 100, 1000)], 10**12, T0 + 1005, True)
+        left = await store.summary("realm1")
+    finally:
+        await store.close()
+    assert [(g.first_seq, g.last_seq, g.count, g.reason) for g in gaps] == \
+        [(1, 4, 4, "max_age")]
+    assert (left["events"], left["first_seq"]) == (6, 5)
