@@ -16,9 +16,12 @@ and each commit policy:
 2. ``cairn router`` with its working directory there, on the embedded default (only the HTTP
    port is a free one; a policy other than ``default`` sets ``commit_window`` on the
    ``sensor`` history rule), so the store is ``cairn-data/cairn.db`` on that filesystem;
-3. a history of ``--prefill`` readings is published first (a device that has run a while:
-   its tables and indexes are deep, its WAL file has grown to its working size and is
-   overwritten in place from then on), and checkpointed from outside the router;
+3. a history is written with the store itself, then ``--warm-up`` readings are published
+   through the router (its WAL file grows to its working size and is overwritten in place
+   from then on), and the WAL is checkpointed from outside the router. By default the
+   history is then just over the sensor rule's ``max_events`` and its 0.1 % slack, as on a
+   device that has run for a week: the window prunes as such a device does (a little more
+   often, since it starts at the point where a prune is due); ``--prefill`` sets another size;
 4. the sensors join over the Unix socket as drivers do, and the window starts: for
    ``--duration`` s they publish on schedule; then the router is stopped (SIGTERM: its
    closing checkpoint is inside the window, so every page the window dirtied is counted at
@@ -205,16 +208,50 @@ async def leave(sessions: list[Any]) -> None:
     await asyncio.sleep(0.2)
 
 
-async def prefill(url: str, sensors: int, rows: int) -> None:
-    """A history of ``rows`` readings across the sensors' topics, as fast as the router
-    takes them: unacknowledged, each 10,000 followed by an acknowledged one."""
+async def prefill(db: Path, sensors: int, rows: int, interval: float) -> None:
+    """A history of ``rows`` readings of the sensors, ``interval`` s apart each, up to now,
+    written with the store itself as the router would have (the router is not running)."""
+    from gateway import clock
+    from gateway.store import Store, StoredPublication
+
+    store = await Store.open(db)
+    rng = random.Random(1)
+    now_ms, boot, boottime = clock.wall_ns() // 10**6, clock.boot_id(), clock.boottime_ns()
+    step_ms = interval * 1000 / sensors
+    try:
+        for k in range(rows):
+            seq, publication = store.assign()
+            age_ms = int((rows - k) * step_ms)
+            store.append(StoredPublication(
+                seq, publication, "realm1", topic(k % sensors), None, reading(rng),
+                now_ms - age_ms, boot, max(0, boottime - age_ms * 10**6), True,
+                "anonymous-prefill", "anonymous", None, {"topic": topic(k % sensors)},
+                history_rule=0, retain=True))
+            if k % 50_000 == 49_999:
+                await store.flush()
+    finally:
+        await store.close()
+
+
+def at_the_bound(warm_up: int) -> int:
+    """Rows to prefill so that after the warm-up the history is one over the embedded
+    default's max_events and its slack: the first prune is due."""
+    from gateway.config import load
+
+    (rule,) = load(None).realms[0].history
+    return rule.max_events + rule.max_events // 1000 + 1 - warm_up
+
+
+async def warm_up(url: str, sensors: int, rows: int) -> None:
+    """``rows`` readings through the router as fast as it takes them: unacknowledged, each
+    5,000 followed by an acknowledged one."""
     from autobahn.wamp.types import PublishOptions
 
     (session,) = await join(url, 1)
-    rng = random.Random(1)
+    rng = random.Random(2)
     options = PublishOptions(retain=True)
-    for start in range(0, rows, 10_000):
-        for k in range(start, min(rows, start + 10_000)):
+    for start in range(0, rows, 5_000):
+        for k in range(start, min(rows, start + 5_000)):
             session.publish(topic(k % sensors), options=options, **reading(rng))
         await session.publish(topic(0), options=PublishOptions(acknowledge=True, retain=True),
                               **reading(rng))
@@ -269,11 +306,13 @@ def run_case(sensors: int, policy: str, opts: argparse.Namespace) -> dict[str, A
         config = router_config(workdir / "cairn.toml", policy)
         with LoopFilesystem(workdir, opts.mount_options) as fs:
             log = workdir / "router.log"
-            router = Router(config, fs.mount, log).start()
             db = fs.mount / "cairn-data" / "cairn.db"
+            rows = opts.prefill if opts.prefill is not None else at_the_bound(opts.warm_up)
+            asyncio.run(prefill(db, sensors, rows, opts.interval))
+            router = Router(config, fs.mount, log).start()
 
             async def window() -> tuple[list[float], dict[str, Any], float]:
-                await prefill(router.url, sensors, opts.prefill)
+                await warm_up(router.url, sensors, opts.warm_up)
                 sessions = await join(router.url, sensors)
                 await asyncio.sleep(2)  # joins and their meta events settle
                 checkpoint(db)
@@ -349,8 +388,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sensors", default="20,200", help="comma-separated sensor counts")
     p.add_argument("--interval", type=float, default=10.0, help="s between a sensor's readings")
     p.add_argument("--duration", type=float, default=300.0, help="s of each measured window")
-    p.add_argument("--prefill", type=int, default=100_000,
-                   help="readings stored before the window (a device that has run a while)")
+    p.add_argument("--prefill", type=int,
+                   help="readings stored before the warm-up (default: enough for the history "
+                        "to be at the sensor rule's max_events, so the window prunes)")
+    p.add_argument("--warm-up", type=int, default=20_000,
+                   help="readings published through the router before the window (its WAL "
+                        "grows to its working size)")
     p.add_argument("--policies", default="default",
                    help="comma-separated: 'default' (the embedded default as shipped) or a "
                         "commit_window for the sensor rule, such as 0s or 5s")

@@ -209,3 +209,22 @@ async def test_max_age_drops_what_is_older_in_receive_order(tmp_path):
     assert [(g.first_seq, g.last_seq, g.count, g.reason) for g in gaps] == \
         [(1, 4, 4, "max_age")]
     assert (left["events"], left["first_seq"]) == (6, 5)
+
+
+async def test_max_events_is_kept_within_a_thousandth(tmp_path):
+    """A full history is pruned a thousand events at a time, not for every few that come."""
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        for i in range(10_005):
+            store.append(reading(store, "sensor.a", i, retain=False))
+        await store.flush()
+        rule = PruneRule("realm1", 0, 10_000, None)
+        assert await store.prune([rule], 10**12, T0, True) == []
+        for i in range(6):
+            store.append(reading(store, "sensor.a", i, retain=False))
+        await store.flush()
+        (gap,) = await store.prune([rule], 10**12, T0, True)
+        assert (gap.first_seq, gap.count) == (1, 11)
+        assert (await store.summary("realm1"))["events"] == 10_000
+    finally:
+        await store.close()
