@@ -49,7 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import ack, compare, durable, footprint, report, retained, sessions
+from bench import ack, compare, durable, footprint, report, retained, sessions, wear
 from bench.crossbar import CROSSBAR_VENV, crossbar_executable, crossbar_version, install_crossbar
 from bench.pubsub import (
     REPO,
@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     opts.output.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"wrote {opts.output}")
     if set(opts.parts) == set(PARTS) and not opts.no_docs:
-        DOCS.write_text(report.markdown(summary, rows))
+        kept = wear.section_of(DOCS.read_text()) if DOCS.exists() else ""  # bench.wear's
+        DOCS.write_text(report.markdown(summary, rows) + (f"\n{kept}" if kept else ""))
         print(f"wrote {DOCS.relative_to(REPO)}")
     failed = [r for r in rows if r.result == "ERROR"] or summary["errors"]
     return 1 if failed else 0

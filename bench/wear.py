@@ -11,7 +11,7 @@ and each commit policy:
 1. a fresh ext4 filesystem of its own: a 512 MiB image, ``mkfs.ext4`` with its inode tables
    and journal initialized up front (the kernel's lazy init would write during the
    measurement), loop-mounted as the device image mounts its data partition (``noatime,
-   commit=60``; ``--mount-options noatime`` shows the file system's default commit interval,
+   commit=60``; ``--mounts noatime`` shows the file system's default commit interval,
    with a journal commit of ~12 KiB every 5 s the store writes);
 2. ``cairn router`` with its working directory there, on the embedded default (only the HTTP
    port is a free one; a policy other than ``default`` sets ``commit_window`` on the
@@ -300,11 +300,12 @@ async def publish_on_schedule(sessions: list[Any], interval: float,
 # -- one case --------------------------------------------------------------------------------
 
 
-def run_case(sensors: int, policy: str, opts: argparse.Namespace) -> dict[str, Any]:
+def run_case(sensors: int, policy: str, mount: str,
+             opts: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="cairn-wear-") as tmp:
         workdir = Path(tmp)
         config = router_config(workdir / "cairn.toml", policy)
-        with LoopFilesystem(workdir, opts.mount_options) as fs:
+        with LoopFilesystem(workdir, mount) as fs:
             log = workdir / "router.log"
             db = fs.mount / "cairn-data" / "cairn.db"
             rows = opts.prefill if opts.prefill is not None else at_the_bound(opts.warm_up)
@@ -335,6 +336,7 @@ def run_case(sensors: int, policy: str, opts: argparse.Namespace) -> dict[str, A
                        after["write_bytes"] - before["write_bytes"],
                        after["cpu_s"] - before["cpu_s"], stored)
     result["device_bytes_at_stop"] = device - running  # the closing checkpoint and state
+    result["mount"] = mount
     return result
 
 
@@ -369,16 +371,21 @@ def summarize(sensors: int, policy: str, opts: argparse.Namespace, latencies: li
 # -- report ----------------------------------------------------------------------------------
 
 
+HEAD = ("mount", "sensors", "policy", "readings", "device B/reading", "router B/reading",
+        "CPU %", "PUBLISHED p50 ms", "p99 ms", "GB/year", "years of a 10 TB card", "100 TB")
+
+
+def cells(r: dict[str, Any]) -> tuple[str, ...]:
+    return (r.get("mount", "noatime"), str(r["sensors"]), r["policy"], f"{r['readings']:,}",
+            f"{r['device_bytes_per_reading']:,}", f"{r['router_write_bytes_per_reading']:,}",
+            f"{r['router_cpu_percent']:.1f}", f"{r['published_p50_ms']:,.1f}",
+            f"{r['published_p99_ms']:,.1f}", f"{r['gb_per_year']:,.1f}",
+            f"{r['card_years']['10TB']:,.1f}", f"{r['card_years']['100TB']:,.1f}")
+
+
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("sensors", "policy", "readings", "device B/reading", "router B/reading", "CPU %",
-            "p50 ms", "p99 ms", "GB/year", "years 10TB", "years 100TB")
-    rows = [head] + [(
-        str(r["sensors"]), r["policy"], str(r["readings"]), f"{r['device_bytes_per_reading']:,}",
-        f"{r['router_write_bytes_per_reading']:,}", f"{r['router_cpu_percent']:.1f}",
-        f"{r['published_p50_ms']:.1f}", f"{r['published_p99_ms']:.1f}",
-        f"{r['gb_per_year']:,.1f}", f"{r['card_years']['10TB']:,.1f}",
-        f"{r['card_years']['100TB']:,.1f}") for r in results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    rows = [HEAD, *(cells(r) for r in results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEAD))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True))
                      for row in rows)
 
@@ -397,9 +404,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--policies", default="default",
                    help="comma-separated: 'default' (the embedded default as shipped) or a "
                         "commit_window for the sensor rule, such as 0s or 5s")
-    p.add_argument("--mount-options", default=MOUNT_OPTIONS,
-                   help=f"of the ext4 filesystem (default {MOUNT_OPTIONS}, as the image mounts "
-                        f"its data partition)")
+    p.add_argument("--mounts", default=MOUNT_OPTIONS,
+                   help=f"ext4 mount options, several separated by ';' (default {MOUNT_OPTIONS}, "
+                        f"as the image mounts its data partition)")
+    p.add_argument("--before", type=Path, metavar="JSON",
+                   help="an earlier run's output, shown beside this one in the docs section")
+    p.add_argument("--docs", action="store_true",
+                   help=f"write the results into {DOCS.relative_to(REPO)} (its wear section)")
     p.add_argument("--output", type=Path, default=OUTPUT)
     return p.parse_args(argv)
 
@@ -411,23 +422,78 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.wear: {problem}", file=sys.stderr)
         return 2
     results = []
-    for sensors in (int(n) for n in opts.sensors.split(",")):
-        for policy in opts.policies.split(","):
-            print(f"  {sensors} sensors / {opts.interval:g} s, policy {policy}: "
-                  f"{opts.duration:g} s ...", end=" ", flush=True)
-            result = run_case(sensors, policy, opts)
-            print(f"{result['device_bytes_per_reading']:,} device bytes per reading",
-                  flush=True)
-            results.append(result)
+    for mount in opts.mounts.split(";"):
+        for sensors in (int(n) for n in opts.sensors.split(",")):
+            for policy in opts.policies.split(","):
+                print(f"  {mount}: {sensors} sensors / {opts.interval:g} s, policy {policy}: "
+                      f"{opts.duration:g} s ...", end=" ", flush=True)
+                result = run_case(sensors, policy, mount, opts)
+                print(f"{result['device_bytes_per_reading']:,} device bytes per reading",
+                      flush=True)
+                results.append(result)
     print()
     print(table(results))
+    run = {"machine": machine(), "source": source_version(), "results": results,
+           "options": {k: str(v) for k, v in vars(opts).items()}}
     opts.output.parent.mkdir(parents=True, exist_ok=True)
-    opts.output.write_text(json.dumps({
-        "machine": machine(), "source": source_version(), "results": results,
-        "options": {k: str(v) for k, v in vars(opts).items()}}, indent=2))
+    opts.output.write_text(json.dumps(run, indent=2))
     print(f"\n{opts.output}")
+    if opts.docs:
+        before = json.loads(opts.before.read_text()) if opts.before else None
+        write_docs_section(markdown(run, before))
+        print(f"wrote the wear section of {DOCS.relative_to(REPO)}")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+# -- the section in docs/benchmarks.md (kept there when python -m bench rewrites the rest) --
+
+DOCS = REPO / "docs" / "benchmarks.md"
+SECTION_START, SECTION_END = "<!-- bench.wear -->", "<!-- /bench.wear -->"
+
+
+def write_docs_section(section: str) -> None:
+    text = DOCS.read_text() if DOCS.exists() else ""
+    DOCS.write_text(replace_section(text, section))
+
+
+def replace_section(text: str, section: str) -> str:
+    block = f"{SECTION_START}\n{section.strip()}\n{SECTION_END}\n"
+    if SECTION_START in text:
+        head, _, rest = text.partition(SECTION_START)
+        return head + block + rest.partition(SECTION_END)[2].lstrip("\n")
+    return text.rstrip("\n") + "\n\n" + block
+
+
+def section_of(text: str) -> str:
+    """The wear section of a docs file, markers included ('' when there is none)."""
+    if SECTION_START not in text:
+        return ""
+    inner = text.partition(SECTION_START)[2].partition(SECTION_END)[0]
+    return f"{SECTION_START}{inner}{SECTION_END}\n"
+
+
+def markdown(run: dict[str, Any], before: dict[str, Any] | None) -> str:
+    source, m = run["source"], run["machine"]
+    lines = [
+        "## SD card wear (`bench.wear`)",
+        "",
+        f"Run as root with `.venv/bin/python -m bench.wear --docs` (see its docstring; "
+        f"commit {str(source.get('commit'))[:10]}, {m['cpu_model']}, {m['nproc']} cores). "
+        f"Bytes written to the block device of a loop-mounted ext4 per acknowledged, retained "
+        f"reading; N sensors, one reading each every {run['options']['interval']} s; history "
+        f"at the embedded default's max_events bound (pruning); policy `default` is the "
+        f"embedded default (`commit_window = \"5s\"` on `sensor`), `0s` a commit per reading.",
+        "",
+    ]
+    if before:
+        lines += ["Before (Cairn 0.1, commit "
+                  f"{str(before['source'].get('commit'))[:10]}; measured then after a restart "
+                  "on 100,000 readings, without pruning):", "", *markdown_table(before), ""]
+        lines += ["After:", ""]
+    lines += markdown_table(run)
+    return "\n".join(lines) + "\n"
+
+
+def markdown_table(run: dict[str, Any]) -> list[str]:
+    return ["| " + " | ".join(HEAD) + " |", "|" + "---|" * 3 + "---:|" * 9,
+            *("| " + " | ".join(cells(r)) + " |" for r in run["results"])]
