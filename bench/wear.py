@@ -497,3 +497,7 @@ def markdown(run: dict[str, Any], before: dict[str, Any] | None) -> str:
 def markdown_table(run: dict[str, Any]) -> list[str]:
     return ["| " + " | ".join(HEAD) + " |", "|" + "---|" * 3 + "---:|" * 9,
             *("| " + " | ".join(cells(r)) + " |" for r in run["results"])]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
