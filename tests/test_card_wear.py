@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -14,7 +16,7 @@ from autobahn.wamp.types import PublishOptions
 
 from gateway import wear
 from gateway.wear import WearMeter, disk_of
-from tests.router_process import RouterProcess
+from tests.router_process import ROOT, RouterProcess
 from tests.test_ops import REALM, cairn, doctor_lines, parse_prometheus
 from tests.wamp_client import connect
 
@@ -149,3 +151,22 @@ def test_doctor_says_when_the_router_does_not_answer(tmp_path):
     doctor = cairn("doctor", "--config", str(config))
     (level, detail), = doctor_lines(doctor.stdout)["card wear"]
     assert level == "warn" and "does not answer" in detail
+
+
+# -- the wear benchmark (bench/wear.py; the measurement itself needs root and ~1 hour) --------
+
+
+def test_the_wear_benchmark_runs_as_a_module():
+    done = subprocess.run([sys.executable, "-m", "bench.wear", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "--mounts" in done.stdout, done.stderr
+
+
+def test_the_wear_section_of_the_docs_is_replaced_and_kept():
+    from bench import wear as bench_wear
+
+    docs = "# Benchmarks\n\ntable\n"
+    once = bench_wear.replace_section(docs, "first run")
+    twice = bench_wear.replace_section(once, "second run")
+    assert twice.startswith(docs) and "second run" in twice and "first run" not in twice
+    assert bench_wear.section_of(twice) in twice and "second run" in bench_wear.section_of(twice)
