@@ -90,8 +90,10 @@ class LoopFilesystem:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):
+        try:
             _run("umount", str(self.mount))
+        except subprocess.CalledProcessError:  # still busy: detach it, do not leak it
+            _run("umount", "--lazy", str(self.mount))
         if self.device:
             with contextlib.suppress(subprocess.CalledProcessError):
                 _run("losetup", "-d", self.device)

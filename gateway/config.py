@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,21 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """What a client can make the router hold (``[router.limits]``), sized for a 1 GB Pi.
+    "Network" connections are TCP ones from other hosts; "local" ones come over the Unix
+    socket or loopback, from the device itself (its drivers and dashboard), and have a cap of
+    their own, so a flood from the LAN cannot lock them out."""
+
+    handshake_timeout: float = 10.0         # s from connect to WELCOME (HTTP head, handshake,
+                                            # HELLO, authentication)
+    max_connections: int = 1000             # network connections (an idle session ~40 KiB)
+    max_connections_per_address: int = 32   # network connections from one address
+    max_pending_connections: int = 64       # network connections without a session yet
+    max_local_connections: int = 4096       # Unix socket and loopback connections
+
+
+@dataclass(frozen=True)
 class RouterConfig:
     listen: Endpoint = Endpoint("127.0.0.1", 8080)
     rawsocket: tuple[Endpoint, ...] = ()
@@ -121,6 +136,7 @@ class RouterConfig:
     log_level: str = "info"
     tls: TlsConfig | None = None
     card_endurance_tb: float = 10.0  # a 32 GB consumer card: ~300 program/erase cycles
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -207,7 +223,7 @@ def parse(data: dict[str, Any], source: str) -> Config:
 def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
                    "history_page_cap", "max_store_bytes", "log_level", "tls",
-                   "card_endurance_tb"})
+                   "card_endurance_tb", "limits"})
     d = RouterConfig()
     listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
     rawsocket = tuple(
@@ -234,7 +250,23 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
         max_store_bytes=v.positive(t, at, "max_store_bytes", d.max_store_bytes),
         log_level=level,
         card_endurance_tb=v.positive_number(t, at, "card_endurance_tb", d.card_endurance_tb),
+        limits=_limits(v, v.get(t, at, "limits", dict, {}), f"{at}.limits"),
     )
+
+
+def _limits(v: _Validator, t: dict[str, Any], at: str) -> Limits:
+    d = Limits()
+    counts = [f.name for f in fields(Limits) if f.name.startswith("max_")]
+    durations = [f.name for f in fields(Limits) if not f.name.startswith("max_")]
+    v.keys(t, at, {*counts, *durations})
+    values: dict[str, Any] = {name: v.positive(t, at, name, getattr(d, name)) for name in counts}
+    for name in durations:
+        if name in t:
+            text = v.get(t, at, name, str, None)
+            values[name] = parse_duration(text, v.source, f"{at}.{name}")
+            if values[name] <= 0:
+                raise ConfigError(v.source, f"{at}.{name}", f"must be longer than 0, not {text!r}")
+    return Limits(**values)
 
 
 def _tls(v: _Validator, t: dict[str, Any] | None, at: str) -> TlsConfig | None:

@@ -126,6 +126,15 @@ def render(status: dict[str, Any], counters: MessageCounters,
                 [_line("cairn_clock_synchronized", int(bool(clock.get("synchronized"))))]),
         _metric("cairn_clock_steps_total", "counter", "Steps of the wall clock recorded.",
                 [_line("cairn_clock_steps_total", store.get("clock_steps"))]),
+        _metric("cairn_connections", "gauge",
+                "Open connections: network (other hosts), local (Unix socket, loopback), "
+                "and network ones without a session yet (pending).",
+                [_line("cairn_connections", n, {"kind": kind})
+                 for kind, n in (status.get("connections") or {}).items()]),
+        _metric("cairn_limit_hits_total", "counter",
+                "Times a bound of [router.limits] refused or cut something.",
+                [_line("cairn_limit_hits_total", n, {"limit": limit})
+                 for limit, n in sorted((status.get("limit_hits") or {}).items())]),
         _metric("cairn_process_written_bytes_total", "counter",
                 "Bytes the router has written towards storage (its write_bytes).",
                 [_line("cairn_process_written_bytes_total", wear.get("process_written_bytes"))]),

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import resource
 import signal
 import ssl
 import time
@@ -25,6 +26,7 @@ from autobahn.wamp import message as m
 from gateway.clock import rfc3339
 from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
 from gateway.core import Outbox, Resolved, Session, Task, Timer
+from gateway.limits import Admission, LimitHits
 from gateway.metrics import MessageCounters
 from gateway.metrics import render as render_metrics
 from gateway.notify import keep_watchdog_fed, notify
@@ -88,6 +90,8 @@ class Node:
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
         self.dashboard = StaticFiles(DASHBOARD_DIR)
+        self.limit_hits = LimitHits()
+        self.admission = Admission(config.router.limits, self.limit_hits)
 
     # -- the outbox pump -----------------------------------------------------------------
 
@@ -211,6 +215,9 @@ class Node:
             "sync": sync,
             "slow_consumers": self.slow_consumers,
             "wear": self.wear.report() if self.wear is not None else None,
+            "connections": {"network": self.admission.network, "local": self.admission.local,
+                            "pending": self.admission.pending},
+            "limit_hits": dict(self.limit_hits.counts),
         }
 
     async def metrics(self) -> str:
@@ -283,8 +290,8 @@ class Node:
         loop = asyncio.get_running_loop()
         cfg = self.config.router
         listen = cfg.listen
-        server = await loop.create_server(lambda: HttpFront(self._ws, self.http), listen.host,
-                                          listen.port, ssl=self._tls(listen))
+        server = await loop.create_server(lambda: HttpFront(self._ws, self.http, self.admission),
+                                          listen.host, listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
         ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"
         self._ws = websocket_factory(self, ws_url)
@@ -377,6 +384,8 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    _raise_file_limit(config)
+    loop.set_exception_handler(functools.partial(_loop_exception, node.limit_hits))
     # before start(): a signal that comes once "listening" is logged must stop us cleanly
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -396,3 +405,31 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopping: saying GOODBYE to %d sessions", len(node.router.sessions))
     await node.stop()
     log.info("stopped")
+
+
+def _raise_file_limit(config: Config) -> None:
+    """As many file descriptors as the system lets us have: the connection limits, not
+    EMFILE, must be what refuses a flood."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    limits = config.router.limits
+    needed = limits.max_connections + limits.max_local_connections + 64
+    if soft < needed:
+        log.warning("only %d file descriptors for up to %d connections: EMFILE may refuse "
+                    "connections before the limits do (raise LimitNOFILE, or lower "
+                    "router.limits)", soft, needed)
+
+
+def _loop_exception(hits: LimitHits, loop: asyncio.AbstractEventLoop,
+                    context: dict[str, Any]) -> None:
+    """asyncio reports each failed accept() (out of file descriptors) separately: one log
+    line a minute is enough, and the rest is counted."""
+    exception = context.get("exception")
+    if isinstance(exception, OSError) and "accept" in context.get("message", ""):
+        hits.hit("accept_failed", f"{context['message']}: {exception}")
+        return
+    loop.default_exception_handler(context)

@@ -33,6 +33,7 @@ from autobahn.wamp.serializer import (
 from autobahn.websocket import protocol as websocket_protocol
 
 from gateway.core import Session, brief
+from gateway.limits import Admission, Ticket
 
 if TYPE_CHECKING:
     from gateway.server import Node
@@ -292,10 +293,12 @@ class Connection:
         self.session = Session(link=self)
         self._open = False
         self._sent = node.counters.sent
+        self._ticket: Ticket | None = None  # until the session is established
 
     # autobahn's ITransportHandler
     def onOpen(self, transport: Any) -> None:
         self.transport = transport
+        self._ticket = transport._ticket
         self._open = True
         self.node.connections.add(self)
         details = transport.transport_details
@@ -331,6 +334,9 @@ class Connection:
             return
         for msg, extra in messages:
             self.node.receive(self.session, msg, extra)
+        if self._ticket is not None and self.session.established:
+            self._ticket.established()  # the handshake deadline no longer applies
+            self._ticket = None
 
     def violation(self, reason: str) -> None:
         self.node.violation(self.session, reason)
@@ -378,6 +384,13 @@ _TEXT, _BINARY = 0x81, 0x82  # first octet of an unfragmented text/binary frame,
 
 
 class WebSocketProtocol(WampWebSocketServerProtocol):
+    _ticket: Ticket | None = None  # handed over by the HttpFront that read the upgrade
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._ticket is not None:
+            self._ticket.release()
+        super().connection_lost(exc)
+
     def data_received(self, data: bytes) -> None:
         # Parsed right away, not queued for the next loop pass as autobahn's asyncio adapter
         # does: one pass less between a PUBLISH and its EVENTs. (An exception here makes
@@ -469,8 +482,18 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
 
 class RawSocketProtocol(WampRawSocketServerProtocol):
     _closing = False
+    _ticket: Ticket | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._ticket = self.factory.admission.admit(transport)
+        if self._ticket is None:  # refused: its file descriptor goes at once
+            self._closing = True
+            transport.abort()
 
     def _on_connection_lost(self, exc: Exception | None) -> None:
+        if self._ticket is not None:
+            self._ticket.release()
         if getattr(self, "_session", None) is not None:  # no session: closed before handshake
             super()._on_connection_lost(exc)
 
@@ -553,6 +576,7 @@ def websocket_factory(node: Node, url: str) -> WampWebSocketServerFactory:
 
 class RawSocketFactory(WampRawSocketServerFactory):
     writes: WriteBatcher
+    admission: Admission
     _framed: tuple[bytes, bytes] | None = None
 
     def frame(self, payload: bytes) -> bytes:
@@ -569,6 +593,7 @@ def rawsocket_factory(node: Node) -> WampRawSocketServerFactory:
     factory = RawSocketFactory(lambda: Connection(node, "rawsocket"), serializers=serializers())
     factory.protocol = RawSocketProtocol
     factory.writes = node.writes
+    factory.admission = node.admission
     limit = node.config.router.max_message_size
     factory.max_message_size = limit
     factory.setProtocolOptions(maxMessagePayloadSize=min(max(limit, 512), 2**24))
@@ -585,19 +610,28 @@ class HttpFront(asyncio.Protocol):
     """Reads one HTTP request head; hands WebSocket upgrades on /ws to autobahn, and answers
     everything else through ``handler(method, path, headers) -> (status, content_type, body)``."""
 
-    def __init__(self, ws_factory: WampWebSocketServerFactory, handler: HttpHandler) -> None:
+    def __init__(self, ws_factory: WampWebSocketServerFactory, handler: HttpHandler,
+                 admission: Admission) -> None:
         self.ws_factory = ws_factory
         self.handler = handler
+        self.admission = admission
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
+        self.ticket: Ticket | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.ticket = self.admission.admit(transport)
+        if self.ticket is None:  # refused: its file descriptor goes at once
+            transport.abort()
+            return
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return
         self.buffer += data
         end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
+        if end < 0 or end > _MAX_HEAD:
             if len(self.buffer) > _MAX_HEAD:
                 self._reply(431, "text/plain", b"request header too large\n")
             return
@@ -609,6 +643,7 @@ class HttpFront(asyncio.Protocol):
         self.transport.pause_reading()
         if path.split("?")[0] == "/ws" and headers.get("upgrade", "").lower() == "websocket":
             ws = self.ws_factory()
+            ws._ticket, self.ticket = self.ticket, None
             ws.connection_made(self.transport)
             self.transport.set_protocol(ws)
             self.transport.resume_reading()
@@ -636,6 +671,8 @@ class HttpFront(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self.ticket is not None:
+            self.ticket.release()
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",

@@ -4,6 +4,7 @@ restart or re-clock it."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -24,16 +25,22 @@ class RouterProcess:
     """Writes a config, starts the router and waits until it listens."""
 
     def __init__(self, workdir: Path, realm_toml: str, env: dict[str, str] | None = None,
-                 router_toml: str = "") -> None:
+                 router_toml: str = "", host: str = "127.0.0.1", unix: bool = False,
+                 nofile: int | None = None) -> None:
+        """``host``: what the TCP listeners bind; ``unix``: a Unix socket listener too
+        (``unix_path``); ``nofile``: the router's file descriptor limit (soft and hard)."""
         self.workdir = workdir
         self.port = free_port()
         self.rawsocket_port = free_port()
         self.config = workdir / "cairn.toml"
         self.data_dir = workdir / "data"
+        self.unix_path = workdir / "wamp.sock"
+        unix_listener = f', "unix:{self.unix_path}"' if unix else ""
         self.config.write_text(
-            f'[router]\nlisten = "127.0.0.1:{self.port}"\n'
-            f'rawsocket = ["127.0.0.1:{self.rawsocket_port}"]\n'
+            f'[router]\nlisten = "{host}:{self.port}"\n'
+            f'rawsocket = ["{host}:{self.rawsocket_port}"{unix_listener}]\n'
             f'data_dir = "{self.data_dir}"\nlog_level = "info"\n{router_toml}\n{realm_toml}')
+        self.nofile = nofile
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.log = workdir / "router.log"
@@ -48,9 +55,12 @@ class RouterProcess:
 
     def start(self, timeout: float = 15) -> RouterProcess:
         log = self.log.open("ab")
+        nofile = self.nofile
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway.cli", "router", "--config", str(self.config)],
-            cwd=self.workdir, env=self.env, stdout=log, stderr=log)
+            cwd=self.workdir, env=self.env, stdout=log, stderr=log,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
+            if nofile else None)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -1,0 +1,214 @@
+"""Hostile and buggy neighbours: each attack of issue 19, replayed against a real router
+process over real sockets, and what the router must do about it (``[router.limits]``).
+
+Connections from "the LAN" come from this machine's own non-loopback address (the router
+listens on all addresses then, which it allows only when a realm has users), so that the
+router sees a network peer; local ones come over loopback and the Unix socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.router_process import RouterProcess
+from tests.test_ops import parse_prometheus
+from tests.wamp_client import connect
+
+pytestmark = pytest.mark.slow
+
+REALM = """
+[[realms]]
+name = "realm1"
+anonymous_role = "anonymous"
+
+  [[realms.roles]]
+  name = "anonymous"
+  permissions = [
+    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
+  ]
+
+  [[realms.users]]
+  authid = "alice"
+  role = "anonymous"
+  secret = "secret-a"
+
+  [[realms.history]]
+  uri = "sensor"
+  match = "prefix"
+"""
+
+
+def lan_address() -> str:
+    """An address of this machine that is not loopback (skips the test without one)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        address = line.split()[3].split("/")[0]
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind((address, 0))
+            return address
+    pytest.skip("this machine has no non-loopback address to connect from")
+
+
+async def open_from(address: str, port: int, first: bytes = b"") -> tuple:
+    reader, writer = await asyncio.open_connection(address, port, local_addr=(address, 0))
+    if first:
+        writer.write(first)
+        await writer.drain()
+    return reader, writer
+
+
+async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Did the router close the connection (EOF or reset) within ``seconds``?"""
+    try:
+        while await asyncio.wait_for(reader.read(4096), seconds):
+            pass
+    except TimeoutError:  # (an OSError too: first)
+        return False
+    except OSError:
+        return True
+    return True
+
+
+async def still_open(held: list[tuple]) -> int:
+    """How many of the connections the router has not closed (within a second)."""
+    closed = await asyncio.gather(*(closed_within(reader, 1) for reader, _ in held))
+    return closed.count(False)
+
+
+def metrics(router: RouterProcess) -> dict[str, dict]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{router.port}/metrics", timeout=5) as r:
+        return parse_prometheus(r.read().decode())
+
+
+def hits(router: RouterProcess, limit: str) -> float:
+    for _, labels, value in metrics(router).get("cairn_limit_hits_total", {"samples": []})[
+            "samples"]:
+        if labels == {"limit": limit}:
+            return value
+    return 0
+
+
+def log_lines(router: RouterProcess, word: str) -> int:
+    return sum(word in line for line in router.log.read_text().splitlines())
+
+
+@pytest.fixture
+def lan_router(tmp_path: Path):
+    routers = []
+
+    def start(limits: str = "", nofile: int | None = None) -> RouterProcess:
+        router = RouterProcess(tmp_path, REALM, router_toml=f"[router.limits]\n{limits}",
+                               host="0.0.0.0", unix=True, nofile=nofile).start()
+        routers.append(router)
+        return router
+
+    yield start
+    for router in routers:
+        router.stop()
+
+
+# -- time before a session --------------------------------------------------------------------
+
+SLOW = 'handshake_timeout = "1s"\n'
+
+
+@pytest.mark.parametrize("port, first", [
+    ("http", b"GET / HTTP/1.1\r\nHost: x"),                       # a partial HTTP head
+    ("rawsocket", b"\x7f"),                                        # a partial handshake
+    ("http", b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+             b"Sec-WebSocket-Protocol: wamp.2.json\r\n\r\n"),     # a WebSocket, no HELLO
+    ("rawsocket", b"\x7f\xf1\x00\x00"),                            # a RawSocket, no HELLO
+], ids=["http-head", "rawsocket-handshake", "websocket-no-hello", "rawsocket-no-hello"])
+async def test_a_connection_without_a_session_is_closed_after_the_handshake_timeout(
+        lan_router, port, first):
+    router = lan_router(SLOW)
+    address = lan_address()
+    reader, writer = await open_from(address, router.port if port == "http"
+                                     else router.rawsocket_port, first)
+    started = time.monotonic()
+    assert await closed_within(reader, 5)
+    assert 0.9 <= time.monotonic() - started < 5
+    writer.close()
+    assert hits(router, "handshake_timeout") == 1
+
+
+async def test_a_login_left_waiting_for_its_authentication_is_closed(lan_router):
+    router = lan_router(SLOW)
+    reader, writer = await open_from(lan_address(), router.rawsocket_port, b"\x7f\xf1\x00\x00")
+    await reader.readexactly(4)
+    hello = b'[1,"realm1",{"roles":{"publisher":{}},"authmethods":["ticket"],"authid":"alice"}]'
+    writer.write(len(hello).to_bytes(4, "big") + hello)
+    assert await closed_within(reader, 5)
+
+
+async def test_a_session_outlives_the_handshake_timeout(lan_router):
+    router = lan_router(SLOW)
+    session = await connect(router)
+    await asyncio.sleep(1.5)
+    assert session.is_attached()
+    await session.call("wamp.session.count")
+    await session.leave()
+
+
+# -- how many connections -----------------------------------------------------------------
+
+
+async def test_one_lan_host_cannot_hold_more_than_its_share_of_connections(lan_router):
+    """The attack: ~1,100 one-byte connections from one host against a router limited to
+    1,024 file descriptors exhausted them (new clients, local drivers and /status timed
+    out, and asyncio logged a traceback per failed accept)."""
+    router = lan_router('handshake_timeout = "60s"\n', nofile=1024)
+    address = lan_address()
+    held = []
+    for _ in range(11):
+        opened = await asyncio.gather(*(open_from(address, router.port, b"G")
+                                        for _ in range(100)), return_exceptions=True)
+        held += [o for o in opened if not isinstance(o, BaseException)]
+    assert len(held) > 1024 - 32  # the kernel let most of them in before the router said no
+    assert await still_open(held) == 32  # max_connections_per_address
+
+    # a driver on the Unix socket and a local client still get in, /status answers
+    driver = await connect(router, "rawsocket-unix", "msgpack")
+    await driver.call("wamp.session.count")
+    local = await connect(router)
+    with urllib.request.urlopen(f"http://127.0.0.1:{router.port}/status", timeout=5):
+        pass
+    assert hits(router, "max_connections_per_address") == 1100 - 32
+    assert log_lines(router, "max_connections_per_address") == 1  # not one per refusal
+    assert log_lines(router, "Traceback") == 0
+    await driver.leave()
+    await local.leave()
+    for _, writer in held:
+        writer.close()
+
+
+async def test_network_connections_are_capped_in_total_and_local_ones_apart(lan_router):
+    router = lan_router("max_connections = 10\nmax_connections_per_address = 100\n")
+    address = lan_address()
+    held = [await open_from(address, router.rawsocket_port, b"\x7f") for _ in range(15)]
+    assert await still_open(held) == 10
+    assert hits(router, "max_connections") == 5
+    local = await connect(router, "rawsocket-tcp", "msgpack")  # loopback: not counted
+    await local.leave()
+    for _, writer in held:
+        writer.close()
+
+
+async def test_connections_without_a_session_are_capped(lan_router):
+    router = lan_router("max_pending_connections = 5\nmax_connections_per_address = 100\n")
+    address = lan_address()
+    held = [await open_from(address, router.rawsocket_port, b"\x7f") for _ in range(8)]
+    assert await still_open(held) == 5
+    assert hits(router, "max_pending_connections") == 3
+    for _, writer in held:
+        writer.close()
