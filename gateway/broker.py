@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp import message as m
 
-from gateway.core import Outbox, Session, WampError, global_id, publication_id
+from gateway.core import (
+    LIMIT_REACHED,
+    Outbox,
+    Session,
+    WampError,
+    global_id,
+    limit_reached,
+    publication_id,
+)
 from gateway.patterns import PatternMap
 from gateway.retention import RetainedEvent
 from gateway.store import StorageError, StoredPublication
@@ -40,7 +48,7 @@ class Subscription:
     match: str
     created: str = field(default_factory=utc_now)
     subscribers: dict[Session, None] = field(default_factory=dict)  # an ordered set
-    history: bool = False  # has event history: kept (and its id stable) with no subscribers
+    kept: bool = False  # has history: kept, its id stable, without subscribers (persisted)
 
     def details(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "uri": self.uri, "match": self.match}
@@ -84,18 +92,27 @@ class Broker:
         self.realm = realm
         self.subscriptions = PatternMap[Subscription]()
         self.by_id: dict[int, Subscription] = {}
+        # kept subscriptions that are no history rule's own, oldest first: bounded
+        self._kept: dict[int, Subscription] = {}
         self._memory_seq = itertools.count(1)  # receive order when running without a store
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
 
     def subscribe(self, session: Session, msg: m.Subscribe, out: Outbox) -> None:
         match = msg.match or "exact"
-        self.realm.authorizer.require(session, msg.topic, "subscribe")
+        realm = self.realm
+        realm.authorizer.require(session, msg.topic, "subscribe")
         sub = self.subscriptions.get(msg.topic, match)
+        already = sub is not None and session in sub.subscribers
+        if not already and session.subscriptions >= realm.limits.max_subscriptions_per_session:
+            raise limit_reached(realm.hits, "max_subscriptions_per_session",
+                                f"session {session.id} holds {session.subscriptions} "
+                                f"subscriptions")
         created = sub is None
         if sub is None:
             sub = self.create_subscription(msg.topic, match)
-        already = session in sub.subscribers
+        if not already:
+            session.subscriptions += 1
         sub.subscribers[session] = None
         out.send(session, m.Subscribed(msg.request, sub.id))
         if msg.get_retained:
@@ -107,21 +124,47 @@ class Broker:
 
     def create_subscription(self, uri: str, match: str, sub_id: int | None = None,
                             created: str | None = None) -> Subscription:
-        """A new subscription; one with history gets an id that is stable across restarts."""
+        """A new subscription (``created``: restored from the store). One with history is
+        kept without subscribers, with an id that is stable across restarts: a history
+        rule's own always, others up to ``max_history_subscriptions``, the one made
+        longest ago without a subscriber forgotten for a new one."""
         realm = self.realm
-        history = realm.history.covers(uri, match)
         if sub_id is None:
             sub_id = global_id()
             while sub_id in self.by_id:
                 sub_id = global_id()
-        sub = Subscription(sub_id, uri, match, history=history)
-        if created:
-            sub.created = created
-        elif history and realm.store is not None:
+        sub = Subscription(sub_id, uri, match, created=created or utc_now())
+        rule = realm.history.is_rule(uri, match)
+        sub.kept = realm.history.covers(uri, match) and (rule or self._room_to_keep())
+        if sub.kept and not rule:
+            self._kept[sub.id] = sub
+        if sub.kept and created is None and realm.store is not None:
             realm.store.add_subscription(sub.id, realm.name, uri, match, sub.created)
         self.subscriptions.add(uri, match, sub)
         self.by_id[sub.id] = sub
         return sub
+
+    def _room_to_keep(self) -> bool:
+        """Room for one more kept subscription that is no rule's: forget the oldest one
+        without subscribers if need be (its id then names nothing; subscribing again to its
+        topic gives a new one)."""
+        realm = self.realm
+        if len(self._kept) < realm.limits.max_history_subscriptions:
+            return True
+        idle = next((s for s in self._kept.values() if not s.subscribers), None)
+        if idle is None:
+            realm.hits.hit("max_history_subscriptions",
+                           f"{len(self._kept)} subscriptions with history are held: a new "
+                           f"one is not kept beyond its subscribers")
+            return False
+        self._forget(idle)
+        return True
+
+    def _forget(self, sub: Subscription) -> None:
+        self.subscriptions.remove(sub.uri, sub.match)
+        del self.by_id[sub.id]
+        if self._kept.pop(sub.id, None) is not None and self.realm.store is not None:
+            self.realm.store.remove_subscription(sub.id)
 
     def _send_retained(self, session: Session, sub: Subscription, out: Outbox) -> None:
         for pub in self.realm.retention.for_subscriber(sub.uri, sub.match, session):
@@ -139,10 +182,10 @@ class Broker:
 
     def _remove_subscriber(self, session: Session, sub: Subscription, out: Outbox) -> None:
         del sub.subscribers[session]
+        session.subscriptions -= 1
         self.realm.meta_event("wamp.subscription.on_unsubscribe", [session.id, sub.id], out)
-        if not sub.subscribers and not sub.history:
-            self.subscriptions.remove(sub.uri, sub.match)
-            del self.by_id[sub.id]
+        if not sub.subscribers and not sub.kept:
+            self._forget(sub)
             self.realm.meta_event("wamp.subscription.on_delete", [session.id, sub.id], out)
 
     def revoke_unauthorized(self, out: Outbox) -> None:
@@ -171,9 +214,14 @@ class Broker:
                 raise
             return  # WAMP answers a refused PUBLISH with ERROR only when acknowledge is set
         disclose = rule.disclose or disclose_me
-        publication, durable = self._store(session, msg, disclose)
+        publication, durable, not_retained = self._store(session, msg, disclose)
         self.dispatch(msg, publication, out, publisher=session, disclose=disclose)
         if not msg.acknowledge:
+            return
+        if not_retained is not None:
+            out.send(session, m.Error(m.Publish.MESSAGE_TYPE, msg.request, LIMIT_REACHED,
+                                      args=[f"publication {publication} was delivered but not "
+                                            f"retained: {not_retained}"]))
             return
         if durable is None:
             out.send(session, m.Published(msg.request, publication))
@@ -195,16 +243,18 @@ class Broker:
 
         out.when_done(durable, acknowledge)
 
-    def _store(self, session: Session, msg: m.Publish, disclose: bool) -> tuple[int, Any]:
-        """Record the publication for history and/or retention. Returns its publication id
-        and the awaitable of its durability (None when it is not stored). Publications
-        addressed by session ids are never stored: session ids do not survive a restart."""
+    def _store(self, session: Session, msg: m.Publish,
+               disclose: bool) -> tuple[int, Any, str | None]:
+        """Record the publication for history and/or retention. Returns its publication id,
+        the awaitable of its durability (None when it is not stored) and, when a bound
+        refused to retain it, which and why. Publications addressed by session ids are
+        never stored: session ids do not survive a restart."""
         realm = self.realm
         if msg.exclude or msg.eligible is not None:
-            return publication_id(), None
+            return publication_id(), None, None
         rule = realm.history.rule_for(msg.topic)
         if rule is None and not msg.retain:
-            return publication_id(), None
+            return publication_id(), None, None
         reading, anchor = realm.clock.read()
         if anchor is not None and realm.store is not None:
             realm.store.add_anchor(anchor)
@@ -223,11 +273,15 @@ class Broker:
             boot_id=realm.clock.boot_id, boottime_ns=reading.boottime_ns,
             clock_synced=reading.synced, authid=session.authid, authrole=session.authrole,
             audience=audience, details=details, history_rule=rule, retain=bool(msg.retain))
-        if msg.retain:
-            realm.retention.put(pub)
-        if store is None:
-            return publication, None
-        return publication, store.append(pub, self._commit_within(rule, bool(msg.acknowledge)))
+        refused = realm.retention.put(pub) if msg.retain else None
+        if refused is not None:
+            limit, _, why = refused.partition(": ")
+            realm.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
+            pub.retain = False
+        if store is None or (rule is None and refused is not None):
+            return publication, None, refused
+        durable = store.append(pub, self._commit_within(rule, bool(msg.acknowledge)))
+        return publication, durable, refused
 
     def _commit_within(self, rule: int | None, acknowledge: bool) -> float | None:
         """How long the publication may wait for its group commit: its history rule's

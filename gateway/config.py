@@ -122,6 +122,12 @@ class Limits:
     max_connections_per_address: int = 32   # network connections from one address
     max_pending_connections: int = 64       # network connections without a session yet
     max_local_connections: int = 4096       # Unix socket and loopback connections
+    max_subscriptions_per_session: int = 1000
+    max_registrations_per_session: int = 1000
+    max_history_subscriptions: int = 1000   # kept without subscribers (beyond the rules')
+    max_retained: int = 10_000              # retained slots (topic x audience) in all
+    max_retained_per_topic: int = 16        # audiences with a retained slot, per topic
+    max_retained_bytes: int = 64 * 2**20    # their payloads (in memory and in the store)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,15 @@ class WampError(Exception):
         return [self.message] if self.message else None
 
 
+LIMIT_REACHED = "cairn.error.limit_reached"
+
+
+def limit_reached(hits: Any, limit: str, detail: str) -> WampError:
+    """The error for a request refused by a bound of ``[router.limits]``, the hit counted."""
+    hits.hit(limit, detail)
+    return WampError(LIMIT_REACHED, f"{detail} (router.limits.{limit})")
+
+
 class ProtocolViolation(Exception):
     """The peer broke the protocol: its session is aborted with wamp.error.protocol_violation."""
 
@@ -82,6 +91,8 @@ class Session:
     closed: bool = False
     # state the authenticator keeps between HELLO and AUTHENTICATE
     pending_auth: Any = None
+    subscriptions: int = 0  # held now, bounded by router.limits
+    registrations: int = 0
 
     def supports(self, role: str, feature: str) -> bool:
         features = self.roles.get(role)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from autobahn.wamp import message as m
 
 from gateway.broker import utc_now
-from gateway.core import Outbox, Session, WampError, global_id
+from gateway.core import Outbox, Session, WampError, global_id, limit_reached
 from gateway.patterns import PatternMap
 
 if TYPE_CHECKING:
@@ -100,7 +100,12 @@ class Dealer:
             raise WampError("wamp.error.invalid_uri",
                             f"procedures under 'wamp.' are reserved for the router: "
                             f"{msg.procedure!r}")
-        self.realm.authorizer.require(session, msg.procedure, "register")
+        realm = self.realm
+        realm.authorizer.require(session, msg.procedure, "register")
+        if session.registrations >= realm.limits.max_registrations_per_session:
+            raise limit_reached(realm.hits, "max_registrations_per_session",
+                                f"session {session.id} holds {session.registrations} "
+                                f"registrations")
         reg = self.registrations.get(msg.procedure, match)
         if reg is not None:
             if reg.invoke == "single" or invoke != reg.invoke:
@@ -116,6 +121,7 @@ class Dealer:
             self.registrations.add(msg.procedure, match, reg)
             self.by_id[reg.id] = reg
         reg.callees.append(session)
+        session.registrations += 1
         out.send(session, m.Registered(msg.request, reg.id))
         if created:
             self.realm.meta_event("wamp.registration.on_create", [session.id, reg.details()], out)
@@ -131,6 +137,7 @@ class Dealer:
 
     def _remove_callee(self, session: Session, reg: Registration, out: Outbox) -> None:
         reg.callees.remove(session)
+        session.registrations -= 1
         self.realm.meta_event("wamp.registration.on_unregister", [session.id, reg.id], out)
         if not reg.callees:
             self.registrations.remove(reg.uri, reg.match)

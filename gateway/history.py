@@ -51,6 +51,9 @@ class HistoryRules:
         self._cache[topic] = found
         return found
 
+    def is_rule(self, uri: str, match: str) -> bool:
+        return any((rule.uri, rule.match) == (uri, match) for rule in self.rules)
+
     def covers(self, uri: str, match: str) -> bool:
         """Does some rule store every publication a subscription (uri, match) can match?"""
         for rule in self.rules:

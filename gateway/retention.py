@@ -13,6 +13,7 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
+from gateway.config import Limits
 from gateway.core import Session
 from gateway.patterns import matches
 from gateway.store import StoredPublication, audience_allows
@@ -77,12 +78,39 @@ class RetainedEvent:
 
 
 class Retention:
-    def __init__(self) -> None:
+    """The retained slots of a realm, bounded in number, per topic and in payload bytes
+    (``max_retained``, ``max_retained_per_topic``, ``max_retained_bytes``): a new slot
+    beyond a bound is refused; a slot that exists can always take a newer publication."""
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
         # topic -> audience key -> publication
         self._slots: dict[str, dict[str, StoredPublication]] = {}
+        self.count = 0
+        self.bytes = 0
 
-    def put(self, pub: StoredPublication) -> None:
-        self._slots.setdefault(pub.topic, {})[pub.audience_key] = pub
+    def put(self, pub: StoredPublication) -> str | None:
+        """Make ``pub`` its slot's retained publication; or the bound that refuses it (the
+        limit's name and why)."""
+        audiences = self._slots.get(pub.topic)
+        old = audiences.get(pub.audience_key) if audiences else None
+        size = _size(pub)
+        grows = size - (_size(old) if old is not None else 0)
+        limits = self.limits
+        if old is None:
+            if self.count >= limits.max_retained:
+                return f"max_retained: {self.count} retained slots exist"
+            if audiences and len(audiences) >= limits.max_retained_per_topic:
+                return (f"max_retained_per_topic: {pub.topic!r} has {len(audiences)} "
+                        f"retained audiences")
+        if grows > 0 and self.bytes + grows > limits.max_retained_bytes:
+            return f"max_retained_bytes: retained payloads hold {self.bytes} bytes"
+        if audiences is None:
+            audiences = self._slots[pub.topic] = {}
+        audiences[pub.audience_key] = pub
+        self.count += old is None
+        self.bytes += grows
+        return None
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -109,3 +137,10 @@ class Retention:
                 found.append(best)
         found.sort(key=lambda p: p.seq)
         return found
+
+
+def _size(pub: StoredPublication) -> int:
+    """What a retained slot costs, about: its payload as the store packs it."""
+    if pub.size is None:
+        pub.size = len(pub.payload())
+    return pub.size

@@ -16,10 +16,11 @@ from autobahn.wamp import role
 from gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle
 from gateway.broker import Broker
 from gateway.clock import StepDetector
-from gateway.config import Config, RealmConfig
+from gateway.config import Config, Limits, RealmConfig
 from gateway.core import Outbox, ProtocolViolation, Session, WampError, global_id
 from gateway.dealer import Dealer
 from gateway.history import DEFAULT_PAGE_CAP, HistoryRules, get_events_procedure
+from gateway.limits import LimitHits
 from gateway.meta import meta_procedures
 from gateway.retention import Retention
 from gateway.store import Store, StoredPublication
@@ -52,16 +53,19 @@ DEALER_FEATURES = role.RoleDealerFeatures(
 
 class Realm:
     def __init__(self, config: RealmConfig, store: Store | None = None,
-                 clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP) -> None:
+                 clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP,
+                 limits: Limits | None = None, hits: LimitHits | None = None) -> None:
         self.config = config
         self.name = config.name
         self.store = store
         self.clock = clock or StepDetector()
+        self.limits = limits or Limits()
+        self.hits = hits or LimitHits()
         self.sessions: dict[int, Session] = {}
         self.authenticator = Authenticator(config)
         self.authorizer = Authorizer(config)
         self.history = HistoryRules(config.history)
-        self.retention = Retention()
+        self.retention = Retention(self.limits)
         self.broker = Broker(self)
         self.dealer = Dealer(self)
         self.dealer.meta_procedures.update(meta_procedures(self))
@@ -75,9 +79,10 @@ class Realm:
         for sub_id, realm, uri, match, created in subscriptions:
             if realm == self.name and self.broker.subscriptions.get(uri, match) is None:
                 self.broker.create_subscription(uri, match, sub_id, created)
-        for pub in retained:
-            if pub.realm == self.name:
-                self.retention.put(pub)
+        ours = [pub for pub in retained if pub.realm == self.name]
+        for pub in reversed(ours):  # newest first: the oldest go if the bounds were lowered
+            if self.retention.put(pub) is not None and self.store is not None:
+                self.store.forget_retained(pub)
         for rule in self.config.history:
             if self.broker.subscriptions.get(rule.uri, rule.match) is None:
                 self.broker.create_subscription(rule.uri, rule.match)
@@ -109,10 +114,13 @@ def peer_address(peer: str | None) -> str:
 
 
 class Router:
-    def __init__(self, config: Config, store: Store | None = None) -> None:
+    def __init__(self, config: Config, store: Store | None = None,
+                 hits: LimitHits | None = None) -> None:
         self.config = config
         self.clock = StepDetector()
-        self.realms = {rc.name: Realm(rc, store, self.clock, config.router.history_page_cap)
+        self.hits = hits or LimitHits()
+        self.realms = {rc.name: Realm(rc, store, self.clock, config.router.history_page_cap,
+                                      config.router.limits, self.hits)
                        for rc in config.realms}
         self.sessions: dict[int, Session] = {}
         self.stopping = False  # after shutdown(): no new sessions

@@ -73,7 +73,8 @@ class StaticFiles:
 class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.router = Router(config)
+        self.limit_hits = LimitHits()
+        self.router = Router(config, hits=self.limit_hits)
         self.started = time.monotonic()
         self.slow_consumers = 0
         self.protocol_violations = 0
@@ -90,7 +91,6 @@ class Node:
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
         self.dashboard = StaticFiles(DASHBOARD_DIR)
-        self.limit_hits = LimitHits()
         self.admission = Admission(config.router.limits, self.limit_hits)
 
     # -- the outbox pump -----------------------------------------------------------------
@@ -210,6 +210,8 @@ class Node:
             "realm": realm.name,
             "store": store,
             "retained_topics": len(realm.retention),
+            "retained_slots": realm.retention.count,
+            "retained_bytes": realm.retention.bytes,
             "clock": {"synchronized": reading.synced, "boot_id": self.router.clock.boot_id,
                       "now": rfc3339(reading.wall_ms)},
             "sync": sync,

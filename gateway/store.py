@@ -270,6 +270,7 @@ class StoredPublication:
     retain: bool = False              # make it the topic's retained event
     # pieces of its retained EVENT, encoded once (gateway.retention.RetainedEvent; in memory)
     events: dict[bool, dict[str, Any]] = field(default_factory=dict, repr=False)
+    size: int | None = field(default=None, repr=False)  # its payload's bytes, once known
 
     @property
     def audience_key(self) -> str:
@@ -319,6 +320,7 @@ class PruneRule:
 class _Pending:
     publications: list[StoredPublication] = field(default_factory=list)
     subscriptions: list[tuple[int, str, str, str, str]] = field(default_factory=list)
+    forgotten: list[tuple[Any, ...]] = field(default_factory=list)  # (sql, params)
     anchors: list[tuple[Anchor, int]] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
     waiters: list[asyncio.Future] = field(default_factory=list)
@@ -327,7 +329,7 @@ class _Pending:
         return bool(self.publications or self.has_records())
 
     def has_records(self) -> bool:
-        return bool(self.subscriptions or self.anchors or self.gaps)
+        return bool(self.subscriptions or self.forgotten or self.anchors or self.gaps)
 
 
 class Topics:
@@ -530,10 +532,28 @@ class Store:
         self._commit_within(self.flush_interval if within is None else within)
         return self._waiter()
 
+    record_window = 5.0  # seconds a subscription record may wait: a burst shares a commit
+
     def add_subscription(self, sub_id: int, realm: str, uri: str, match: str,
                          created: str) -> None:
+        """A kept subscription, so its id survives a restart (committed within
+        :attr:`record_window`; one lost to a power cut before is made anew)."""
         self._pending.subscriptions.append((sub_id, realm, uri, match, created))
-        self._commit_within(0)
+        self._commit_within(self.record_window)
+
+    def remove_subscription(self, sub_id: int) -> None:
+        """A kept subscription that is forgotten (committed with the next batch)."""
+        self._pending.forgotten.append(("DELETE FROM subscriptions WHERE id = ?", (sub_id,)))
+        self._commit_within(self.record_window)
+
+    def forget_retained(self, pub: StoredPublication) -> None:
+        """A retained slot no longer kept (a bound was lowered): committed with the next
+        batch."""
+        self._pending.forgotten.append((
+            "DELETE FROM retained WHERE realm = ? AND topic = ? AND audience_key = ?",
+            pub.slot))
+        self._state.retained.pop(pub.slot, None)
+        self._commit_within(self.record_window)
 
     def add_anchor(self, anchor: Anchor) -> None:
         """A clock anchor, committed with the publication that noticed it (appended next)."""
@@ -647,6 +667,7 @@ class Store:
                 dataclasses.replace(p, history_rule=None) for p in batch.publications
                 if p.retain)
         self._pending.subscriptions.extend(batch.subscriptions)
+        self._pending.forgotten.extend(batch.forgotten)
         self._pending.anchors.extend(batch.anchors)
         self._pending.gaps.extend(batch.gaps)
 
@@ -766,6 +787,8 @@ class Store:
             db.executemany(
                 "INSERT OR IGNORE INTO subscriptions (id, realm, uri, match, created)"
                 " VALUES (?,?,?,?,?)", batch.subscriptions)
+        for sql, params in batch.forgotten:
+            db.execute(sql, params)
         if batch.anchors:
             db.executemany(
                 "INSERT INTO anchors (reason, boot_id, boottime_ns, wall_ns, offset_before_ns,"
@@ -869,7 +892,8 @@ class Store:
 
     async def load_subscriptions(self) -> list[tuple[int, str, str, str, str]]:
         async with self._reader.execute(
-                "SELECT id, realm, uri, match, created FROM subscriptions") as cur:
+                "SELECT id, realm, uri, match, created FROM subscriptions"
+                " ORDER BY created, id") as cur:
             return [tuple(row) for row in await cur.fetchall()]
 
     async def load_retained(self) -> list[StoredPublication]:

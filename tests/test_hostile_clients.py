@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import sqlite3
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 
 from tests.router_process import RouterProcess
 from tests.test_ops import parse_prometheus
@@ -212,3 +215,138 @@ async def test_connections_without_a_session_are_capped(lan_router):
     assert hits(router, "max_pending_connections") == 3
     for _, writer in held:
         writer.close()
+
+
+# -- what a session can make the router hold ----------------------------------------------
+
+ACKED_RETAINED = PublishOptions(acknowledge=True, retain=True)
+
+
+def local_router(tmp_path: Path, limits: str) -> RouterProcess:
+    return RouterProcess(tmp_path, REALM, router_toml=f"[router.limits]\n{limits}").start()
+
+
+def noop(*args, **kwargs) -> None:
+    pass
+
+
+async def test_a_session_holds_at_most_its_share_of_subscriptions(tmp_path):
+    router = local_router(tmp_path, "max_subscriptions_per_session = 5\n")
+    try:
+        session = await connect(router)
+        subs = [await session.subscribe(noop, f"x.{i}") for i in range(5)]
+        with pytest.raises(ApplicationError) as refused:
+            await session.subscribe(noop, "x.5")
+        assert refused.value.error == "cairn.error.limit_reached"
+        assert "max_subscriptions_per_session" in refused.value.args[0]
+        again = await session.subscribe(noop, "x.0")  # the same one again holds no more
+        await subs[0].unsubscribe()
+        await again.unsubscribe()  # (autobahn sends UNSUBSCRIBE with the last handler)
+        await session.subscribe(noop, "x.5")
+        other = await connect(router)  # the bound is per session
+        await other.subscribe(noop, "x.6")
+        assert hits(router, "max_subscriptions_per_session") == 1
+    finally:
+        router.stop()
+
+
+async def test_a_session_holds_at_most_its_share_of_registrations(tmp_path):
+    router = local_router(tmp_path, "max_registrations_per_session = 3\n")
+    try:
+        session = await connect(router)
+        for i in range(3):
+            await session.register(noop, f"p.{i}", options=RegisterOptions(invoke="roundrobin"))
+        with pytest.raises(ApplicationError) as refused:
+            await session.register(noop, "p.3")
+        assert refused.value.error == "cairn.error.limit_reached"
+    finally:
+        router.stop()
+
+
+def kept_subscriptions(router: RouterProcess) -> list[str]:
+    with contextlib.closing(sqlite3.connect(router.db_path)) as db:
+        return [uri for (uri,) in db.execute("SELECT uri FROM subscriptions")]
+
+
+async def test_subscriptions_with_history_a_client_left_behind_are_bounded(tmp_path):
+    """The attack: 50,000 subscriptions under a history rule from one session were all
+    kept, in memory and in the store, and reloaded at every start."""
+    router = local_router(tmp_path, "max_history_subscriptions = 20\n")
+    try:
+        session = await connect(router)
+        subs = [await session.subscribe(noop, f"sensor.s{i}") for i in range(200)]
+        await session.leave()
+        other = await connect(router)  # the oldest left without subscribers makes room
+        newest = await other.subscribe(noop, "sensor.new")
+        await other.leave()
+        router.stop()
+        kept = kept_subscriptions(router)
+        assert set(kept) == {"sensor", *[f"sensor.s{i}" for i in range(1, 20)], "sensor.new"}
+        router.start()
+        session = await connect(router)
+        with pytest.raises(ApplicationError) as forgotten:  # its id names nothing now
+            await session.call("wamp.subscription.get_events", subs[0].id)
+        assert forgotten.value.error == "wamp.error.no_such_subscription"
+        assert (await session.call("wamp.subscription.get_events", subs[1].id)).results[0] == []
+        assert (await session.subscribe(noop, "sensor.new")).id == newest.id  # kept: same id
+        await session.leave()
+    finally:
+        router.stop()
+
+
+async def test_retained_slots_are_bounded_in_number_per_topic_and_in_bytes(tmp_path):
+    router = local_router(tmp_path, "max_retained = 3\nmax_retained_per_topic = 2\n"
+                                    "max_retained_bytes = 2000\n")
+    try:
+        session = await connect(router)
+        for i in range(3):
+            await session.publish(f"state.{i}", i, options=ACKED_RETAINED)
+        with pytest.raises(ApplicationError) as refused:
+            await session.publish("state.3", 3, options=ACKED_RETAINED)
+        assert refused.value.error == "cairn.error.limit_reached"
+        assert "not retained" in refused.value.args[0] and "max_retained" in refused.value.args[0]
+        await session.publish("state.0", "newer", options=ACKED_RETAINED)  # a slot that exists
+
+        with pytest.raises(ApplicationError):  # a third audience of one topic
+            for role in ("a", "b", "c"):
+                await session.publish("state.1", role, options=PublishOptions(
+                    acknowledge=True, retain=True, eligible_authrole=[role]))
+        with pytest.raises(ApplicationError) as big:
+            await session.publish("state.2", "x" * 3000, options=ACKED_RETAINED)
+        assert "max_retained_bytes" in big.value.args[0]
+
+        got: list = []
+        await session.subscribe(lambda v, details=None: got.append((details.topic, v)), "state.",
+                                options=SubscribeOptions(match="prefix", get_retained=True,
+                                                         details_arg="details"))
+        await asyncio.sleep(0.3)
+        assert sorted(got) == [("state.0", "newer"), ("state.1", 1), ("state.2", 2)]
+    finally:
+        router.stop()
+
+
+async def test_a_restart_after_a_flood_loads_only_what_the_bounds_allow(tmp_path):
+    """The attack left 50,000 subscriptions and 150,000 retained slots in the store: the
+    router restarted at 329 MiB instead of 46 MiB. Now the store is trimmed at start."""
+    router = local_router(tmp_path, "")
+    router.stop()
+    with contextlib.closing(sqlite3.connect(router.db_path)) as db:
+        db.executemany("INSERT INTO subscriptions (id, realm, uri, match, created)"
+                       " VALUES (?, 'realm1', ?, 'exact', '2026-01-01T00:00:00.000Z')",
+                       [(10**6 + i, f"sensor.flood{i}") for i in range(50_000)])
+        db.executemany("INSERT INTO retained (realm, topic, audience_key, seq, publication,"
+                       " wall_ms, payload) VALUES ('realm1', ?, '', ?, ?, 0, ?)",
+                       [(f"flood.{i}", i + 1, i + 1, b"\x92\x91\x01\xc0") for i in range(50_000)])
+        db.commit()
+    router.start()
+    try:
+        rss = int(Path(f"/proc/{router.proc.pid}/status").read_text()
+                  .split("VmRSS:")[1].split()[0]) // 1024
+        retained = [v for n, _, v in metrics(router)["cairn_retained_slots"]["samples"]]
+        assert retained == [10_000]
+        assert rss < 150, f"{rss} MiB after loading"
+    finally:
+        router.stop()
+    with contextlib.closing(sqlite3.connect(router.db_path)) as db:
+        assert db.execute("SELECT COUNT(*) FROM subscriptions").fetchone()[0] == 1000 + 1
+        assert db.execute("SELECT COUNT(*) FROM retained").fetchone()[0] == 10_000
