@@ -94,8 +94,7 @@ class Retention:
         limit's name and why)."""
         audiences = self._slots.get(pub.topic)
         old = audiences.get(pub.audience_key) if audiences else None
-        size = _size(pub)
-        grows = size - (_size(old) if old is not None else 0)
+        grows = pub.size - (old.size if old is not None else 0)
         limits = self.limits
         if old is None:
             if self.count >= limits.max_retained:
@@ -138,9 +137,3 @@ class Retention:
         found.sort(key=lambda p: p.seq)
         return found
 
-
-def _size(pub: StoredPublication) -> int:
-    """What a retained slot costs, about: its payload as the store packs it."""
-    if pub.size is None:
-        pub.size = len(pub.payload())
-    return pub.size

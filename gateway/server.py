@@ -92,6 +92,7 @@ class Node:
         self.rawsocket_ports: list[int] = []
         self.dashboard = StaticFiles(DASHBOARD_DIR)
         self.admission = Admission(config.router.limits, self.limit_hits)
+        self.paused: set = set()  # connections not read while the store catches up
 
     # -- the outbox pump -----------------------------------------------------------------
 
@@ -115,6 +116,20 @@ class Node:
         out = Outbox()
         self.router.abort(session, "wamp.error.protocol_violation", reason, out)
         self.flush(out)
+
+    def pause(self, connection: Any) -> None:
+        """Stop reading a publisher while the store's queue is over its bound."""
+        if connection not in self.paused:
+            self.paused.add(connection)
+            connection.pause_reading()
+            self.limit_hits.hit("max_store_queue_bytes",
+                                f"paused session {connection.session.id}: "
+                                f"{self.store.queued_bytes} bytes wait for a commit")
+
+    def resume_paused(self) -> None:
+        paused, self.paused = self.paused, set()
+        for connection in paused:
+            connection.resume_reading()
 
     def lost(self, session: Session) -> None:
         out = Outbox()
@@ -228,6 +243,7 @@ class Node:
         status["sessions_by_realm"] = {r.name: len(r.sessions) for r in realms}
         status["protocol_violations"] = self.protocol_violations
         status["failed_writes"] = self.store.failed_writes if self.store else 0
+        status["store_queued_bytes"] = self.store.queued_bytes if self.store else 0
         latencies = self.store.commit_latencies if self.store else []
         return render_metrics(status, self.counters, latencies)
 
@@ -253,6 +269,9 @@ class Node:
         self._lock = lock
         path = self.config.router.data_dir / "cairn.db"
         self.store = await Store.open(path)
+        self.store.max_queue_bytes = self.config.router.limits.max_store_queue_bytes
+        self.store.on_drained = self.resume_paused
+        self.store.bounds = self.prune_rules(), self.config.router.max_store_bytes
         subscriptions = await self.store.load_subscriptions()
         retained = await self.store.load_retained()
         for realm in self.router.realms.values():

@@ -240,6 +240,9 @@ _STORED_ROW = ("seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, c
 Slot = tuple[str, str, str]  # a retained slot: realm, topic, audience key
 
 
+_QUEUE_FULL = "the store's queue was full"
+
+
 class StorageError(Exception):
     """A write could not be made durable (disk full, read-only filesystem, I/O error)."""
 
@@ -270,7 +273,7 @@ class StoredPublication:
     retain: bool = False              # make it the topic's retained event
     # pieces of its retained EVENT, encoded once (gateway.retention.RetainedEvent; in memory)
     events: dict[bool, dict[str, Any]] = field(default_factory=dict, repr=False)
-    size: int | None = field(default=None, repr=False)  # its payload's bytes, once known
+    packed: bytes | None = field(default=None, repr=False)  # its payload, once packed
 
     @property
     def audience_key(self) -> str:
@@ -282,7 +285,15 @@ class StoredPublication:
         return self.realm, self.topic, self.audience_key
 
     def payload(self) -> bytes:
-        return msgpack.packb([self.args, self.kwargs], use_bin_type=True)
+        """msgpack [args, kwargs], packed once (for the queue's bound, retention's and the
+        store's row)."""
+        if self.packed is None:
+            self.packed = msgpack.packb([self.args, self.kwargs], use_bin_type=True)
+        return self.packed
+
+    @property
+    def size(self) -> int:
+        return len(self.payload())
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], **extra: Any) -> StoredPublication:
@@ -293,7 +304,7 @@ class StoredPublication:
         return cls(seq, publication, realm, topic, args, kwargs, wall_ms, boot_id or "",
                    boottime_ns or 0, bool(synced), authid, authrole,
                    json.loads(audience) if audience else None,
-                   json.loads(details) if details else {}, **extra)
+                   json.loads(details) if details else {}, packed=payload, **extra)
 
 
 @dataclass
@@ -452,6 +463,8 @@ class Store:
     flush_interval = 0.05  # the bound on what a power cut may take without acknowledge
     write_back_interval = 300.0  # seconds between write-backs of _State...
     write_back_rows = 20_000  # ...or rows: what start-up reads again after a power cut
+    max_queue_bytes = 16 * 2**20  # router.limits.max_store_queue_bytes: past it, congested
+    refuse_factor = 4  # past this many times it, publications are refused (not queued)
 
     def __init__(self, path: Path, writer: _WriterThread, reader: aiosqlite.Connection,
                  state: _State, topics: Topics, publication_ids: PublicationIds,
@@ -474,10 +487,15 @@ class Store:
         self.next_seq = state.top + 1
         self.commit_latencies: list[float] = []  # seconds, recent commits (for metrics)
         self.failed_writes = 0
+        self.queued_bytes = 0  # payloads queued or being committed
+        self.appended = 0  # publications appended so far (the shell sees who adds)
+        self.on_drained: Callable[[], None] | None = None  # called when no more congested
+        # (history rules, router.max_store_bytes): checked after each commit, so a storm is
+        # pruned as it comes, not a minute later
+        self.bounds: tuple[list[PruneRule], int] | None = None
         self._transaction = asyncio.Lock()  # one transaction at a time on the writer
         # the writer thread's
         self._details_json: dict[str, str] = {}  # topic -> '{"topic": topic}'
-        self._packer = msgpack.Packer()  # as StoredPublication.payload, without a new Packer
         # asyncio.get_running_loop() costs a getpid() system call: once per append is too much
         self._loop = asyncio.get_running_loop()
 
@@ -528,9 +546,43 @@ class Store:
         committed within ``within`` seconds (0: as soon as the writer is free; None:
         :attr:`flush_interval`). The future resolves when it is durable (or fails with
         StorageError)."""
+        try:
+            size = pub.size
+        except Exception as e:  # a value msgpack cannot pack: a bug upstream, lose this one
+            log.error("publication %s cannot be stored: %s", pub.publication, e)
+            return self._refuse(pub, "write failed: cannot encode it", str(e))
+        if self.queued_bytes + size > self.refuse_factor * self.max_queue_bytes:
+            return self._refuse(pub, _QUEUE_FULL, f"the store's queue is full "
+                                                  f"({self.queued_bytes} bytes wait for a commit)")
+        self.queued_bytes += size
+        self.appended += 1
         self._pending.publications.append(pub)
         self._commit_within(self.flush_interval if within is None else within)
         return self._waiter()
+
+    @property
+    def congested(self) -> bool:
+        """More is waiting for its commit than ``max_queue_bytes``: the shell pauses the
+        publishers that add to it (their TCP connections stop being read) until it drains."""
+        return self.queued_bytes > self.max_queue_bytes
+
+    def _refuse(self, pub: StoredPublication, reason: str, error: str) -> asyncio.Future:
+        """A publication that is not stored (far past the queue's bound, with many
+        publishers read at once before they were paused; or one that cannot be encoded):
+        routed but not stored, its loss recorded as a gap."""
+        self.failed_writes += 1
+        if pub.history_rule is not None:
+            gaps = self._pending.gaps
+            last = gaps[-1] if gaps else None
+            if last is not None and last.reason == reason and last.realm == pub.realm:
+                last.last_seq, last.count = pub.seq, last.count + 1
+            else:
+                gaps.append(Gap(pub.realm, None, pub.seq, pub.seq, 1, reason))
+            self._commit_within(self.flush_interval)
+        future = self._loop.create_future()
+        future.set_exception(StorageError(error))
+        future.exception()  # a refusal nobody awaits must not log "never retrieved"
+        return future
 
     record_window = 5.0  # seconds a subscription record may wait: a burst shares a commit
 
@@ -615,7 +667,7 @@ class Store:
             self._disarm()  # what comes during the commit arms a deadline of its own
             started = time.perf_counter()
             try:
-                await self._commit(batch)
+                await self._commit_counted(batch)
             except sqlite3.Error as e:
                 if not self._backoff:
                     log.error("the store cannot write (%s): acknowledged publishes get an "
@@ -663,13 +715,25 @@ class Store:
                                           len(lost), f"write failed: {reason}"))
         # The router already serves these retained values: keep trying to store them.
         if retry_retained:
-            self._pending.publications.extend(
-                dataclasses.replace(p, history_rule=None) for p in batch.publications
-                if p.retain)
+            again = [dataclasses.replace(p, history_rule=None) for p in batch.publications
+                     if p.retain]
+            self._pending.publications.extend(again)
+            self.queued_bytes += sum(p.size for p in again)
         self._pending.subscriptions.extend(batch.subscriptions)
         self._pending.forgotten.extend(batch.forgotten)
         self._pending.anchors.extend(batch.anchors)
         self._pending.gaps.extend(batch.gaps)
+
+    async def _commit_counted(self, batch: _Pending) -> None:
+        """Commit, then take the batch's bytes off the queue (failed or not: what is retried
+        is queued again); tell the shell once the queue is down to half its bound."""
+        held = sum(p.size for p in batch.publications)
+        try:
+            await self._commit(batch)
+        finally:
+            self.queued_bytes -= held
+            if self.queued_bytes <= self.max_queue_bytes // 2 and self.on_drained is not None:
+                self.on_drained()
 
     async def _commit(self, batch: _Pending) -> None:
         async with self._transaction:
@@ -710,6 +774,18 @@ class Store:
         else:
             state.retained.update(slots)
             state.rows += len(batch.publications)
+        self._keep_within_bytes(db)
+
+    def _keep_within_bytes(self, db: sqlite3.Connection) -> None:
+        if self.bounds is None:
+            return
+        rules, max_bytes = self.bounds
+        if _used_bytes(db) <= max_bytes:
+            return
+        synced = _fetch(db, "SELECT value FROM meta WHERE key = 'synced_seq'")
+        for g in self._prune(rules, max_bytes, 0, False, int(synced[0][0]) if synced else 0):
+            log.warning("dropped %d events (seq %s..%s) to stay within %s", g.count,
+                        g.first_seq, g.last_seq, g.reason)
 
     def _write_back_at_close(self) -> None:
         """The state, and every seq handed out, stored or not, so none is ever reused."""
@@ -766,7 +842,7 @@ class Store:
         return (p.seq, p.publication, p.realm, p.topic, rule, p.wall_ms, p.boot_id,
                 p.boottime_ns, int(p.clock_synced), p.authid, p.authrole,
                 json.dumps(p.audience) if p.audience else None, self._details(p),
-                self._packer.pack([p.args, p.kwargs]), int(p.retain), audience_key,
+                p.payload(), int(p.retain), audience_key,
                 int(audience_key is not None), topic_id, int(new))
 
     def _details(self, p: StoredPublication) -> str:
@@ -865,8 +941,10 @@ class Store:
                                   *([young] if young is not None else [])]
                     gaps += _drop(db, age_where, age_params, None, synced, rule, "max_age",
                                   dropped)
-            while _used_bytes(db) > max_bytes:
-                more = _drop(db, "1", [], 1000, synced, None, "max_store_bytes", dropped)
+            while (used := _used_bytes(db)) > max_bytes:
+                rows = max(sum(state.counts.values()) - sum(dropped.values()), 1)
+                more = _drop(db, "1", [], _rows_over(used, max_bytes, rows), synced, None,
+                             "max_store_bytes", dropped)
                 if not more:
                     break
                 gaps += more
@@ -880,7 +958,8 @@ class Store:
         state.written = time.monotonic()
         (free, pages), = _fetch(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
         if free > max(pages // 4, 256):  # a big drop (a storm, a lowered bound): shrink the file
-            _fetch(db, "PRAGMA incremental_vacuum")  # small ones are reused by new rows
+            # (executescript steps it to the end: one execute() step frees a single page)
+            db.executescript("PRAGMA incremental_vacuum")  # small ones are reused by new rows
         return gaps
 
     async def gaps(self) -> list[tuple[Any, ...]]:
@@ -1109,6 +1188,12 @@ def _drop(db: sqlite3.Connection, where: str, params: list[Any], count: int | No
                 min(seqs), max(seqs), len(seqs), reason)]
 
 
+def _rows_over(used: int, max_bytes: int, rows: int) -> int:
+    """About how many of ``rows`` rows, of average size, make up what is over the bound (at
+    most a thousand at a time): 64 KiB events are not dropped a thousand at once."""
+    return min(1000, -(-(used - max_bytes) * rows // used) + 1)
+
+
 def _used_bytes(db: sqlite3.Connection) -> int:
     (pages, free, size), = _fetch(
         db, "SELECT * FROM pragma_page_count(), pragma_freelist_count(), pragma_page_size()")
@@ -1131,6 +1216,7 @@ def _configure(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA secure_delete = FAST")
     db.execute("PRAGMA foreign_keys = ON")
     db.execute("PRAGMA wal_autocheckpoint = 4000")  # pages: fewer, larger checkpoints
+    db.execute("PRAGMA journal_size_limit = 4194304")  # a WAL grown by a storm shrinks back
 
 
 def _refuse_newer_schema(path: Path) -> None:

@@ -332,14 +332,26 @@ class Connection:
         except ProtocolError as e:
             self.violation(str(e))
             return
+        store = self.node.store
+        appended = store.appended if store is not None else 0
         for msg, extra in messages:
             self.node.receive(self.session, msg, extra)
+        if store is not None and store.appended != appended and store.congested:
+            self.node.pause(self)  # it adds to a store that cannot keep up: TCP backpressure
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None
 
     def violation(self, reason: str) -> None:
         self.node.violation(self.session, reason)
+
+    def pause_reading(self) -> None:
+        if self._open:
+            self.transport.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._open:
+            self.transport.transport.resume_reading()
 
     def send(self, msg: m.Message) -> None:
         if not self._open:

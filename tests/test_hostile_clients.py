@@ -23,7 +23,7 @@ from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOption
 
 from tests.router_process import RouterProcess
 from tests.test_ops import parse_prometheus
-from tests.wamp_client import connect
+from tests.wamp_client import RawSocketPeer, connect
 
 pytestmark = pytest.mark.slow
 
@@ -350,3 +350,73 @@ async def test_a_restart_after_a_flood_loads_only_what_the_bounds_allow(tmp_path
     with contextlib.closing(sqlite3.connect(router.db_path)) as db:
         assert db.execute("SELECT COUNT(*) FROM subscriptions").fetchone()[0] == 1000 + 1
         assert db.execute("SELECT COUNT(*) FROM retained").fetchone()[0] == 10_000
+
+
+# -- a publish storm ------------------------------------------------------------------------
+
+
+def rss_mib(pid: int) -> float:
+    return int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def store_files_mib(router: RouterProcess) -> float:
+    return sum(f.stat().st_size for f in router.data_dir.glob("cairn.db*")) / 2**20
+
+
+async def test_a_publish_storm_is_paused_not_buffered_and_the_store_stays_in_bounds(tmp_path):
+    """The attack: one session pipelining 64 KiB publishes to a history topic for 4 s took
+    the router from 45 MiB to 2.5 GiB, the store to 2.6 GB with max_store_bytes 20 MiB and
+    another client's acknowledged publishes to 16 s; the file did not shrink afterwards."""
+    router = RouterProcess(tmp_path, REALM, router_toml="max_store_bytes = 20971520").start()
+    try:
+        peer = await RawSocketPeer.open(router.rawsocket_port, "msgpack")
+        peer.send([1, "realm1", {"roles": {"publisher": {}}}])
+        assert (await peer.receive())[0] == 2
+        calm = await connect(router)
+        latencies, peaks, sent = [], [], 0
+        payload = "x" * 65536
+
+        async def storm() -> None:
+            nonlocal sent
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                peer.send([16, sent, {}, "sensor.storm", [payload]])
+                sent += 1
+                await peer.writer.drain()  # blocks while the router does not read
+
+        async def acknowledged() -> None:
+            for i in range(20):
+                started = time.monotonic()
+                await calm.publish("sensor.calm", i, options=PublishOptions(acknowledge=True))
+                latencies.append(time.monotonic() - started)
+                await asyncio.sleep(0.2)
+
+        async def watch() -> None:
+            while len(latencies) < 20:
+                peaks.append(rss_mib(router.proc.pid))
+                await asyncio.sleep(0.1)
+
+        async with asyncio.timeout(30):  # a publisher paused for good would hang here
+            await asyncio.gather(storm(), acknowledged(), watch())
+        await asyncio.sleep(3)  # the store catches up, prunes and shrinks
+        files = store_files_mib(router)
+        families = metrics(router)
+        await calm.leave()
+        peer.close()
+    finally:
+        router.stop()
+    print(f"sent {sent} x 64 KiB; router RSS peak {max(peaks):.0f} MiB; acked publish max "
+          f"{max(latencies):.2f} s; store files {files:.1f} MiB")
+    assert sent * 64 / 1024 > 100  # a storm: more than 100 MiB offered
+    assert max(peaks) < 250
+    assert max(latencies) < 5
+    assert files < 20 * 1.5 + 4  # the bound, what pruning frees for reuse, the WAL's limit
+    stored = [v for n, _, v in families["cairn_store_bytes"]["samples"]][0]
+    assert stored < 20 * 2**20 * 1.3
+    assert hits_in(families, "max_store_queue_bytes") >= 1
+    assert families["cairn_store_queued_bytes"]["samples"][0][2] < 16 * 2**20
+
+
+def hits_in(families: dict[str, dict], limit: str) -> float:
+    return sum(v for _, labels, v in families.get("cairn_limit_hits_total", {"samples": []})[
+        "samples"] if labels == {"limit": limit})

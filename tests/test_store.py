@@ -228,3 +228,37 @@ async def test_max_events_is_kept_within_a_thousandth(tmp_path):
         assert (await store.summary("realm1"))["events"] == 10_000
     finally:
         await store.close()
+
+
+async def big_readings(tmp_path: Path, count: int) -> Store:
+    """``count`` events of 64 KiB each."""
+    store = await Store.open(tmp_path / "cairn.db")
+    for _ in range(count):
+        pub = reading(store, "sensor.big", 0.0, retain=False)
+        pub.args = ["x" * 65536]
+        store.append(pub)
+    await store.flush()
+    return store
+
+
+async def test_max_store_bytes_drops_about_what_is_over_not_a_thousand_events(tmp_path):
+    store = await big_readings(tmp_path, 200)
+    try:
+        (gap,) = await store.prune([PruneRule("realm1", 0, 10**6, None)], 8 * 2**20, T0, True)
+        left = (await store.summary("realm1"))["events"]
+    finally:
+        await store.close()
+    assert gap.reason == "max_store_bytes"
+    assert 100 <= left <= 8 * 16  # the bound holds about 120 such events
+
+
+async def test_a_big_drop_gives_the_freed_space_back_to_the_filesystem(tmp_path):
+    store = await big_readings(tmp_path, 200)
+    try:
+        before = store.path.stat().st_size
+        await store.prune([PruneRule("realm1", 0, 10, None)], 10**12, T0, True)
+        after = store.path.stat().st_size
+    finally:
+        await store.close()
+    assert before > 12 * 2**20
+    assert after < 2 * 2**20
