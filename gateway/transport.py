@@ -19,12 +19,14 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import cbor2
 from autobahn.asyncio.rawsocket import WampRawSocketServerFactory, WampRawSocketServerProtocol
 from autobahn.asyncio.websocket import WampWebSocketServerFactory, WampWebSocketServerProtocol
 from autobahn.wamp import message as m
 from autobahn.wamp.exception import ProtocolError
 from autobahn.wamp.message import check_or_raise_uri
 from autobahn.wamp.serializer import (
+    CBORObjectSerializer,
     CBORSerializer,
     JsonObjectSerializer,
     JsonSerializer,
@@ -47,7 +49,9 @@ _PASS_THROUGH_OPTIONS = {m.Publish: ("disclose_me",), m.Call: ("disclose_me",)}
 def serializers() -> list[Any]:
     json_serializer = JsonSerializer()
     json_serializer._serializer = JsonObjects()
-    return [json_serializer, MsgPackSerializer(), CBORSerializer()]
+    cbor_serializer = CBORSerializer()
+    cbor_serializer._serializer = CborObjects()
+    return [json_serializer, MsgPackSerializer(), cbor_serializer]
 
 
 def _encode_binary(value: Any) -> str:
@@ -78,6 +82,24 @@ class JsonObjects(JsonObjectSerializer):
             # not the store, could carry it. Encoding it again finds it.
             self.serialize(messages)
         return messages
+
+
+# RFC 8746 typed arrays of bytes (uint8, uint8 clamped): how autobahn-js's CBOR encoder sends
+# a Uint8Array or Buffer. They are byte strings to every other serializer.
+_BYTE_ARRAY_TAGS = (64, 68)
+
+
+def _byte_arrays(tag: cbor2.CBORTag, immutable: bool) -> Any:
+    if tag.tag in _BYTE_ARRAY_TAGS and type(tag.value) is bytes:
+        return tag.value
+    return tag  # any other tag stays what it is, and is refused by _unportable
+
+
+class CborObjects(CBORObjectSerializer):
+    """autobahn's CBOR object serializer, reading byte typed arrays as bytes."""
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        return [cbor2.loads(payload, tag_hook=_byte_arrays)]
 
 
 def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, Any]]]:
@@ -170,8 +192,10 @@ def _unportable(value: Any, depth: int = 0) -> str | None:
     """Where and why ``value`` cannot be carried by every serializer, or None if it can: what
     a CBOR peer sends must reach JSON and MessagePack peers too, not be dropped on the way."""
     kind = type(value)
-    if value is None or kind is str or kind is bytes or kind is float or kind is bool:
+    if value is None or kind is str or kind is bytes or kind is bool:
         return None
+    if kind is float:  # NaN and the infinities: JSON has no word for them
+        return None if value - value == 0 else f": {value} is not a number JSON can carry"
     if kind is int:
         return None if -(2**63) <= value < 2**64 else ": integer out of the 64-bit range"
     if depth == _MAX_DEPTH and (kind is list or kind is dict):

@@ -360,6 +360,15 @@ UNPORTABLE = [
      [r"CALL args\[0\]", "key"]),
     ("cbor-undefined", "cbor", cbor2.dumps([70, 1, {}, [cbor2.undefined]]),
      [r"YIELD args\[0\]", "Undefined"]),
+    ("json-nan", "json", b'[16, 1, {}, "com.t", [], {"temperature": NaN}]',
+     [r"PUBLISH kwargs\['temperature'\]", "nan is not a number JSON can carry"]),
+    ("msgpack-infinity", "msgpack", msgpack.packb([16, 1, {}, "com.t", [1.0, float("inf")]]),
+     [r"PUBLISH args\[1\]", "inf is not a number JSON can carry"]),
+    ("cbor-minus-infinity", "cbor", cbor2.dumps([48, 1, {}, "com.p", [[float("-inf")]]]),
+     [r"CALL args\[0\]\[0\]", "-inf is not a number JSON can carry"]),
+    ("cbor-unknown-tag", "cbor",
+     cbor2.dumps([16, 1, {}, "com.t", [cbor2.CBORTag(4000, bytes(8))]]),
+     [r"PUBLISH args\[0\]", "CBORTag"]),
 ]
 
 
@@ -382,6 +391,27 @@ async def test_payload_not_every_serializer_can_carry(router, client, serializer
             break
         await asyncio.sleep(0.01)
     assert sorted(received) == [("cbor", (1,)), ("json", (1,)), ("msgpack", (1,))]
+
+
+@pytest.mark.parametrize("tag", [64, 68])
+async def test_a_cbor_byte_typed_array_arrives_as_bytes_for_every_serializer(router, client, tag):
+    """autobahn-js sends a Uint8Array (a Buffer in Node) as a CBOR typed array (RFC 8746 tag
+    64): the session used to be aborted ("CBORTag is not a value every WAMP serializer can
+    carry"); Crossbar delivers the bytes."""
+    data = bytes(range(256)) * 64
+    received: list[tuple[str, Any]] = []
+    for ser in ("json", "msgpack", "cbor"):
+        sub = await client("websocket", ser)
+        await sub.subscribe(lambda *a, ser=ser: received.append((ser, a)), "com.t")
+    peer = await raw_open(router, "cbor", hello=True)
+    peer.send_bytes(cbor2.dumps([16, 1, {"acknowledge": True}, "com.t",
+                                 [cbor2.CBORTag(tag, data)]]))
+    assert (await peer.receive())[0] == 17  # PUBLISHED
+    for _ in range(100):
+        if len(received) == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert sorted(received) == [("cbor", (data,)), ("json", (data,)), ("msgpack", (data,))]
 
 
 @pytest.mark.parametrize("frame_type", [3, 7])

@@ -463,6 +463,49 @@ async def test_the_page_fits_a_phone_screen(sensors, open_page):
     await page.screenshot(path=ARTIFACTS / "dashboard-phone.png", full_page=True)
 
 
+ECHO_OVER_CBOR = """(url) => new Promise((resolve, reject) => {
+    const sent = new Uint8Array(16350);
+    crypto.getRandomValues(sent);
+    const connection = new autobahn.Connection({
+        url, realm: 'realm1', max_retries: 0,
+        serializers: [new autobahn.serializer.CBORSerializer()]});
+    connection.onopen = (session) => session.call('test.echo', [sent]).then(
+        (back) => {
+            resolve({sent: Array.from(sent), back: Array.from(back)});
+            connection.close();
+        },
+        (error) => reject(new Error(JSON.stringify(error))));
+    connection.onclose = (reason, details) => {
+        reject(new Error(`closed: ${reason} ${JSON.stringify(details)}`));
+        return true;  // no reconnect
+    };
+    connection.open();
+})"""
+
+
+async def test_autobahn_js_over_cbor_calls_with_a_byte_array(sensors, browser):
+    """autobahn-js's own test "CBOR large payload": a call whose argument is 16,350 random
+    bytes, a Uint8Array that its CBOR encoder sends as a typed array (tag 64). Cairn aborted
+    the session with protocol_violation; the bytes must arrive as bytes and come back."""
+    received: list[bytes] = []
+
+    def echo(data: bytes) -> bytes:
+        received.append(data)
+        return data
+
+    registration = await sensors.session.register(echo, "test.echo")
+    page = await browser.new_page()
+    try:
+        await page.goto(sensors.url)
+        result = await asyncio.wait_for(page.evaluate(
+            ECHO_OVER_CBOR, f"ws://127.0.0.1:{sensors.router.port}/ws"), 20)
+    finally:
+        await page.close()
+        await registration.unregister()
+    assert [type(data) for data in received] == [bytes]
+    assert list(received[0]) == result["sent"] == result["back"]
+
+
 async def test_the_page_reconnects_when_the_router_restarts(sensors, open_page):
     """Runs last: it restarts the module's router."""
     watched = await open_page(sensors.url)
