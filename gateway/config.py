@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.patterns import MATCH_POLICIES
 
@@ -145,6 +146,8 @@ class RouterConfig:
     tls: TlsConfig | None = None
     card_endurance_tb: float = 10.0  # a 32 GB consumer card: ~300 program/erase cycles
     limits: Limits = field(default_factory=Limits)
+    allowed_hosts: tuple[str, ...] = ()    # names of the gateway beyond its IPs and host name
+    allowed_origins: tuple[str, ...] = ()  # web pages elsewhere that may open WAMP sessions
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -231,7 +234,7 @@ def parse(data: dict[str, Any], source: str) -> Config:
 def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
                    "history_page_cap", "max_store_bytes", "log_level", "tls",
-                   "card_endurance_tb", "limits"})
+                   "card_endurance_tb", "limits", "allowed_hosts", "allowed_origins"})
     d = RouterConfig()
     listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
     rawsocket = tuple(
@@ -259,7 +262,19 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
         log_level=level,
         card_endurance_tb=v.positive_number(t, at, "card_endurance_tb", d.card_endurance_tb),
         limits=_limits(v, v.get(t, at, "limits", dict, {}), f"{at}.limits"),
+        allowed_hosts=tuple(v.strings(t, at, "allowed_hosts")),
+        allowed_origins=tuple(_origin(v, item, f"{at}.allowed_origins[{i}]")
+                              for i, item in enumerate(v.strings(t, at, "allowed_origins"))),
     )
+
+
+def _origin(v: _Validator, origin: str, at: str) -> str:
+    parts = urlsplit(origin)
+    if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc
+                          or parts.path.strip("/") or parts.query):
+        raise ConfigError(v.source, at, f"expected an origin like \"https://host:port\" or "
+                                        f"\"*\", got {origin!r}")
+    return origin
 
 
 def _limits(v: _Validator, t: dict[str, Any], at: str) -> Limits:
@@ -464,6 +479,14 @@ class _Validator:
             raise ConfigError(self.source, f"{at}.{key}",
                               f"must be a positive number, not {_describe(value)}")
         return float(value)
+
+    def strings(self, table: dict[str, Any], at: str, key: str) -> list[str]:
+        items = self.get(table, at, key, list, [])
+        for i, item in enumerate(items):
+            if not isinstance(item, str) or not item:
+                raise ConfigError(self.source, f"{at}.{key}[{i}]",
+                                  f"expected a non-empty string, got {_describe(item)}")
+        return items
 
     def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
         return self.get(data, "", key, dict, {}) if key in data else {}

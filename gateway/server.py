@@ -31,6 +31,7 @@ from gateway.metrics import MessageCounters
 from gateway.metrics import render as render_metrics
 from gateway.notify import keep_watchdog_fed, notify
 from gateway.ops import data_dir_lock
+from gateway.origins import BrowserGuard
 from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, WriteBatcher, rawsocket_factory, websocket_factory
@@ -311,7 +312,9 @@ class Node:
         loop = asyncio.get_running_loop()
         cfg = self.config.router
         listen = cfg.listen
-        server = await loop.create_server(lambda: HttpFront(self._ws, self.http, self.admission),
+        guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
+        server = await loop.create_server(lambda: HttpFront(self._ws, self.http, self.admission,
+                                                            guard),
                                           listen.host, listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
         ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"

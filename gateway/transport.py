@@ -36,6 +36,7 @@ from autobahn.websocket import protocol as websocket_protocol
 
 from gateway.core import Session, brief
 from gateway.limits import Admission, Ticket
+from gateway.origins import BrowserGuard
 
 if TYPE_CHECKING:
     from gateway.server import Node
@@ -647,10 +648,11 @@ class HttpFront(asyncio.Protocol):
     everything else through ``handler(method, path, headers) -> (status, content_type, body)``."""
 
     def __init__(self, ws_factory: WampWebSocketServerFactory, handler: HttpHandler,
-                 admission: Admission) -> None:
+                 admission: Admission, guard: BrowserGuard) -> None:
         self.ws_factory = ws_factory
         self.handler = handler
         self.admission = admission
+        self.guard = guard
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.ticket: Ticket | None = None
@@ -676,8 +678,12 @@ class HttpFront(asyncio.Protocol):
         except ValueError as e:
             self._reply(400, "text/plain", f"bad request: {e}\n".encode())
             return
+        upgrade = path.split("?")[0] == "/ws" and \
+            headers.get("upgrade", "").lower() == "websocket"
+        if self._refused(headers, upgrade):
+            return
         self.transport.pause_reading()
-        if path.split("?")[0] == "/ws" and headers.get("upgrade", "").lower() == "websocket":
+        if upgrade:
             ws = self.ws_factory()
             ws._ticket, self.ticket = self.ticket, None
             ws.connection_made(self.transport)
@@ -686,6 +692,19 @@ class HttpFront(asyncio.Protocol):
             ws.data_received(self.buffer)
             return
         asyncio.ensure_future(self._serve(method, path, headers))
+
+    def _refused(self, headers: dict[str, str], upgrade: bool) -> bool:
+        """Answer 403 to a browser that is not on this gateway's page (gateway.origins)."""
+        host = headers.get("host")
+        why = self.guard.host_refused(host)
+        limit = "allowed_hosts"
+        if why is None and upgrade:
+            why, limit = self.guard.origin_refused(headers.get("origin"), host), "allowed_origins"
+        if why is None:
+            return False
+        self.admission.hits.hit(limit, why)
+        self._reply(403, "text/plain", f"forbidden: {why}\n".encode())
+        return True
 
     async def _serve(self, method: str, path: str, headers: dict[str, str]) -> None:
         try:
@@ -711,9 +730,9 @@ class HttpFront(asyncio.Protocol):
             self.ticket.release()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            426: "Upgrade Required", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error"}
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 426: "Upgrade Required",
+            431: "Request Header Fields Too Large", 500: "Internal Server Error"}
 
 
 def _parse_head(head: str) -> tuple[str, str, dict[str, str]]:

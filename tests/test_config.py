@@ -21,6 +21,8 @@ send_buffer_limit = 2097152
 history_page_cap = 500
 max_store_bytes = 1073741824
 card_endurance_tb = 100
+allowed_hosts = ["gateway.farm.lan"]
+allowed_origins = ["https://grafana.farm.lan:3000"]
 log_level = "debug"
 
 [router.tls]
@@ -157,6 +159,8 @@ def test_full_example_with_every_key(tmp_path, monkeypatch):
     assert (r.max_message_size, r.send_buffer_limit) == (262144, 2097152)
     assert (r.history_page_cap, r.max_store_bytes) == (500, 1073741824)
     assert r.card_endurance_tb == 100.0
+    assert (r.allowed_hosts, r.allowed_origins) == (("gateway.farm.lan",),
+                                                    ("https://grafana.farm.lan:3000",))
     assert r.log_level == "debug"
 
     assert [realm.name for realm in config.realms] == ["farm.north", "realm2"]
@@ -339,6 +343,14 @@ MISTAKES = [
      "realms[0].history[0].uri", [r"missing"]),
     ("bad-log-level", _replace('[router]\n', '[router]\nlog_level = "verbose"\n'),
      "router.log_level", [r"debug, info, warning or error", r"'verbose'"]),
+    ("allowed-origin-with-a-path",
+     _replace('[router]\n', '[router]\nallowed_origins = ["https://grafana.lan/d/1"]\n'),
+     "router.allowed_origins[0]", [r"origin like", r"'https://grafana.lan/d/1'"]),
+    ("allowed-origin-without-scheme",
+     _replace('[router]\n', '[router]\nallowed_origins = ["grafana.lan:3000"]\n'),
+     "router.allowed_origins[0]", [r"origin like"]),
+    ("allowed-hosts-not-strings", _replace('[router]\n', '[router]\nallowed_hosts = [1]\n'),
+     "router.allowed_hosts[0]", [r"non-empty string"]),
 ]
 
 

@@ -420,3 +420,81 @@ async def test_a_publish_storm_is_paused_not_buffered_and_the_store_stays_in_bou
 def hits_in(families: dict[str, dict], limit: str) -> float:
     return sum(v for _, labels, v in families.get("cairn_limit_hits_total", {"samples": []})[
         "samples"] if labels == {"limit": limit})
+
+
+# -- browsers on the LAN: other sites' pages, DNS rebinding ---------------------------------
+
+UPGRADE = ("GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+           "Sec-WebSocket-Protocol: wamp.2.json\r\n{more}\r\n")
+
+
+async def status_line(port: int, request: str) -> str:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request.encode("latin-1"))
+        return (await asyncio.wait_for(reader.readline(), 5)).decode("latin-1").strip()
+    finally:
+        writer.close()
+
+
+async def upgrade(port: int, host: str, origin: str | None) -> str:
+    more = f"Origin: {origin}\r\n" if origin is not None else ""
+    return await status_line(port, UPGRADE.format(host=host, more=more))
+
+
+async def test_a_page_from_another_site_cannot_open_a_wamp_session(tmp_path):
+    """Any web page a LAN browser opened could join with the anonymous role's rights."""
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        here = f"127.0.0.1:{router.port}"
+        refused = await upgrade(router.port, here, "http://evil.example")
+        other_port = await upgrade(router.port, here, "http://127.0.0.1:9999")
+        null = await upgrade(router.port, here, "null")
+        dashboard = await upgrade(router.port, here, f"http://{here}")
+        no_browser = await upgrade(router.port, here, None)
+        counted = hits(router, "allowed_origins")
+    finally:
+        router.stop()
+    assert refused.startswith("HTTP/1.1 403")
+    assert other_port.startswith("HTTP/1.1 403")
+    assert null.startswith("HTTP/1.1 403")
+    assert dashboard.startswith("HTTP/1.1 101")  # the page Cairn serves itself
+    assert no_browser.startswith("HTTP/1.1 101")  # a WAMP client that is no browser
+    assert counted == 3
+
+
+async def test_dns_rebinding_gets_neither_status_nor_metrics(tmp_path):
+    """A name of the attacker's resolving to the gateway made /status and /metrics the
+    attacker's page's own origin."""
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        answers = {host: await status_line(
+            router.port, f"GET /metrics HTTP/1.1\r\nHost: {host}\r\n\r\n")
+            for host in ("rebind.evil.example:8080", f"127.0.0.1:{router.port}",
+                         f"localhost:{router.port}", f"{socket.gethostname()}.local",
+                         f"[::1]:{router.port}")}
+        counted = hits(router, "allowed_hosts")
+    finally:
+        router.stop()
+    assert answers.pop("rebind.evil.example:8080").startswith("HTTP/1.1 403")
+    assert all(line.startswith("HTTP/1.1 200") for line in answers.values()), answers
+    assert counted == 1
+
+
+async def test_configured_hosts_and_origins_are_let_in(tmp_path):
+    router = RouterProcess(tmp_path, REALM, router_toml=(
+        'allowed_hosts = ["gateway.greenhouse.lan"]\n'
+        'allowed_origins = ["https://grafana.greenhouse.lan:3000"]')).start()
+    try:
+        named = await status_line(
+            router.port, "GET /status HTTP/1.1\r\nHost: gateway.greenhouse.lan:8080\r\n\r\n")
+        grafana = await upgrade(router.port, "gateway.greenhouse.lan:8080",
+                                "https://grafana.greenhouse.lan:3000")
+        other = await upgrade(router.port, "gateway.greenhouse.lan:8080",
+                              "https://grafana.greenhouse.lan")
+    finally:
+        router.stop()
+    assert named.startswith("HTTP/1.1 200")
+    assert grafana.startswith("HTTP/1.1 101")
+    assert other.startswith("HTTP/1.1 403")
