@@ -278,7 +278,9 @@ class Broker:
             limit, _, why = refused.partition(": ")
             realm.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
             pub.retain = False
-        if store is None or (rule is None and refused is not None):
+        if store is None:
+            return publication, _not_stored(realm.store_unavailable), refused
+        if rule is None and refused is not None:
             return publication, None, refused
         durable = store.append(pub, self._commit_within(rule, bool(msg.acknowledge)))
         return publication, durable, refused
@@ -326,3 +328,14 @@ class Broker:
         """A publication from the router itself (meta events)."""
         if self.subscriptions.match(topic):
             self.dispatch(m.Publish(0, topic, args=args), publication_id(), out)
+
+
+def _not_stored(unavailable: str | None) -> asyncio.Future | None:
+    """The durability of a publication while the router runs without its store: none when
+    it runs so by design (tests of the core), a failure when the store could not be opened."""
+    if unavailable is None:
+        return None
+    failed = asyncio.get_event_loop().create_future()
+    failed.set_exception(StorageError(f"the store is unavailable: {unavailable}"))
+    failed.exception()  # not awaited when no acknowledge was asked: no "never retrieved"
+    return failed

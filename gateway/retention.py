@@ -89,6 +89,10 @@ class Retention:
         self.count = 0
         self.bytes = 0
 
+    def holds(self, pub: StoredPublication) -> bool:
+        """Is ``pub``'s slot (topic and audience) taken?"""
+        return pub.audience_key in self._slots.get(pub.topic, {})
+
     def put(self, pub: StoredPublication) -> str | None:
         """Make ``pub`` its slot's retained publication; or the bound that refuses it (the
         limit's name and why)."""

@@ -58,6 +58,9 @@ class Realm:
         self.config = config
         self.name = config.name
         self.store = store
+        # why the store could not be opened, while the router routes without it (the shell
+        # keeps trying): publications that would be stored are answered with an error
+        self.store_unavailable: str | None = None
         self.clock = clock or StepDetector()
         self.limits = limits or Limits()
         self.hits = hits or LimitHits()
@@ -81,6 +84,8 @@ class Realm:
                 self.broker.create_subscription(uri, match, sub_id, created)
         ours = [pub for pub in retained if pub.realm == self.name]
         for pub in reversed(ours):  # newest first: the oldest go if the bounds were lowered
+            if self.retention.holds(pub):  # newer: published while the store could not open
+                continue
             if self.retention.put(pub) is not None and self.store is not None:
                 self.store.forget_retained(pub)
         for rule in self.config.history:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import gc
 import json
@@ -16,6 +17,7 @@ import os
 import re
 import resource
 import signal
+import sqlite3
 import ssl
 import time
 from pathlib import Path
@@ -88,6 +90,8 @@ class Node:
         self.connections: set = set()  # open transports (gateway.transport.Connection)
         self.writes = WriteBatcher()
         self._maintenance: asyncio.Task | None = None
+        self._reopening: asyncio.Task | None = None
+        self.store_error: str | None = None  # why the store could not be opened
         self._lock: contextlib.AbstractContextManager | None = None
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
@@ -204,6 +208,17 @@ class Node:
             return 404, "text/plain", b"not found\n"
         return 200, *found
 
+    def _sync_status(self) -> dict[str, Any] | None:
+        """What the uploader last wrote to sync-status.json, if it is there and readable."""
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sync = json.loads((self.config.router.data_dir / "sync-status.json").read_text())
+            return sync if isinstance(sync, dict) else None
+        return None
+
+    def _shipped_seq(self) -> int:
+        seq = (self._sync_status() or {}).get("synced_seq")
+        return seq if type(seq) is int and seq > 0 else 0
+
     def _status_procedure(self, realm: Realm):
         async def status(caller: Session, args: list, kwargs: dict) -> dict:
             return await self.status(realm)
@@ -215,16 +230,13 @@ class Node:
         store: dict[str, Any] = {}
         if self.store is not None:
             store = await self.store.summary(realm.name)
-        sync_file = self.config.router.data_dir / "sync-status.json"
-        sync = None
-        if sync_file.exists():
-            with contextlib.suppress(OSError, ValueError):
-                sync = json.loads(sync_file.read_text())
+        sync = self._sync_status()
         return {
             "uptime_s": round(time.monotonic() - self.started, 1),
             "sessions": len(realm.sessions),
             "realm": realm.name,
             "store": store,
+            "store_error": self.store_error,
             "retained_topics": len(realm.retention),
             "retained_slots": realm.retention.count,
             "retained_bytes": realm.retention.bytes,
@@ -264,26 +276,65 @@ class Node:
             await self.stop()
             raise
 
+    store_retry_interval = 30.0  # s between attempts to open a store that could not be
+
     async def _open_store(self) -> None:
-        lock = data_dir_lock(self.config.router.data_dir)
-        lock.__enter__()  # released in stop(); refuses a second router on this dir
-        self._lock = lock
-        path = self.config.router.data_dir / "cairn.db"
-        self.store = await Store.open(path)
-        self.store.max_queue_bytes = self.config.router.limits.max_store_queue_bytes
-        self.store.on_drained = self.resume_paused
-        self.store.bounds = self.prune_rules(), self.config.router.max_store_bytes
-        subscriptions = await self.store.load_subscriptions()
-        retained = await self.store.load_retained()
         for realm in self.router.realms.values():
-            realm.store = self.store
-            realm.restore(subscriptions, retained)
             realm.dealer.meta_procedures["cairn.router.status"] = self._status_procedure(realm)
-        log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
-                 path, len(retained), len(subscriptions), self.store.next_seq)
+        try:
+            await self._attach_store()
+        except (OSError, sqlite3.Error) as e:
+            if not _storage_trouble(e):
+                raise  # a data_dir that cannot be: a configuration mistake, said at once
+            self._store_unavailable(e)  # full, read-only, damaged: route without it
+            self._reopening = asyncio.get_running_loop().create_task(self._reopen_store())
         self.wear = WearMeter(disk_of(self.config.router.data_dir),
                               self.config.router.card_endurance_tb)
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
+
+    async def _attach_store(self) -> None:
+        """Lock the data directory, open the store and bring back what it kept."""
+        if self._lock is None:
+            lock = data_dir_lock(self.config.router.data_dir)
+            lock.__enter__()  # released in stop(); refuses a second router on this dir
+            self._lock = lock
+        path = self.config.router.data_dir / "cairn.db"
+        # a store lost or emptied (a 0-byte file) must not hand out seqs shipped already:
+        # the central dedupe would drop the new readings as duplicates
+        store = await Store.open(path, seq_floor=self._shipped_seq())
+        store.max_queue_bytes = self.config.router.limits.max_store_queue_bytes
+        store.on_drained = self.resume_paused
+        store.bounds = self.prune_rules(), self.config.router.max_store_bytes
+        subscriptions = await store.load_subscriptions()
+        retained = await store.load_retained()
+        for realm in self.router.realms.values():
+            realm.store, realm.store_unavailable = store, None
+            realm.restore(subscriptions, retained)
+        self.store, self.store_error = store, None
+        log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
+                 path, len(retained), len(subscriptions), store.next_seq)
+
+    def _store_unavailable(self, error: Exception) -> None:
+        reason = f"{error}" or type(error).__name__
+        if reason != self.store_error:
+            log.error("cannot open the store in %s (%s): routing without storing it (no "
+                      "history; retained values in memory only; acknowledged publishes that "
+                      "would be stored get cairn.error.storage_failed); trying again every %g s",
+                      self.config.router.data_dir, reason, self.store_retry_interval)
+        self.store_error = reason
+        for realm in self.router.realms.values():
+            realm.store_unavailable = reason
+
+    async def _reopen_store(self) -> None:
+        while self.store is None:
+            await asyncio.sleep(self.store_retry_interval)
+            try:
+                await self._attach_store()
+            except (OSError, sqlite3.Error) as e:
+                self._store_unavailable(e)
+            else:
+                log.warning("the store in %s is open again: storing resumes",
+                            self.config.router.data_dir)
 
     def prune_rules(self) -> list[PruneRule]:
         return [PruneRule(realm.name, i, rule.max_events,
@@ -393,8 +444,9 @@ class Node:
             if endpoint.path:
                 with contextlib.suppress(OSError):
                     Path(endpoint.path).unlink()
-        if self._maintenance is not None:
-            self._maintenance.cancel()
+        for task in (self._maintenance, self._reopening):
+            if task is not None:
+                task.cancel()
         if self.store is not None:
             await self.store.close()
             self.store = None
@@ -457,3 +509,11 @@ def _loop_exception(hits: LimitHits, loop: asyncio.AbstractEventLoop,
         hits.hit("accept_failed", f"{context['message']}: {exception}")
         return
     loop.default_exception_handler(context)
+
+
+# what the medium does to a data directory that is right: routing goes on without the store
+_MEDIUM_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
+
+
+def _storage_trouble(error: Exception) -> bool:
+    return isinstance(error, sqlite3.Error) or error.errno in _MEDIUM_ERRNOS

@@ -502,12 +502,15 @@ class Store:
     # -- opening and closing -------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: Path) -> Store:
+    async def open(cls, path: Path, seq_floor: int = 0) -> Store:
+        """Open (create, migrate) the store. ``seq_floor``: seqs known to be used already
+        (shipped upstream) even if this database does not hold them: none is handed out
+        again."""
         path.parent.mkdir(parents=True, exist_ok=True)
         _refuse_newer_schema(path)  # before anything could touch the file
         writer = _WriterThread()
         try:
-            state, topics, key, legacy = await writer.run(_open_writer, writer, path)
+            state, topics, key, legacy = await writer.run(_open_writer, writer, path, seq_floor)
             reader = await aiosqlite.connect(path, isolation_level=None)
         except BaseException:
             await writer.close()
@@ -1056,7 +1059,8 @@ class Store:
 # -- the writer thread's side: plain sqlite3 on the writing connection ------------------------
 
 
-def _open_writer(writer: _WriterThread, path: Path) -> tuple[_State, Topics, bytes, int]:
+def _open_writer(writer: _WriterThread, path: Path,
+                 seq_floor: int) -> tuple[_State, Topics, bytes, int]:
     """Open, migrate, and read what the store keeps in memory: its state, the topics, the
     publication id key (made with a new database) and the last seq with a random id."""
     writer.connect(path)
@@ -1067,6 +1071,11 @@ def _open_writer(writer: _WriterThread, path: Path) -> tuple[_State, Topics, byt
         db.execute(statement)
     state = _State.load(db)
     state.top = _highest_seq(db)
+    if state.top < seq_floor:
+        log.warning("%s holds seqs up to %d only, but seqs up to %d were used (shipped "
+                    "upstream): new ones start after %d", path, state.top, seq_floor, seq_floor)
+        db.execute(_RAISE_META, ("highest_seq", seq_floor))
+        state.top = seq_floor
     topics = Topics(db.execute("SELECT id, realm, topic FROM topics"))
     key = _meta(db, "publication_key")
     if key is None:
