@@ -8,6 +8,7 @@ caller's eligibility (authid/authrole lists), never reordered by timestamps.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,9 +17,10 @@ import msgpack
 
 from gateway.clock import parse_rfc3339, rfc3339
 from gateway.config import HistoryRule
-from gateway.core import Session, WampError, brief
+from gateway.core import Session, WampError, brief, limit_reached
 from gateway.dealer import MetaResult
 from gateway.patterns import matches
+from gateway.store import QueryTimeout
 
 if TYPE_CHECKING:
     from gateway.broker import Subscription
@@ -130,12 +132,17 @@ def _invalid(name: str, problem: str) -> WampError:
     return WampError("wamp.error.invalid_argument", f"get_events: {name!r} {problem}")
 
 
-def _topic_ids(store: Store, realm: str, sub: Subscription, topic: str | None) -> list[int]:
+def _topic_ids(store: Store, realm: Realm, caller: Session, sub: Subscription,
+               topic: str | None) -> list[int]:
     """The stored topics whose history a query reads: the subscription's matches, or the
-    one ``topic`` asked for if the subscription matches it."""
+    one ``topic`` asked for if the subscription matches it; of a pattern subscription, only
+    those the caller's role may subscribe to (so SQL never reads a row it must skip)."""
+    visible = functools.partial(realm.broker.may_receive, caller)
     if topic is None:
-        return store.topics.matching(realm, sub.uri, sub.match)
-    found = store.topics.get(realm, topic) if matches(sub.uri, sub.match, topic) else None
+        return store.topics.matching(realm.name, sub.uri, sub.match,
+                                     visible if sub.match != "exact" else None)
+    found = store.topics.get(realm.name, topic) if matches(sub.uri, sub.match, topic) and \
+        (sub.match == "exact" or visible(topic)) else None
     return [] if found is None else [found]
 
 
@@ -148,27 +155,19 @@ async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscript
             raise _invalid(name, f"names publication {publication}, which is not in the "
                                  f"stored history")
         conditions.append(("seq", _PUBLICATION_ARGS[name], seq))
-    topics = _topic_ids(store, realm.name, sub, query.topic)
+    topics = _topic_ids(store, realm, caller, sub, query.topic)
     page = min(query.limit or page_cap, page_cap)
-    # A pattern subscription may match topics the caller's role may not subscribe to:
-    # those rows are skipped, and more are read until the page is full.
-    check_topic = sub.match != "exact"
-    events: list[dict[str, Any]] = []
-    beyond = 2**63 - 1 if query.reverse else 0
-    more = False
-    while True:
+    timeout = realm.limits.get_events_timeout
+    try:
         rows = await store.history(topics, conditions, (caller.authid, caller.authrole),
-                                   query.reverse, beyond, page + 1)
-        for row in rows:
-            if len(events) == page:
-                more = True
-                break
-            if not check_topic or realm.broker.may_receive(caller, row[2]):
-                events.append(_event(sub.id, row))
-        if more or len(rows) <= page:
-            break
-        beyond = rows[-1][0]
-    return MetaResult(args=[events], kwargs={"is_limit_reached": more})
+                                   query.reverse, 2**63 - 1 if query.reverse else 0, page + 1,
+                                   timeout)
+    except QueryTimeout:
+        raise limit_reached(realm.hits, "get_events_timeout",
+                            f"get_events on {sub.uri!r} ran past {timeout:g} s: narrow it with "
+                            f"topic, time or publication bounds") from None
+    events = [_event(sub.id, row) for row in rows[:page]]
+    return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
 
 
 def _event(subscription: int, row: tuple[Any, ...]) -> dict[str, Any]:

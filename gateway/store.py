@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import sqlite3
 import time
 from collections import Counter
@@ -247,6 +248,10 @@ class StorageError(Exception):
     """A write could not be made durable (disk full, read-only filesystem, I/O error)."""
 
 
+class QueryTimeout(Exception):
+    """A read ran past its deadline and was interrupted."""
+
+
 class SchemaTooNew(Exception):
     """The database was written by a newer Cairn; refuse rather than corrupt it."""
 
@@ -365,13 +370,16 @@ class Topics:
             self._ids = {**self._ids, **new}
             self.next_id = max(new.values()) + 1
 
-    def matching(self, realm: str, uri: str, match: str) -> list[int]:
-        """The ids of the realm's topics a subscription (uri, match) matches."""
+    def matching(self, realm: str, uri: str, match: str,
+                 visible: Callable[[str], bool] | None = None) -> list[int]:
+        """The ids of the realm's topics a subscription (uri, match) matches (and, given
+        ``visible``, that it says yes to)."""
         if match == "exact":
             found = self._ids.get((realm, uri))
             return [] if found is None else [found]
         return [i for (r, topic), i in self._ids.items()
-                if r == realm and matches(uri, match, topic)]
+                if r == realm and matches(uri, match, topic) and (visible is None or
+                                                                   visible(topic))]
 
     def of_realm(self, realm: str) -> list[int]:
         return [i for (r, _), i in self._ids.items() if r == realm]
@@ -494,6 +502,8 @@ class Store:
         # pruned as it comes, not a minute later
         self.bounds: tuple[list[PruneRule], int] | None = None
         self._transaction = asyncio.Lock()  # one transaction at a time on the writer
+        self._reading = asyncio.Lock()  # one read at a time on the reader, with its deadline
+        self._read_deadline = math.inf
         # the writer thread's
         self._details_json: dict[str, str] = {}  # topic -> '{"topic": topic}'
         # asyncio.get_running_loop() costs a getpid() system call: once per append is too much
@@ -518,6 +528,7 @@ class Store:
         await reader.execute("PRAGMA query_only = ON")
         await reader.create_function("eligible", 3, eligible, deterministic=True)
         store = cls(path, writer, reader, state, topics, PublicationIds(key), legacy)
+        await reader.set_progress_handler(store._past_deadline, 10_000)  # ~1 ms of work
         store._task = store._loop.create_task(store._write_loop())
         return store
 
@@ -994,9 +1005,27 @@ class Store:
                 slots[key] = pub
         return sorted(slots.values(), key=lambda p: p.seq)
 
-    async def query(self, sql: str, params: Iterable[Any]) -> list[tuple[Any, ...]]:
-        async with self._reader.execute(sql, tuple(params)) as cur:
-            return [tuple(row) for row in await cur.fetchall()]
+    query_timeout = 60.0  # s: any read on the reader connection is interrupted past it
+
+    async def query(self, sql: str, params: Iterable[Any],
+                    timeout: float | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a read; past ``timeout`` seconds (default :attr:`query_timeout`) SQLite
+        interrupts it (QueryTimeout). One read at a time, so the deadline is its own."""
+        async with self._reading:
+            self._read_deadline = time.monotonic() + (timeout or self.query_timeout)
+            try:
+                async with self._reader.execute(sql, tuple(params)) as cur:
+                    return [tuple(row) for row in await cur.fetchall()]
+            except sqlite3.OperationalError as e:
+                if time.monotonic() >= self._read_deadline and "interrupt" in str(e):
+                    raise QueryTimeout(
+                        f"the read ran past {timeout or self.query_timeout:g} s") from None
+                raise
+            finally:
+                self._read_deadline = math.inf
+
+    def _past_deadline(self) -> bool:  # SQLite's progress handler, on the reader's thread
+        return time.monotonic() >= self._read_deadline
 
     async def seq_of_publication(self, realm: str, publication: int) -> int | None:
         seq = self.publication_ids.seq_of(publication)
@@ -1029,7 +1058,7 @@ class Store:
 
     async def history(self, topics: list[int], conditions: list[tuple[str, str, int]],
                       caller: tuple[str | None, str | None], reverse: bool, beyond: int,
-                      limit: int) -> list[tuple[Any, ...]]:
+                      limit: int, timeout: float | None = None) -> list[tuple[Any, ...]]:
         """Up to ``limit`` history rows of ``topics`` (ids) after seq ``beyond`` in receive
         order (before it, newest first, when ``reverse``) that meet every ``(column, op,
         value)`` of ``conditions`` (column seq or wall_ms) and the ``caller`` (authid,
@@ -1048,7 +1077,7 @@ class Store:
             f"SELECT s.seq, p.publication, p.topic, s.wall_ms, p.details, p.payload"
             f" FROM history_scan AS s CROSS JOIN publications AS p ON p.seq = s.seq"
             f" WHERE {' AND '.join(where)} ORDER BY s.seq {'DESC' if reverse else 'ASC'}"
-            f" LIMIT ?", [*params, *caller, limit])
+            f" LIMIT ?", [*params, *caller, limit], timeout)
 
     async def size_bytes(self) -> int:
         rows = await self.query("SELECT page_count * page_size FROM pragma_page_count(), "

@@ -10,6 +10,7 @@ fast the machine is.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import sqlite3
 from datetime import UTC, datetime
@@ -539,6 +540,45 @@ async def test_a_pattern_subscriptions_history_omits_topics_the_caller_may_not_s
     events, reached = await get_page(user, sub, limit=2)
     assert ([e["publication"] for e in events], reached) == ([public, public2], False)
     assert await publications(admin, sub) == [public, secret, public2]
+
+
+async def hidden_behind_one_public(cairn: Cairn, hidden: int) -> tuple[Client, int, int]:
+    """``hidden`` events on a topic the user may not subscribe to, then one it may."""
+    user = await cairn.connect(authid="alice")
+    sub = await lookup(user, "hist", "prefix")
+    for i in range(hidden):
+        user.publish("hist.secret.key", i)
+    return user, sub, await acked(user, "hist.public", "visible")
+
+
+async def test_hidden_events_cost_a_pattern_subscriptions_history_no_extra_reads(cairn):
+    """The attack: get_events over a pattern subscription whose matches were mostly hidden
+    from the caller read a page per few hidden rows (20k hidden rows: 12-42 s; on a 400k-row
+    store one limit=1 call ran over 10 minutes). The hidden topics are left out of the SQL."""
+    user, sub, public = await hidden_behind_one_public(cairn, 5000)
+    reads = 0
+    history = cairn.node.store.history
+
+    async def counted(*args: Any, **kwargs: Any) -> list:
+        nonlocal reads
+        reads += 1
+        return await history(*args, **kwargs)
+
+    cairn.node.store.history = counted
+    events, reached = await get_page(user, sub, limit=1, after_time="2000-01-01T00:00:00Z")
+    assert ([e["publication"] for e in events], reached) == ([public], False)
+    assert reads == 1
+
+
+async def test_a_get_events_query_past_its_deadline_is_stopped_with_limit_reached(cairn):
+    user, sub, _ = await hidden_behind_one_public(cairn, 5000)
+    realm = cairn.node.router.realms["realm1"]
+    realm.limits = dataclasses.replace(realm.limits, get_events_timeout=1e-6)
+    error = await get_events_error(user, sub, after_time="2000-01-01T00:00:00Z")
+    assert error.error == "cairn.error.limit_reached"
+    assert "router.limits.get_events_timeout" in error.args[0]
+    realm.limits = dataclasses.replace(realm.limits, get_events_timeout=5.0)
+    assert len(await get_events(user, sub, after_time="2000-01-01T00:00:00Z")) == 1
 
 
 # -- security: what each caller may see ----------------------------------------------------
