@@ -517,6 +517,9 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
             super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
 
 
+_PONG = 2  # RawSocket frame type
+
+
 class RawSocketProtocol(WampRawSocketServerProtocol):
     _closing = False
     _ticket: Ticket | None = None
@@ -537,6 +540,20 @@ class RawSocketProtocol(WampRawSocketServerProtocol):
     def data_received(self, data: bytes) -> None:
         if not self._closing:  # what a peer sends after our ABORT or GOODBYE is dropped
             self.factory.writes.read(super().data_received, data)
+
+    def supports_serializer(self, ser_id: int) -> bool:
+        # autobahn's own "aborts" a transport not yet open, which raises TransportLost out
+        # of data_received (a traceback per such client); False makes it answer with the
+        # handshake error "serializer unsupported" and then protocol_error closes
+        return ser_id in self.factory._serializers and super().supports_serializer(ser_id)
+
+    def ping(self, payload: bytes) -> None:
+        """RawSocket PING: answered with a PONG that carries the same payload."""
+        if not self._closing and self.transport is not None:
+            self.transport.write(struct.pack("!L", _PONG << 24 | len(payload)) + payload)
+
+    def pong(self, payload: bytes) -> None:
+        pass  # the router sends no PINGs; an unasked PONG is allowed and means nothing
 
     def stringReceived(self, payload: bytes) -> None:
         limit = self.factory.max_message_size

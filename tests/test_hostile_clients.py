@@ -498,3 +498,40 @@ async def test_configured_hosts_and_origins_are_let_in(tmp_path):
     assert named.startswith("HTTP/1.1 200")
     assert grafana.startswith("HTTP/1.1 101")
     assert other.startswith("HTTP/1.1 403")
+
+
+# -- RawSocket frames and handshakes that autobahn does not handle --------------------------
+
+
+async def test_a_rawsocket_ping_gets_a_pong_with_its_payload_and_no_traceback(tmp_path):
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        peer = await RawSocketPeer.open(router.rawsocket_port, "json")
+        peer.send_bytes(b"are you there", frame_type=1)
+        header = await asyncio.wait_for(peer.reader.readexactly(4), 5)
+        payload = await asyncio.wait_for(peer.reader.readexactly(13), 5)
+        peer.send([1, "realm1", {"roles": {"subscriber": {}}}])
+        welcome = await peer.receive()
+        peer.close()
+    finally:
+        router.stop()
+    assert (header[0], int.from_bytes(header[1:], "big")) == (2, 13)  # PONG
+    assert payload == b"are you there"
+    assert welcome[0] == 2
+    assert "Traceback" not in router.log.read_text()
+
+
+async def test_an_unknown_serializer_gets_the_handshake_error_and_no_traceback(tmp_path):
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", router.rawsocket_port)
+        writer.write(bytes([0x7F, 0xF7, 0, 0]))  # serializer 7: none
+        reply = await asyncio.wait_for(reader.read(8), 5)
+        closed = await closed_within(reader, 5)
+        writer.close()
+    finally:
+        router.stop()
+    assert reply == bytes([0x7F, 0x10, 0, 0])  # error 1: serializer unsupported
+    assert closed
+    assert "Traceback" not in router.log.read_text()
+    assert "Serializer unsupported" in router.log.read_text()
