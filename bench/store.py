@@ -101,6 +101,7 @@ from bench.pubsub import (
 )
 from bench.wire import check_rs_reply, rs_frame, rs_handshake, split_rs
 from gateway.clock import rfc3339
+from gateway.config import Limits
 from gateway.history import EventsQuery, get_events
 from gateway.patterns import wildcard_matches
 from gateway.store import Store, StoredPublication, eligible
@@ -1045,7 +1046,7 @@ async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[
         return await query_fn(sql, params)
 
     store.query = recording_query  # type: ignore[method-assign]
-    realm = SimpleNamespace(name="realm1",
+    realm = SimpleNamespace(name="realm1", limits=Limits(),
                             broker=SimpleNamespace(may_receive=lambda session, topic: True))
     caller = SimpleNamespace(id=1, authid="bench", authrole="anonymous")
     out: dict[str, Any] = {}
@@ -1241,7 +1242,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def run(opts: argparse.Namespace, workdir: Path, report: dict[str, Any]) -> None:
-    router = RouterProcess(workdir, REALM)
+    # the populated store holds --retained slots besides the publishers' own
+    router = RouterProcess(workdir, REALM, router_toml=(
+        f"[router.limits]\nmax_retained = {opts.retained + 100_000}"))
     data_dir = router.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     report["filesystem"] = filesystem_of(data_dir)

@@ -61,6 +61,22 @@ def _encode_binary(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} cannot be serialized to JSON")
 
 
+def _binary_strings(message: Any) -> Any:
+    """``message`` with every string that starts with NUL (WAMP's JSON form of binary: NUL
+    + base64) turned into bytes; a walk without recursion, however deep the message."""
+    root = [message]
+    stack: list[list | dict] = [root]
+    while stack:
+        node = stack.pop()
+        for key, value in (node.items() if type(node) is dict else enumerate(node)):
+            if type(value) is str:
+                if value.startswith("\x00"):
+                    node[key] = base64.b64decode(value[1:], validate=True)
+            elif type(value) is list or type(value) is dict:
+                stack.append(value)
+    return root[0]
+
+
 class JsonObjects(JsonObjectSerializer):
     """autobahn's JSON object serializer, the same wire format, with the standard library's
     C code on the common path: autobahn's decoder runs the pure-Python scanner on every
@@ -74,10 +90,9 @@ class JsonObjects(JsonObjectSerializer):
         return self._encoder.encode(obj).encode("utf-8")
 
     def unserialize(self, payload: bytes) -> list[Any]:
-        if b"\\u0000" in payload:  # may hold binary values: autobahn's decoder knows them
-            messages = super().unserialize(payload)
-        else:
-            messages = [json.loads(payload.decode("utf-8"))]
+        messages = [json.loads(payload.decode("utf-8"))]
+        if b"\\u0000" in payload:  # may hold binary values (autobahn's decoder for them
+            messages = [_binary_strings(messages[0])]  # is pure Python: 0.4 s per MB)
         if b"\\ud" in payload or b"\\uD" in payload:
             # "\\ud800" alone is valid JSON but no Unicode text: no other serializer, and
             # not the store, could carry it. Encoding it again finds it.
