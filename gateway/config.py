@@ -149,6 +149,8 @@ class RouterConfig:
     limits: Limits = field(default_factory=Limits)
     allowed_hosts: tuple[str, ...] = ()    # names of the gateway beyond its IPs and host name
     allowed_origins: tuple[str, ...] = ()  # web pages elsewhere that may open WAMP sessions
+    # bearer token for /status and /metrics from other hosts (router.status_token_file)
+    status_token: str | None = field(default=None, repr=False)
 
     @property
     def endpoints(self) -> tuple[Endpoint, ...]:
@@ -235,7 +237,8 @@ def parse(data: dict[str, Any], source: str) -> Config:
 def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
                    "history_page_cap", "max_store_bytes", "log_level", "tls",
-                   "card_endurance_tb", "limits", "allowed_hosts", "allowed_origins"})
+                   "card_endurance_tb", "limits", "allowed_hosts", "allowed_origins",
+                   "status_token_file"})
     d = RouterConfig()
     listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
     rawsocket = tuple(
@@ -263,10 +266,25 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
         log_level=level,
         card_endurance_tb=v.positive_number(t, at, "card_endurance_tb", d.card_endurance_tb),
         limits=_limits(v, v.get(t, at, "limits", dict, {}), f"{at}.limits"),
+        status_token=_token(v, v.get(t, at, "status_token_file", str, None),
+                            f"{at}.status_token_file"),
         allowed_hosts=tuple(v.strings(t, at, "allowed_hosts")),
         allowed_origins=tuple(_origin(v, item, f"{at}.allowed_origins[{i}]")
                               for i, item in enumerate(v.strings(t, at, "allowed_origins"))),
     )
+
+
+def _token(v: _Validator, path: str | None, at: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(v.source, at, f"cannot read {path}: {e}") from None
+    if len(token) < 16:
+        raise ConfigError(v.source, at, f"{path} holds {'no' if not token else 'a short'} "
+                                        f"token: put at least 16 characters in it")
+    return token
 
 
 def _origin(v: _Validator, origin: str, at: str) -> str:
@@ -318,6 +336,22 @@ def _check_exposure(config: Config) -> None:
             else "router.rawsocket",
             f"{exposed[0]} is reachable from the network but no realm has [[realms.users]]: "
             f"add users (ticket, wampcra or cryptosign) or listen on 127.0.0.1 only")
+    for i, realm in enumerate(config.realms):
+        role = realm.role(realm.anonymous_role) if realm.anonymous_role else None
+        writes = sorted({action for p in (role.permissions if role else ())
+                         if _covers_everything(p) for action in p.allow} - {"subscribe"})
+        if exposed and writes:
+            raise ConfigError(
+                config.source, f"realms[{i}].anonymous_role",
+                f"{exposed[0]} is reachable from the network and role "
+                f"{realm.anonymous_role!r} lets anyone there {', '.join(writes)} on every URI "
+                f"of realm {realm.name!r} without logging in: narrow its permissions (e.g. "
+                f"subscribe to \"sensor.\") or listen on 127.0.0.1 only")
+
+
+def _covers_everything(permission: Permission) -> bool:
+    return (permission.match == "prefix" and permission.uri == "") or \
+        (permission.match == "wildcard" and all(not part for part in permission.uri.split(".")))
 
 
 def _realm(v: _Validator, t: dict[str, Any], at: str) -> RealmConfig:

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import functools
 import gc
+import hmac
 import json
 import logging
 import os
@@ -181,7 +182,8 @@ class Node:
 
     # -- HTTP routes on the main port ----------------------------------------------------
 
-    async def http(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, bytes]:
+    async def http(self, method: str, path: str, headers: dict[str, str],
+                   local: bool = True) -> tuple[int, str, bytes]:
         """The dashboard at ``/`` (its files under ``/dashboard/``), a plain-text status at
         ``/status``; WAMP itself is the WebSocket upgrade on ``/ws``. GET and HEAD only."""
         if method not in ("GET", "HEAD"):
@@ -189,6 +191,10 @@ class Node:
         route = path.split("?")[0]
         if route == "/ws":
             return 426, "text/plain", b"this endpoint speaks WAMP over WebSocket\n"
+        if route in ("/status", "/metrics") and not local:
+            refused = self._status_refused(headers.get("authorization", ""))
+            if refused is not None:
+                return refused
         if route == "/status":
             return 200, "text/plain; charset=utf-8", self._status_text().encode()
         if route == "/metrics":
@@ -207,6 +213,22 @@ class Node:
                                            b"scripts/setup.sh (it needs npm)\n")
             return 404, "text/plain", b"not found\n"
         return 200, *found
+
+    def _status_refused(self, authorization: str) -> tuple[int, str, bytes] | None:
+        """/status and /metrics from another host: only with the bearer token of
+        ``router.status_token_file`` (what they tell helps an attacker on the LAN)."""
+        token = self.config.router.status_token
+        if token is None:
+            return 403, "text/plain", (b"/status and /metrics answer the device itself; for "
+                                       b"other hosts set router.status_token_file and send "
+                                       b"Authorization: Bearer <token>\n")
+        scheme, _, given = authorization.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                               token.encode()):
+            return None
+        self.limit_hits.hit("status_token", "a request for /status or /metrics from another "
+                                            "host without the right token")
+        return 401, "text/plain", b"a bearer token is needed (router.status_token_file)\n"
 
     def _sync_status(self) -> dict[str, Any] | None:
         """What the uploader last wrote to sync-status.json, if it is there and readable."""

@@ -35,7 +35,7 @@ from autobahn.wamp.serializer import (
 from autobahn.websocket import protocol as websocket_protocol
 
 from gateway.core import Session, brief
-from gateway.limits import Admission, Ticket
+from gateway.limits import Admission, Ticket, peer_of
 from gateway.origins import BrowserGuard
 
 if TYPE_CHECKING:
@@ -671,13 +671,14 @@ def rawsocket_factory(node: Node) -> WampRawSocketServerFactory:
 
 # -- the HTTP front on the main port -------------------------------------------------------
 
-HttpHandler = Callable[[str, str, dict[str, str]], Awaitable[tuple[int, str, bytes]]]
+# (method, path, headers, local: from the device itself) -> (status, content type, body)
+HttpHandler = Callable[[str, str, dict[str, str], bool], Awaitable[tuple[int, str, bytes]]]
 _MAX_HEAD = 16 * 1024
 
 
 class HttpFront(asyncio.Protocol):
     """Reads one HTTP request head; hands WebSocket upgrades on /ws to autobahn, and answers
-    everything else through ``handler(method, path, headers) -> (status, content_type, body)``."""
+    everything else through ``handler(method, path, headers, local)`` (HttpHandler)."""
 
     def __init__(self, ws_factory: WampWebSocketServerFactory, handler: HttpHandler,
                  admission: Admission, guard: BrowserGuard) -> None:
@@ -740,7 +741,8 @@ class HttpFront(asyncio.Protocol):
 
     async def _serve(self, method: str, path: str, headers: dict[str, str]) -> None:
         try:
-            status, content_type, body = await self.handler(method, path, headers)
+            local = self.transport is not None and peer_of(self.transport)[1]
+            status, content_type, body = await self.handler(method, path, headers, local)
         except Exception:
             log.exception("HTTP %s %s failed", method, path)
             status, content_type, body = 500, "text/plain", b"internal error\n"
@@ -762,8 +764,8 @@ class HttpFront(asyncio.Protocol):
             self.ticket.release()
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 426: "Upgrade Required",
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 405: "Method Not Allowed", 426: "Upgrade Required",
             431: "Request Header Fields Too Large", 500: "Internal Server Error"}
 
 

@@ -284,6 +284,11 @@ MISTAKES = [
     ("network-listener-without-users",
      _replace('listen = "127.0.0.1:8080"', 'listen = "0.0.0.0:8080"'), "router.listen",
      [r"reachable from the network", r"users"]),
+    ("network-listener-with-anonymous-publish-everywhere",
+     _replace('listen = "127.0.0.1:8080"', 'listen = "0.0.0.0:8080"')
+     + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n  secret = "x"\n',
+     "realms[0].anonymous_role", [r"reachable from the network", r"publish on every URI",
+                                  r"'anonymous'"]),
     ("two-secrets",
      BASE + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n  secret = "x"\n'
             '  secret_env = "CAIRN_TEST_UNSET"\n',
@@ -349,6 +354,9 @@ MISTAKES = [
     ("allowed-origin-without-scheme",
      _replace('[router]\n', '[router]\nallowed_origins = ["grafana.lan:3000"]\n'),
      "router.allowed_origins[0]", [r"origin like"]),
+    ("status-token-file-missing",
+     _replace('[router]\n', '[router]\nstatus_token_file = "/nonexistent/status.token"\n'),
+     "router.status_token_file", [r"cannot read", r"/nonexistent/status.token"]),
     ("allowed-hosts-not-strings", _replace('[router]\n', '[router]\nallowed_hosts = [1]\n'),
      "router.allowed_hosts[0]", [r"non-empty string"]),
 ]
@@ -429,3 +437,10 @@ def test_bad_durations(text):
 def test_a_negative_duration_is_refused_as_negative():
     with pytest.raises(cfg.ConfigError, match=r"^f: k: must not be negative, not '-1d'"):
         cfg.parse_duration("-1d", "f", "k")
+
+
+def test_an_empty_status_token_file_is_refused(tmp_path):
+    (tmp_path / "status.token").write_text("\n")
+    text = BASE.replace("[router]\n", f'[router]\nstatus_token_file = "{tmp_path}/status.token"\n')
+    with pytest.raises(cfg.ConfigError, match=r"router.status_token_file: .* holds no token"):
+        cfg.load(write(tmp_path, text))

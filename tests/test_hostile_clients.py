@@ -35,7 +35,12 @@ anonymous_role = "anonymous"
   [[realms.roles]]
   name = "anonymous"
   permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
+    { uri = "sensor", match = "prefix", allow = ["publish", "subscribe"] },
+    { uri = "state", match = "prefix", allow = ["publish", "subscribe"] },
+    { uri = "flood", match = "prefix", allow = ["subscribe"] },
+    { uri = "x", match = "prefix", allow = ["subscribe", "register", "call"] },
+    { uri = "p", match = "prefix", allow = ["register"] },
+    { uri = "wamp", match = "prefix", allow = ["call"] },
   ]
 
   [[realms.users]]
@@ -108,8 +113,9 @@ def log_lines(router: RouterProcess, word: str) -> int:
 def lan_router(tmp_path: Path):
     routers = []
 
-    def start(limits: str = "", nofile: int | None = None) -> RouterProcess:
-        router = RouterProcess(tmp_path, REALM, router_toml=f"[router.limits]\n{limits}",
+    def start(limits: str = "", nofile: int | None = None,
+              settings: str = "") -> RouterProcess:  # settings: [router] keys
+        router = RouterProcess(tmp_path, REALM, router_toml=f"{settings}[router.limits]\n{limits}",
                                host="0.0.0.0", unix=True, nofile=nofile).start()
         routers.append(router)
         return router
@@ -127,7 +133,7 @@ SLOW = 'handshake_timeout = "1s"\n'
 @pytest.mark.parametrize("port, first", [
     ("http", b"GET / HTTP/1.1\r\nHost: x"),                       # a partial HTTP head
     ("rawsocket", b"\x7f"),                                        # a partial handshake
-    ("http", b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    ("http", b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
              b"Sec-WebSocket-Protocol: wamp.2.json\r\n\r\n"),     # a WebSocket, no HELLO
     ("rawsocket", b"\x7f\xf1\x00\x00"),                            # a RawSocket, no HELLO
@@ -535,3 +541,41 @@ async def test_an_unknown_serializer_gets_the_handshake_error_and_no_traceback(t
     assert closed
     assert "Traceback" not in router.log.read_text()
     assert "Serializer unsupported" in router.log.read_text()
+
+
+# -- /status and /metrics from the LAN ------------------------------------------------------
+
+
+async def lan_get(address: str, port: int, path: str, token: str | None = None) -> str:
+    reader, writer = await open_from(address, port, (
+        f"GET {path} HTTP/1.1\r\nHost: {address}:{port}\r\n"
+        + (f"Authorization: Bearer {token}\r\n" if token else "") + "\r\n").encode())
+    try:
+        return (await asyncio.wait_for(reader.readline(), 5)).decode().strip()
+    finally:
+        writer.close()
+
+
+async def test_status_and_metrics_answer_other_hosts_only_with_the_token(lan_router, tmp_path):
+    """They told anyone on the LAN the sessions, the sync sink and the store's figures."""
+    token_file = tmp_path / "status.token"
+    token_file.write_text("a-long-random-token-for-prometheus\n")
+    router = lan_router(settings=f'status_token_file = "{token_file}"\n')
+    address = lan_address()
+    answers = {(path, token): await lan_get(address, router.port, path, token)
+               for path in ("/status", "/metrics")
+               for token in (None, "wrong-token-of-some-length", token_file.read_text().strip())}
+    dashboard = await lan_get(address, router.port, "/")
+    local = metrics(router)  # from the device itself: no token
+    for (path, token), line in answers.items():
+        expected = {None: "401", "wrong-token-of-some-length": "401"}.get(token, "200")
+        assert line.startswith(f"HTTP/1.1 {expected}"), (path, token, line)
+    assert dashboard.startswith("HTTP/1.1 200")
+    assert "cairn_store_bytes" in local
+
+
+async def test_without_a_token_status_and_metrics_answer_the_device_only(lan_router):
+    router = lan_router()
+    from_lan = await lan_get(lan_address(), router.port, "/metrics")
+    assert from_lan.startswith("HTTP/1.1 403")
+    assert "cairn_store_bytes" in metrics(router)
