@@ -141,7 +141,7 @@ anonymous_role = "guest"
 
   [[realms.roles]]
   name = "guest"
-  permissions = [ {{ uri = "", match = "prefix", allow = ["publish", "subscribe"] }} ]
+  permissions = [ {{ uri = "", match = "prefix", allow = ["subscribe"] }} ]
 
   [[realms.users]]
   authid = "pat"

@@ -193,7 +193,9 @@ def test_a_whole_frame_reaches_the_session_without_autobahns_parser():
 
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=20)
+    st.none() | st.booleans() | st.integers(-2**53, 2**53)
+    # text that starts with NUL is binary to WAMP's JSON: no serializer sends it as text
+    | st.text(max_size=20).filter(lambda text: not text.startswith("\x00"))
     | st.binary(max_size=40),
     lambda children: st.lists(children, max_size=5)
     | st.dictionaries(st.text(max_size=8), children, max_size=5),
