@@ -129,7 +129,7 @@ class Limits:
     max_retained: int = 10_000              # retained slots (topic x audience) in all
     max_retained_per_topic: int = 16        # audiences with a retained slot, per topic
     max_retained_bytes: int = 64 * 2**20    # their payloads (in memory and in the store)
-    max_store_queue_bytes: int = 16 * 2**20  # publications waiting for their commit: past
+    max_store_queue_bytes: int = 4 * 2**20   # publications waiting for their commit: past
                                             # it, publishers that add to it are paused
     get_events_timeout: float = 5.0         # s one get_events query may run
 

@@ -99,6 +99,7 @@ class Node:
         self.dashboard = StaticFiles(DASHBOARD_DIR)
         self.admission = Admission(config.router.limits, self.limit_hits)
         self.paused: set = set()  # connections not read while the store catches up
+        self.store_shares: dict[Any, int] = {}  # bytes each connection queued since it drained
 
     # -- the outbox pump -----------------------------------------------------------------
 
@@ -123,6 +124,15 @@ class Node:
         self.router.abort(session, "wamp.error.protocol_violation", reason, out)
         self.flush(out)
 
+    def added_to_store(self, connection: Any, size: int) -> None:
+        """A connection's messages queued ``size`` bytes for the store. While the queue is
+        over its bound, the connections that put more than an eighth of it there since it
+        last drained are paused (TCP backpressure); a sensor's few readings never are."""
+        share = self.store_shares.get(connection, 0) + size
+        self.store_shares[connection] = share
+        if self.store.congested and share > self.store.max_queue_bytes // 8:
+            self.pause(connection)
+
     def pause(self, connection: Any) -> None:
         """Stop reading a publisher while the store's queue is over its bound."""
         if connection not in self.paused:
@@ -133,6 +143,7 @@ class Node:
                                 f"{self.store.queued_bytes} bytes wait for a commit")
 
     def resume_paused(self) -> None:
+        self.store_shares.clear()
         paused, self.paused = self.paused, set()
         for connection in paused:
             connection.resume_reading()

@@ -471,7 +471,7 @@ class Store:
     flush_interval = 0.05  # the bound on what a power cut may take without acknowledge
     write_back_interval = 300.0  # seconds between write-backs of _State...
     write_back_rows = 20_000  # ...or rows: what start-up reads again after a power cut
-    max_queue_bytes = 16 * 2**20  # router.limits.max_store_queue_bytes: past it, congested
+    max_queue_bytes = 4 * 2**20  # router.limits.max_store_queue_bytes: past it, congested
     refuse_factor = 4  # past this many times it, publications are refused (not queued)
 
     def __init__(self, path: Path, writer: _WriterThread, reader: aiosqlite.Connection,
@@ -496,7 +496,6 @@ class Store:
         self.commit_latencies: list[float] = []  # seconds, recent commits (for metrics)
         self.failed_writes = 0
         self.queued_bytes = 0  # payloads queued or being committed
-        self.appended = 0  # publications appended so far (the shell sees who adds)
         self.on_drained: Callable[[], None] | None = None  # called when no more congested
         # (history rules, router.max_store_bytes): checked after each commit, so a storm is
         # pruned as it comes, not a minute later
@@ -569,7 +568,6 @@ class Store:
             return self._refuse(pub, _QUEUE_FULL, f"the store's queue is full "
                                                   f"({self.queued_bytes} bytes wait for a commit)")
         self.queued_bytes += size
-        self.appended += 1
         self._pending.publications.append(pub)
         self._commit_within(self.flush_interval if within is None else within)
         return self._waiter()
@@ -797,7 +795,9 @@ class Store:
         if _used_bytes(db) <= max_bytes:
             return
         synced = _fetch(db, "SELECT value FROM meta WHERE key = 'synced_seq'")
-        for g in self._prune(rules, max_bytes, 0, False, int(synced[0][0]) if synced else 0):
+        gaps, _ = self._prune(rules, max_bytes, 0, False, int(synced[0][0]) if synced else 0)
+        self._shrink_step()
+        for g in gaps:  # (what is left over goes with the next commit's check)
             log.warning("dropped %d events (seq %s..%s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.reason)
 
@@ -912,17 +912,30 @@ class Store:
         written.
         """
         synced = await self.synced_seq()
-        async with self._transaction:
-            gaps = await self._writer.run(self._prune, rules, max_bytes, now_ms,
-                                          clock_synced, synced)
+        gaps: list[Gap] = []
+        while True:  # a transaction per PRUNE_BUDGET rows: commits get the writer in between
+            async with self._transaction:
+                chunk, more = await self._writer.run(self._prune, rules, max_bytes, now_ms,
+                                                     clock_synced, synced)
+            gaps += chunk
+            if not more:
+                break
+        shrinking = True
+        while shrinking:  # a transaction per step, as above
+            async with self._transaction:
+                shrinking = await self._writer.run(self._shrink_step)
         for g in gaps:
             log.warning("dropped %d events (seq %s..%s, %s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.realm or "all realms", g.reason)
         return gaps
 
+    prune_budget = 2000  # rows one prune transaction drops (a storm's prune: many of them)
+
     def _prune(self, rules: list[PruneRule], max_bytes: int, now_ms: int, clock_synced: bool,
-               synced: int) -> list[Gap]:
+               synced: int) -> tuple[list[Gap], bool]:
+        """One transaction of a prune: its gaps, and whether more is left to drop."""
         db = self._writer.db
+        budget = self.prune_budget
         state = self._state
         # max_events is kept to within 0.1 %: a prune costs a transaction of its own (the
         # freed pages' bookkeeping and the state written back), so a full history is pruned
@@ -937,31 +950,38 @@ class Store:
                 state.counts[(rule.realm, rule.index)] > 0 and
                 _has_old(db, realms[rule.realm], rule, now_ms - rule.max_age_ms)}
         if not aged and all(n <= 0 for n in over.values()) and _used_bytes(db) <= max_bytes:
-            return []
+            return [], False
         gaps: list[Gap] = []
         dropped: Counter[tuple[str, int]] = Counter()
+        more = False
         with _transaction(db):
             db.execute(_RAISE_META, ("highest_seq", _highest_seq(db)))  # before deleting any
             for rule in rules:
                 where, params = f"s.rule = ? AND s.{_IN_TOPICS}", [rule.index, realms[rule.realm]]
                 if over[rule] > 0:
-                    gaps += _drop(db, where, params, over[rule], synced, rule, "max_events",
-                                  dropped)
+                    gaps += _drop(db, where, params, min(over[rule], budget), synced, rule,
+                                  "max_events", dropped)
+                    more = more or over[rule] > budget
                 if rule in aged:
                     young = aged[rule]
                     age_where = (f"{where} AND s.clock_synced = 1 AND s.wall_ms < ?"
                                  + (" AND s.seq < ?" if young is not None else ""))
                     age_params = [*params, now_ms - rule.max_age_ms,
                                   *([young] if young is not None else [])]
-                    gaps += _drop(db, age_where, age_params, None, synced, rule, "max_age",
-                                  dropped)
+                    aged_gaps = _drop(db, age_where, age_params, budget, synced, rule,
+                                      "max_age", dropped)
+                    more = more or sum(g.count for g in aged_gaps) == budget
+                    gaps += aged_gaps
             while (used := _used_bytes(db)) > max_bytes:
-                rows = max(sum(state.counts.values()) - sum(dropped.values()), 1)
-                more = _drop(db, "1", [], _rows_over(used, max_bytes, rows), synced, None,
-                             "max_store_bytes", dropped)
-                if not more:
+                if sum(dropped.values()) >= budget:
+                    more = True
                     break
-                gaps += more
+                rows = max(sum(state.counts.values()) - sum(dropped.values()), 1)
+                extra = _drop(db, "1", [], _rows_over(used, max_bytes, rows), synced, None,
+                              "max_store_bytes", dropped)
+                if not extra:
+                    break
+                gaps += extra
             _insert_gaps(db, gaps)
             counts = state.counts - dropped
             rows = self._slot_rows(state.retained)  # the rows dropped may be their only copy
@@ -970,11 +990,18 @@ class Store:
             _put_meta(db, "state", _State.encode(state.top, counts))
         state.counts, state.retained, state.seq, state.rows = counts, {}, state.top, 0
         state.written = time.monotonic()
+        return gaps, more
+
+    def _shrink_step(self) -> bool:
+        """After a big drop (a storm, a lowered bound), give a few MiB of freed pages back
+        to the file system; True while more are left. Small drops are reused by new rows.
+        (executescript steps the pragma to the end: one execute() step frees a single page.)"""
+        db = self._writer.db
         (free, pages), = _fetch(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
-        if free > max(pages // 4, 256):  # a big drop (a storm, a lowered bound): shrink the file
-            # (executescript steps it to the end: one execute() step frees a single page)
-            db.executescript("PRAGMA incremental_vacuum")  # small ones are reused by new rows
-        return gaps
+        if free <= max(pages // 4, 256):
+            return False
+        db.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
+        return free - _VACUUM_PAGES > max((pages - _VACUUM_PAGES) // 4, 256)
 
     async def gaps(self) -> list[tuple[Any, ...]]:
         return await self.query(
@@ -1199,6 +1226,7 @@ def _first_young(db: sqlite3.Connection, topics: str, rule: PruneRule,
 
 
 _DROP_CHUNK = 10_000
+_VACUUM_PAGES = 4096  # freed pages given back to the file system per prune transaction
 
 
 def _drop(db: sqlite3.Connection, where: str, params: list[Any], count: int | None,

@@ -373,11 +373,11 @@ class Connection:
             self.violation(str(e))
             return
         store = self.node.store
-        appended = store.appended if store is not None else 0
+        queued = store.queued_bytes if store is not None else 0
         for msg, extra in messages:
             self.node.receive(self.session, msg, extra)
-        if store is not None and store.appended != appended and store.congested:
-            self.node.pause(self)  # it adds to a store that cannot keep up: TCP backpressure
+        if store is not None and store.queued_bytes > queued:  # (commits end in callbacks)
+            self.node.added_to_store(self, store.queued_bytes - queued)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None
