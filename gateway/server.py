@@ -309,7 +309,7 @@ class Node:
             await self.stop()
             raise
 
-    store_retry_interval = 30.0  # s between attempts to open a store that could not be
+    store_retry_interval = 30.0  # s between attempts to open a store that failed to open
 
     async def _open_store(self) -> None:
         for realm in self.router.realms.values():
@@ -338,8 +338,12 @@ class Node:
         store.max_queue_bytes = self.config.router.limits.max_store_queue_bytes
         store.on_drained = self.resume_paused
         store.bounds = self.prune_rules(), self.config.router.max_store_bytes
-        subscriptions = await store.load_subscriptions()
-        retained = await store.load_retained()
+        try:
+            subscriptions = await store.load_subscriptions()
+            retained = await store.load_retained()
+        except BaseException:
+            await store.close()  # the next attempt opens it again
+            raise
         for realm in self.router.realms.values():
             realm.store, realm.store_unavailable = store, None
             realm.restore(subscriptions, retained)
