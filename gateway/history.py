@@ -20,7 +20,7 @@ from gateway.config import HistoryRule
 from gateway.core import Session, WampError, brief, limit_reached
 from gateway.dealer import MetaResult
 from gateway.patterns import matches
-from gateway.store import QueryTimeout
+from gateway.store import QueryAbandoned, QueryTimeout
 
 if TYPE_CHECKING:
     from gateway.broker import Subscription
@@ -161,11 +161,13 @@ async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscript
     try:
         rows = await store.history(topics, conditions, (caller.authid, caller.authrole),
                                    query.reverse, 2**63 - 1 if query.reverse else 0, page + 1,
-                                   timeout)
+                                   timeout, lambda: caller.closed)
     except QueryTimeout:
         raise limit_reached(realm.hits, "get_events_timeout",
                             f"get_events on {sub.uri!r} ran past {timeout:g} s: narrow it with "
                             f"topic, time or publication bounds") from None
+    except QueryAbandoned:  # the caller left: stop reading for it, nobody gets the answer
+        raise WampError("wamp.error.canceled", "get_events: the caller left") from None
     events = [_event(sub.id, row) for row in rows[:page]]
     return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
 

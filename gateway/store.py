@@ -252,6 +252,14 @@ class QueryTimeout(Exception):
     """A read ran past its deadline and was interrupted."""
 
 
+class QueryAbandoned(Exception):
+    """A read was interrupted because nobody waits for its answer any more."""
+
+
+def _never() -> bool:
+    return False
+
+
 class SchemaTooNew(Exception):
     """The database was written by a newer Cairn; refuse rather than corrupt it."""
 
@@ -503,6 +511,7 @@ class Store:
         self._transaction = asyncio.Lock()  # one transaction at a time on the writer
         self._reading = asyncio.Lock()  # one read at a time on the reader, with its deadline
         self._read_deadline = math.inf
+        self._read_abandoned: Callable[[], bool] = _never
         # the writer thread's
         self._details_json: dict[str, str] = {}  # topic -> '{"topic": topic}'
         # asyncio.get_running_loop() costs a getpid() system call: once per append is too much
@@ -527,7 +536,7 @@ class Store:
         await reader.execute("PRAGMA query_only = ON")
         await reader.create_function("eligible", 3, eligible, deterministic=True)
         store = cls(path, writer, reader, state, topics, PublicationIds(key), legacy)
-        await reader.set_progress_handler(store._past_deadline, 10_000)  # ~1 ms of work
+        await reader.set_progress_handler(store._interrupt_read, 10_000)  # ~1 ms of work
         store._task = store._loop.create_task(store._write_loop())
         return store
 
@@ -1034,25 +1043,31 @@ class Store:
 
     query_timeout = 60.0  # s: any read on the reader connection is interrupted past it
 
-    async def query(self, sql: str, params: Iterable[Any],
-                    timeout: float | None = None) -> list[tuple[Any, ...]]:
+    async def query(self, sql: str, params: Iterable[Any], timeout: float | None = None,
+                    abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
         """Rows of a read; past ``timeout`` seconds (default :attr:`query_timeout`) SQLite
-        interrupts it (QueryTimeout). One read at a time, so the deadline is its own."""
+        interrupts it (QueryTimeout), and as soon as ``abandoned()`` is true (QueryAbandoned:
+        nobody waits for the answer any more). One read at a time, so both are its own."""
         async with self._reading:
             self._read_deadline = time.monotonic() + (timeout or self.query_timeout)
+            self._read_abandoned = abandoned or _never
             try:
                 async with self._reader.execute(sql, tuple(params)) as cur:
                     return [tuple(row) for row in await cur.fetchall()]
             except sqlite3.OperationalError as e:
-                if time.monotonic() >= self._read_deadline and "interrupt" in str(e):
+                if "interrupt" not in str(e):
+                    raise
+                if self._read_abandoned():
+                    raise QueryAbandoned("the reader left") from None
+                if time.monotonic() >= self._read_deadline:
                     raise QueryTimeout(
                         f"the read ran past {timeout or self.query_timeout:g} s") from None
                 raise
             finally:
-                self._read_deadline = math.inf
+                self._read_deadline, self._read_abandoned = math.inf, _never
 
-    def _past_deadline(self) -> bool:  # SQLite's progress handler, on the reader's thread
-        return time.monotonic() >= self._read_deadline
+    def _interrupt_read(self) -> bool:  # SQLite's progress handler, on the reader's thread
+        return time.monotonic() >= self._read_deadline or self._read_abandoned()
 
     async def seq_of_publication(self, realm: str, publication: int) -> int | None:
         seq = self.publication_ids.seq_of(publication)
@@ -1085,7 +1100,8 @@ class Store:
 
     async def history(self, topics: list[int], conditions: list[tuple[str, str, int]],
                       caller: tuple[str | None, str | None], reverse: bool, beyond: int,
-                      limit: int, timeout: float | None = None) -> list[tuple[Any, ...]]:
+                      limit: int, timeout: float | None = None,
+                      abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
         """Up to ``limit`` history rows of ``topics`` (ids) after seq ``beyond`` in receive
         order (before it, newest first, when ``reverse``) that meet every ``(column, op,
         value)`` of ``conditions`` (column seq or wall_ms) and the ``caller`` (authid,
@@ -1104,7 +1120,7 @@ class Store:
             f"SELECT s.seq, p.publication, p.topic, s.wall_ms, p.details, p.payload"
             f" FROM history_scan AS s CROSS JOIN publications AS p ON p.seq = s.seq"
             f" WHERE {' AND '.join(where)} ORDER BY s.seq {'DESC' if reverse else 'ASC'}"
-            f" LIMIT ?", [*params, *caller, limit], timeout)
+            f" LIMIT ?", [*params, *caller, limit], timeout, abandoned)
 
     async def size_bytes(self) -> int:
         rows = await self.query("SELECT page_count * page_size FROM pragma_page_count(), "

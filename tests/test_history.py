@@ -581,6 +581,47 @@ async def test_a_get_events_query_past_its_deadline_is_stopped_with_limit_reache
     assert len(await get_events(user, sub, after_time="2000-01-01T00:00:00Z")) == 1
 
 
+def copy_row(db_path: Any, seq: int, copies: int) -> None:
+    """``copies`` more history rows like row ``seq``, written by a second connection as a
+    long-running store would hold them (for queries that have a lot to scan)."""
+    db = sqlite3.connect(db_path, timeout=30)
+    with db:
+        for table in ("publications", "history_scan"):
+            columns = [c[1] for c in db.execute(f"PRAGMA table_info({table})")]
+            picked = ", ".join("seq + n" if c == "seq" else c for c in columns)
+            db.execute(f"WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k"
+                       f" WHERE n < ?) INSERT INTO {table} ({', '.join(columns)})"
+                       f" SELECT {picked} FROM {table}, k WHERE seq = ?", (copies, seq))
+    db.close()
+
+
+async def test_a_get_events_query_stops_when_its_caller_leaves(cairn):
+    """The attack: a get_events call that scans a large store kept the reader busy after
+    its caller left, holding up every other caller's history until its deadline."""
+    realm = cairn.node.router.realms["realm1"]
+    realm.limits = dataclasses.replace(realm.limits, get_events_timeout=120.0)
+    publisher, alice = await cairn.connect(), await cairn.connect(authid="alice")
+    await acked(publisher, "hist.other", "small")
+    await acked(publisher, "hist.public", "not for alice", exclude_authid=["alice"])
+    store = cairn.node.store
+    seq = (await store.query("SELECT max(seq) FROM publications", ()))[0][0]
+    await asyncio.to_thread(copy_row, store.path, seq, 1_000_000)
+    sub = await lookup(alice, "hist", "prefix")
+    started = asyncio.get_running_loop().time()
+    assert await get_events(alice, sub, topic="hist.public", limit=1) == []
+    scan = asyncio.get_running_loop().time() - started
+    assert scan > 0.5, f"a full scan took {scan:.2f} s: too little to tell"
+
+    leaver = await cairn.connect(authid="alice")
+    leaver.call("wamp.subscription.get_events", sub, topic="hist.public", limit=1)
+    await asyncio.sleep(scan / 4)  # well into its scan
+    await leaver.leave()
+    started = asyncio.get_running_loop().time()
+    assert len(await get_events(publisher, sub, topic="hist.other")) == 1
+    waited = asyncio.get_running_loop().time() - started
+    assert waited < scan / 2, f"waited {waited:.2f} s behind a {scan:.2f} s scan"
+
+
 # -- security: what each caller may see ----------------------------------------------------
 
 
