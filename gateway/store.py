@@ -795,17 +795,22 @@ class Store:
         else:
             state.retained.update(slots)
             state.rows += len(batch.publications)
-        self._keep_within_bytes(db)
+        self._keep_within_bounds(db)
 
-    def _keep_within_bytes(self, db: sqlite3.Connection) -> None:
+    def _keep_within_bounds(self, db: sqlite3.Connection) -> None:
+        """After a commit: one prune transaction when the store is over ``max_store_bytes``
+        or a rule is over ``max_events`` by a whole prune budget. A storm on a history topic
+        is then dropped as it comes and its pages are reused, instead of growing the file
+        (to a GiB in a minute on this machine) until the next maintenance pass."""
         if self.bounds is None:
             return
         rules, max_bytes = self.bounds
-        if _used_bytes(db) <= max_bytes:
+        counts = self._state.counts
+        if _used_bytes(db) <= max_bytes and all(
+                counts[(r.realm, r.index)] - r.max_events < self.prune_budget for r in rules):
             return
         synced = _fetch(db, "SELECT value FROM meta WHERE key = 'synced_seq'")
         gaps, _ = self._prune(rules, max_bytes, 0, False, int(synced[0][0]) if synced else 0)
-        self._shrink_step()
         for g in gaps:  # (what is left over goes with the next commit's check)
             log.warning("dropped %d events (seq %s..%s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.reason)
@@ -932,7 +937,9 @@ class Store:
         shrinking = True
         while shrinking:  # a transaction per step, as above
             async with self._transaction:
-                shrinking = await self._writer.run(self._shrink_step)
+                started = time.perf_counter()
+                shrinking = await self._writer.run(self._shrink_step, self._vacuum_pages)
+                self._pace_vacuum(time.perf_counter() - started)
         for g in gaps:
             log.warning("dropped %d events (seq %s..%s, %s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.realm or "all realms", g.reason)
@@ -1001,16 +1008,26 @@ class Store:
         state.written = time.monotonic()
         return gaps, more
 
-    def _shrink_step(self) -> bool:
-        """After a big drop (a storm, a lowered bound), give a few MiB of freed pages back
-        to the file system; True while more are left. Small drops are reused by new rows.
+    _vacuum_pages = 64  # pages one shrink step gives back; paced to VACUUM_STEP_SECONDS
+
+    def _shrink_step(self, pages: int) -> bool:
+        """After a big drop (a storm, a lowered bound), give ``pages`` freed pages back to
+        the file system; True while more are left. Small drops are reused by new rows.
         (executescript steps the pragma to the end: one execute() step frees a single page.)"""
         db = self._writer.db
-        (free, pages), = _fetch(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
-        if free <= max(pages // 4, 256):
+        (free, total), = _fetch(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
+        if free <= max(total // 4, 256):
             return False
-        db.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES})")
-        return free - _VACUUM_PAGES > max((pages - _VACUUM_PAGES) // 4, 256)
+        db.executescript(f"PRAGMA incremental_vacuum({pages})")
+        return free - pages > max((total - pages) // 4, 256)
+
+    def _pace_vacuum(self, took: float) -> None:
+        """A page costs from 0.1 ms to 3.5 ms to give back (more, the longer the free list):
+        steps are sized to take about VACUUM_STEP_SECONDS, so a commit waits no longer."""
+        if took < VACUUM_STEP_SECONDS / 2:
+            self._vacuum_pages = min(self._vacuum_pages * 2, 4096)
+        elif took > VACUUM_STEP_SECONDS * 2:
+            self._vacuum_pages = max(self._vacuum_pages // 2, 8)
 
     async def gaps(self) -> list[tuple[Any, ...]]:
         return await self.query(
@@ -1242,7 +1259,7 @@ def _first_young(db: sqlite3.Connection, topics: str, rule: PruneRule,
 
 
 _DROP_CHUNK = 10_000
-_VACUUM_PAGES = 4096  # freed pages given back to the file system per prune transaction
+VACUUM_STEP_SECONDS = 0.05  # how long one shrink step may hold the writer
 
 
 def _drop(db: sqlite3.Connection, where: str, params: list[Any], count: int | None,
