@@ -8,13 +8,18 @@ would allow it. No matching rule means deny.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import json
 import secrets
+import string
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import islice
 from typing import Any
 
 from autobahn.wamp import message as m
@@ -84,6 +89,7 @@ class _Pending:
 
     method: str
     user: User | None  # None: a decoy for an unknown authid, which no answer passes
+    authid: str  # whom the login is for: failures are counted against it
     expected: bytes = b""  # ticket: the secret; wampcra: the signature
     challenge: bytes = b""  # cryptosign: the 32 random bytes
     pubkey: str = ""
@@ -106,6 +112,7 @@ class Authenticator:
     def hello(self, session: Session, hello: Hello) -> m.Challenge | None:
         """Identify the session (return None) or return the CHALLENGE to send.
         Raises WampError to abort."""
+        check_authid(hello.authid)
         offered = hello.authmethods or ["anonymous"]
         for method in offered:
             if method == "anonymous" and self.config.anonymous_role:
@@ -137,20 +144,18 @@ class Authenticator:
             if user is None or pubkey not in user.pubkeys:
                 return None
             challenge = secrets.token_bytes(32)
-            session.pending_auth = _Pending(method, user, challenge=challenge, pubkey=pubkey)
+            session.pending_auth = _Pending(method, user, user.authid, challenge=challenge,
+                                            pubkey=pubkey)
             return m.Challenge("cryptosign", {"challenge": challenge.hex(),
                                               "channel_binding": None})
         if user is None or user.secret is None:
             return None
         if method == "ticket":
-            session.pending_auth = _Pending(method, user, expected=user.secret.encode())
+            session.pending_auth = _Pending(method, user, user.authid,
+                                            expected=user.secret.encode())
             return m.Challenge("ticket", {})
-        challenge = json.dumps({
-            "authid": user.authid, "authrole": user.role, "authmethod": "wampcra",
-            "authprovider": "static", "session": session.id, "nonce": secrets.token_hex(16),
-            "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        })
-        session.pending_auth = _Pending(method, user,
+        challenge = _cra_challenge(session, user.authid)
+        session.pending_auth = _Pending(method, user, user.authid,
                                         expected=compute_wcs(user.secret.encode(), challenge))
         extra: dict[str, Any] = {"challenge": challenge}
         if user.salt:
@@ -158,25 +163,29 @@ class Authenticator:
         return m.Challenge("wampcra", extra)
 
     def _decoy(self, session: Session, hello: Hello, method: str) -> m.Challenge:
-        session.pending_auth = _Pending(method, None)
+        authid = hello.authid or ""
+        session.pending_auth = _Pending(method, None, authid)
         if method == "ticket":
             return m.Challenge("ticket", {})
         if method == "cryptosign":
             return m.Challenge("cryptosign", {"challenge": secrets.token_hex(32),
                                               "channel_binding": None})
-        authid = hello.authid or ""
-        challenge = json.dumps({
-            "authid": authid, "authmethod": "wampcra",
-            "authrole": next((u.role for u in self.users.values()), "user"),
-            "authprovider": "static", "session": session.id, "nonce": secrets.token_hex(16),
-            "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        })
-        extra: dict[str, Any] = {"challenge": challenge}
-        salted = next((u for u in self.users.values() if u.salt), None)
-        if salted is not None:  # the same made-up salt for the same authid, every time
-            fake = hmac.new(self._decoy_key, authid.encode(), "sha256").hexdigest()[:16]
-            extra.update(salt=fake, iterations=salted.iterations, keylen=salted.keylen)
-        return m.Challenge("wampcra", extra)
+        return m.Challenge("wampcra", {"challenge": _cra_challenge(session, authid),
+                                       **self._decoy_salt(authid)})
+
+    def _decoy_salt(self, authid: str) -> dict[str, Any]:
+        """The salt fields of an unknown authid's wampcra challenge: those of a user the
+        authid's keyed hash picks, so unknown authids are salted as often as the realm's
+        users are, and one authid looks the same every time."""
+        digest = hmac.new(self._decoy_key, authid.encode(), "sha256").digest()
+        with_secret = [u for u in self.users.values() if u.secret is not None]
+        if not with_secret:
+            return {}
+        model = with_secret[int.from_bytes(digest[:4]) % len(with_secret)]
+        if not model.salt:
+            return {}
+        return {"salt": _salt_like(model.salt, digest[4:]), "iterations": model.iterations,
+                "keylen": model.keylen}
 
     def authenticate(self, session: Session, msg: m.Authenticate) -> None:
         """Check the answer to our CHALLENGE; fill in the identity or raise WampError."""
@@ -192,6 +201,39 @@ class Authenticator:
         session.authprovider = "static"
         if pending.method == "cryptosign":
             session.authextra = {"pubkey": pending.pubkey}
+
+
+MAX_AUTHID = 255  # characters: longer is no one's name, only a way to fill logs and memory
+
+
+def check_authid(authid: str | None) -> None:
+    """Refuse an authid that would forge log lines (control characters) or is too long."""
+    if authid is None:
+        return
+    if len(authid) > MAX_AUTHID:
+        raise WampError("wamp.error.invalid_argument",
+                        f"authid is {len(authid)} characters long; at most {MAX_AUTHID}")
+    if not authid.isprintable():
+        raise WampError("wamp.error.invalid_argument",
+                        "authid contains control or other non-printable characters")
+
+
+def _cra_challenge(session: Session, authid: str) -> str:
+    # No authrole: a decoy would have to make one up, and a real one tells a guesser both
+    # that the user exists and what it may do. Clients only compute an HMAC over this text.
+    return json.dumps({
+        "authid": authid, "authmethod": "wampcra", "authprovider": "static",
+        "session": session.id, "nonce": secrets.token_hex(16),
+        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
+    })
+
+
+def _salt_like(salt: str, seed: bytes) -> str:
+    """A made-up salt as long as ``salt`` and of its alphabet (hex or not)."""
+    material = hashlib.shake_256(seed).digest(len(salt))
+    if all(c in string.hexdigits for c in salt):
+        return material.hex()[:len(salt)]
+    return base64.urlsafe_b64encode(material).decode()[:len(salt)]
 
 
 def _answer_ok(pending: _Pending, signature: Any) -> bool:
@@ -218,34 +260,74 @@ def _cryptosign_ok(pending: _Pending, signature_hex: str) -> bool:
     return True
 
 
-class AuthThrottle:
-    """Slows down guessing: after ``allowed`` failed logins from one address within
-    ``window`` seconds, that address is refused until the window has passed. Other
-    addresses are not affected."""
+# Failed logins (refused answers and challenges left unanswered) are counted over a window,
+# as an SSH daemon's operator would with fail2ban, in three ways:
+THROTTLE_WINDOW = 60.0  # seconds
+# per address and authid: someone mistyping a password, or one guesser against one account
+FAILURES_PER_LOGIN = 5
+# per authid from all network addresses (and apart from all local ones): rotating addresses
+# buys a guesser a few more rounds, not one per address; and guessing from the LAN cannot
+# lock the device's own drivers out of their account
+FAILURES_PER_AUTHID = 4 * FAILURES_PER_LOGIN
+# per network address over all authids: one LAN host spraying a password over many users, or
+# probing which exist. Not for local peers: the Unix socket and loopback are every driver on
+# the device, which must not be locked out together.
+FAILURES_PER_ADDRESS = 4 * FAILURES_PER_LOGIN
+THROTTLE_KEYS = 10_000  # per count: a flood of made-up authids costs bounded memory
 
-    def __init__(self, allowed: int = 5, window: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.allowed, self.window, self.clock = allowed, window, clock
-        self._failures: dict[str, list[float]] = {}
 
-    def _recent(self, peer: str) -> list[float]:
-        cutoff = self.clock() - self.window
-        recent = [t for t in self._failures.get(peer, ()) if t > cutoff]
-        if recent:
-            self._failures[peer] = recent
-        else:
-            self._failures.pop(peer, None)
-        return recent
+@dataclass(frozen=True)
+class Peer:
+    """Where a login comes from: the address without the port; ``local`` for the Unix socket
+    and loopback, which only the device itself reaches."""
 
-    def refused_for(self, peer: str) -> float:
-        """Seconds this address must still wait, or 0."""
-        recent = self._recent(peer)
-        if len(recent) < self.allowed:
+    address: str
+    local: bool
+
+
+class _Failures:
+    """Times of the latest failures per key: no more than ``allowed`` of them (no more are
+    needed to tell the wait), for at most THROTTLE_KEYS keys (the least recent go first)."""
+
+    def __init__(self, allowed: int, clock: Callable[[], float]) -> None:
+        self.allowed, self.clock = allowed, clock
+        self._times: dict[Hashable, deque[float]] = {}
+
+    def wait(self, key: Hashable) -> float:
+        times = self._times.get(key)
+        if times is None or len(times) < self.allowed:
             return 0.0
-        return max(0.0, recent[-self.allowed] + self.window - self.clock())
+        return max(0.0, times[0] + THROTTLE_WINDOW - self.clock())
 
-    def failed(self, peer: str) -> None:
-        self._failures.setdefault(peer, []).append(self.clock())
-        if len(self._failures) > 10_000:  # forget the oldest addresses under a flood
-            for stale in list(self._failures)[:1000]:
-                del self._failures[stale]
+    def add(self, key: Hashable) -> None:
+        times = self._times.pop(key, None) or deque(maxlen=self.allowed)
+        times.append(self.clock())
+        self._times[key] = times  # (re)inserted last: the dict is in order of last failure
+        if len(self._times) > THROTTLE_KEYS:
+            for stale in list(islice(self._times, THROTTLE_KEYS // 10)):
+                del self._times[stale]
+
+
+class AuthThrottle:
+    """Slows down guessing and probing: a login is refused while any count it falls under
+    (see FAILURES_PER_*) is full. Anonymous logins are never refused."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._per_login = _Failures(FAILURES_PER_LOGIN, clock)
+        self._per_authid = _Failures(FAILURES_PER_AUTHID, clock)
+        self._per_address = _Failures(FAILURES_PER_ADDRESS, clock)
+
+    def _counts(self, peer: Peer, authid: str) -> list[tuple[_Failures, Hashable]]:
+        counts = [(self._per_login, (peer.address, authid)),
+                  (self._per_authid, (authid, peer.local))]
+        if not peer.local:
+            counts.append((self._per_address, peer.address))
+        return counts
+
+    def refused_for(self, peer: Peer, authid: str) -> float:
+        """Seconds a login for ``authid`` from ``peer`` must still wait, or 0."""
+        return max(failures.wait(key) for failures, key in self._counts(peer, authid))
+
+    def failed(self, peer: Peer, authid: str) -> None:
+        for failures, key in self._counts(peer, authid):
+            failures.add(key)

@@ -438,17 +438,27 @@ def _secret(v: _Validator, t: dict[str, Any], at: str) -> str | None:
     if "secret_file" in t:
         path = v.get(t, at, "secret_file", str, None)
         try:
-            return Path(path).read_text(encoding="utf-8").strip()
+            secret = Path(path).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise ConfigError(v.source, f"{at}.secret_file",
                               f"cannot read {path}: {e.strerror}") from e
+        return _non_empty(v, secret, f"{at}.secret_file", path)
     if "secret_env" in t:
         name = v.get(t, at, "secret_env", str, None)
         if name not in os.environ:
             raise ConfigError(v.source, f"{at}.secret_env",
                               f"environment variable {name} is not set")
-        return os.environ[name]
-    return v.get(t, at, "secret", str, None)
+        return _non_empty(v, os.environ[name], f"{at}.secret_env", f"environment variable {name}")
+    secret = v.get(t, at, "secret", str, None)
+    return None if secret is None else _non_empty(v, secret, f"{at}.secret", "the secret")
+
+
+def _non_empty(v: _Validator, secret: str, key: str, origin: str) -> str:
+    # An empty secret is a login anyone can type (ticket), or compute (wampcra).
+    if not secret.strip():
+        raise ConfigError(v.source, key, f"{origin} is empty: a secret must not be empty or "
+                                          f"only whitespace")
+    return secret
 
 
 def _history(v: _Validator, t: dict[str, Any], at: str) -> HistoryRule:

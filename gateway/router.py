@@ -7,13 +7,14 @@ session with ``wamp.error.protocol_violation`` and leaves everyone else untouche
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import Any
 
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle
+from gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, Peer
 from gateway.broker import Broker
 from gateway.clock import StepDetector
 from gateway.config import Config, Limits, RealmConfig
@@ -108,14 +109,25 @@ class Realm:
                         out)
 
 
-def peer_address(peer: str | None) -> str:
-    """'tcp4:10.0.0.7:53211' -> 'tcp4:10.0.0.7': failed logins are counted per address."""
+def login_peer(peer: str | None) -> Peer:
+    """'tcp4:10.0.0.7:53211' -> 'tcp4:10.0.0.7', not local: failed logins are counted per
+    address, and the device's own peers (Unix socket, loopback) apart."""
     if not peer:
-        return "unknown"
+        return Peer("unknown", False)
     kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return Peer("unix", True)
     if kind.startswith("tcp") and ":" in rest:
-        return f"{kind}:{rest.rpartition(':')[0]}"
-    return peer
+        host = rest.rpartition(":")[0]
+        return Peer(f"{kind}:{host}", _is_loopback(host))
+    return Peer(peer, False)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 class Router:
@@ -212,12 +224,6 @@ class Router:
             self.abort(session, "wamp.error.no_such_realm",
                        f"no realm {msg.realm!r} on this router", out)
             return
-        address = peer_address(session.transport.get("peer"))
-        wait = self.throttle.refused_for(address)
-        if wait:
-            self.abort(session, AUTH_FAILED, f"too many failed logins from {address}; "
-                                             f"try again in {wait:.0f} s", out)
-            return
         session.id = global_id()
         while session.id in self.sessions:
             session.id = global_id()
@@ -226,33 +232,45 @@ class Router:
         try:
             challenge = realm.authenticator.hello(session, msg)
         except WampError as e:
-            self._refuse(session, e, out)
+            self.abort(session, e.uri, e.message or e.uri, out)
             return
-        if challenge is not None:
+        if challenge is None:  # anonymous: nothing to guess, never throttled
+            self._welcome(session, realm, out)
+        elif not self._throttled(session, out):
             out.send(session, challenge)
-            return
-        self._welcome(session, realm, out)
 
     def _authenticate(self, session: Session, msg: m.Authenticate, out: Outbox) -> None:
         realm = session.realm
         assert realm is not None
-        address = peer_address(session.transport.get("peer"))
-        wait = self.throttle.refused_for(address)
-        if wait:  # challenges opened before the limit get no more guesses after it
-            self.abort(session, AUTH_FAILED, f"too many failed logins from {address}; "
-                                             f"try again in {wait:.0f} s", out)
+        authid = session.pending_auth.authid
+        if self._throttled(session, out):  # challenges opened before the limit: no more guesses
             return
         try:
             realm.authenticator.authenticate(session, msg)
         except WampError as e:
-            self._refuse(session, e, out)
+            if e.uri == AUTH_FAILED:
+                self.throttle.failed(login_peer(session.transport.get("peer")), authid)
+            self.abort(session, e.uri, e.message or e.uri, out)
             return
         self._welcome(session, realm, out)
 
-    def _refuse(self, session: Session, e: WampError, out: Outbox) -> None:
-        if e.uri == AUTH_FAILED:
-            self.throttle.failed(peer_address(session.transport.get("peer")))
-        self.abort(session, e.uri, e.message or e.uri, out)
+    def _throttled(self, session: Session, out: Outbox) -> bool:
+        """Abort the login (its challenge not counted as unanswered) if too many failed."""
+        peer = login_peer(session.transport.get("peer"))
+        wait = self.throttle.refused_for(peer, session.pending_auth.authid)
+        if wait:
+            session.pending_auth = None
+            self.abort(session, AUTH_FAILED, f"too many failed logins from {peer.address}; "
+                                             f"try again in {wait:.0f} s", out)
+        return bool(wait)
+
+    def _unanswered(self, session: Session) -> None:
+        """A session closed while its challenge was open counts as a failed login: else
+        asking for challenges (which users exist? salted?) would go unthrottled."""
+        if session.pending_auth is not None:
+            self.throttle.failed(login_peer(session.transport.get("peer")),
+                                 session.pending_auth.authid)
+            session.pending_auth = None
 
     def _welcome(self, session: Session, realm: Realm, out: Outbox) -> None:
         session.established = True
@@ -299,6 +317,7 @@ class Router:
                                       args=e.args_list, kwargs=e.kwargs or None))
 
     def _detach(self, session: Session, out: Outbox) -> None:
+        self._unanswered(session)
         if session.id in self.sessions and self.sessions[session.id] is session:
             del self.sessions[session.id]
             if session.realm is not None:

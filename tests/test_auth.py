@@ -1,6 +1,7 @@
 """Authentication seen from real autobahn-python clients over real sockets: ticket, wampcra
 (plain and salted), cryptosign and anonymous; secrets from files and the environment; the
-per-address throttle of failed logins; TLS listeners; reload of users and roles on SIGHUP.
+throttle of failed logins (per address and user, per user, per LAN address); TLS listeners;
+reload of users and roles on SIGHUP.
 
 Each test proves one behaviour and is named after it. Handshakes autobahn would never do
 (replayed or malformed signatures, AUTHENTICATE out of turn) are done by hand over RawSocket
@@ -13,9 +14,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Callable
@@ -33,8 +36,10 @@ from autobahn.wamp.serializer import JsonSerializer
 from autobahn.wamp.types import PublishOptions
 
 from gateway import config as cfg
+from gateway.auth import AuthThrottle, Peer
 from tests.conftest import RunningRouter, start_router
-from tests.router_process import RouterProcess
+from tests.router_process import ROOT, RouterProcess
+from tests.test_hostile_clients import lan_address
 from tests.wamp_client import Client, RawSocketPeer, connect
 
 TIMEOUT = 5
@@ -157,9 +162,11 @@ def parse(text: str) -> cfg.Config:
 @pytest.fixture
 async def secure(tmp_path):
     """A router with realm "secure" (the four users of LOGINS, no anonymous role) and realm
-    "public" (anonymous role "guest")."""
-    node = await start_router(router_toml(tmp_path / "data", SECURE_REALM))
-    yield RunningRouter(node, str(tmp_path / "no-unix-listener.sock"))
+    "public" (anonymous role "guest"), on 127.0.0.1 and a Unix socket."""
+    unix_path = tmp_path / "wamp.sock"
+    node = await start_router(router_toml(tmp_path / "data", SECURE_REALM,
+                                          rawsocket=f'["127.0.0.1:0", "unix:{unix_path}"]'))
+    yield RunningRouter(node, str(unix_path))
     await node.stop()
 
 
@@ -292,8 +299,9 @@ async def test_login_of_an_unknown_user_is_refused_exactly_like_a_wrong_secret(s
 
 @pytest.mark.parametrize("method", ["ticket", "wampcra"])
 async def test_an_unknown_user_is_challenged_like_a_known_one(raw, method):
-    known, known_challenge = await raw.hello(authmethods=[method], authid=SALLY.authid)
     unknown, unknown_challenge = await raw.hello(authmethods=[method], authid="nobody")
+    like = SALLY if "salt" in unknown_challenge[2] else WALT  # salted or not, as users are
+    _, known_challenge = await raw.hello(authmethods=[method], authid=like.authid)
     assert unknown_challenge[:2] == known_challenge[:2] == [CHALLENGE, method]
     assert set(unknown_challenge[2]) == set(known_challenge[2])  # same keys: salt and all
     if method == "wampcra":
@@ -312,6 +320,29 @@ async def test_salted_wampcra_challenge_carries_the_users_salt_iterations_and_ke
 async def test_unsalted_wampcra_challenge_carries_no_salt(raw):
     _, challenge = await wampcra_challenge(raw, WALT)
     assert "salt" not in challenge[2]
+
+
+async def test_wampcra_challenges_carry_no_role_and_the_same_fields_for_known_and_unknown(raw):
+    signed = []
+    for authid in (WALT.authid, SALLY.authid, "nobody"):
+        _, challenge = await raw.hello(authmethods=["wampcra"], authid=authid)
+        signed.append(json.loads(challenge[2]["challenge"]))
+    assert {frozenset(fields) for fields in signed} == {frozenset(signed[0])}
+    assert "authrole" not in signed[0]
+    assert not {WALT.role, SALLY.role} & {str(value) for value in signed[0].values()}
+
+
+async def test_unknown_users_are_salted_or_not_as_users_are_and_the_same_every_time(raw):
+    """Realm "secure" mixes salted (sally) and unsalted (tina, walt) users: were every unknown
+    authid salted (or none), an unsalted (salted) challenge would prove a user exists."""
+    shapes = {}
+    for i in range(32):
+        authid = f"nobody-{i}"
+        _, first = await raw.hello(authmethods=["wampcra"], authid=authid)
+        _, again = await raw.hello(authmethods=["wampcra"], authid=authid)
+        assert first[2].get("salt") == again[2].get("salt"), authid
+        shapes[authid] = "salt" in first[2]
+    assert set(shapes.values()) == {True, False}
 
 
 # -- cryptosign ---------------------------------------------------------------------------
@@ -419,6 +450,24 @@ async def test_ticket_falls_back_to_anonymous_when_offered_and_the_user_is_unkno
         ("guest", "anonymous")
 
 
+@pytest.mark.parametrize("authid", ["meter-1\nINFO cairn.router: forged", "meter-1\r",
+                                    "\x1b[2Kmeter-1", "meter-1\u2028forged"])
+@pytest.mark.parametrize("method", ["anonymous", "ticket"])
+async def test_an_authid_with_control_characters_is_refused(secure, authid, method):
+    reason, message = await refusal(secure, realm="public", authmethods=[method], authid=authid,
+                                    secret="pat-secret")
+    assert reason == "wamp.error.invalid_argument"
+    assert "authid" in message and "control" in message
+
+
+async def test_an_authid_longer_than_255_characters_is_refused(secure, login):
+    reason, message = await refusal(secure, realm="public", authid="m" * 256)
+    assert (reason, "authid" in message, "255" in message) == \
+        ("wamp.error.invalid_argument", True, True)
+    session = await login(realm="public", authid="m" * 255)
+    assert session.welcome_details.authid == "m" * 255
+
+
 # -- protocol -----------------------------------------------------------------------------
 
 
@@ -508,15 +557,59 @@ def test_unset_secret_env_is_a_config_error_naming_the_key(tmp_path, monkeypatch
     assert "CAIRN_TEST_UNSET_SECRET" in error.value.problem
 
 
-# -- brute force: per-address throttle ----------------------------------------------------
+EMPTY_SECRETS = {  # how an empty secret gets into a config: the key named, the line
+    "file-empty": ("secret_file", 'secret_file = "{dir}/empty.secret"'),
+    "file-whitespace": ("secret_file", 'secret_file = "{dir}/blank.secret"'),
+    "env-empty": ("secret_env", 'secret_env = "CAIRN_TEST_EMPTY_SECRET"'),
+    "inline-empty": ("secret", 'secret = ""'),
+}
+
+
+def empty_secret_config(tmp_path: Path, form: str) -> tuple[str, str, dict[str, str]]:
+    """(the realm with tina's empty secret, the key to name, the environment to run in)"""
+    (tmp_path / "empty.secret").write_text("")
+    (tmp_path / "blank.secret").write_text(" \n\t\n")
+    key, line = EMPTY_SECRETS[form]
+    return (one_user_realm(line.format(dir=tmp_path)), f"realms[0].users[0].{key}",
+            {"CAIRN_TEST_EMPTY_SECRET": ""})
+
+
+@pytest.mark.parametrize("form", list(EMPTY_SECRETS))
+def test_router_refuses_to_start_with_an_empty_secret_naming_the_key(tmp_path, form):
+    realm, key, env = empty_secret_config(tmp_path, form)
+    router = RouterProcess(tmp_path, realm, env=env)
+    try:
+        with pytest.raises(RuntimeError, match="router exited with 2") as refused:
+            router.start()
+    finally:
+        router.stop()
+    assert f"{key}: " in str(refused.value) and "empty" in str(refused.value)
+
+
+@pytest.mark.parametrize("form", list(EMPTY_SECRETS))
+def test_check_config_refuses_an_empty_secret_naming_the_key(tmp_path, form):
+    realm, key, env = empty_secret_config(tmp_path, form)
+    config = tmp_path / "cairn.toml"
+    config.write_text(router_toml(tmp_path / "data", realm))
+    result = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(config)],
+                            capture_output=True, text=True, timeout=30,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+    assert result.returncode == 2, result.stdout
+    assert f"{config}: {key}: " in result.stderr and "empty" in result.stderr
+
+
+# -- brute force: the throttle of failed logins ----------------------------------------------------
 
 
 OTHER_ADDRESS = ("127.0.0.2", 0)  # loopback too on Linux: a second client address
 
 
-async def fail_logins(router: Any, count: int, login: Login = TINA, **kwargs: Any) -> None:
+async def fail_logins(router: Any, count: int, login: Login = TINA, realm: str = "secure",
+                      **kwargs: Any) -> None:
+    """``count`` logins with a wrong secret; ``kwargs``: where from (transport, local_addr),
+    or client arguments to override (authid)."""
     for _ in range(count):
-        reason, _ = await refusal(router, **login.wrong(), **kwargs)
+        reason, _ = await refusal(router, realm, **{**login.wrong(), **kwargs})
         assert reason == AUTH_FAILED
 
 
@@ -556,10 +649,10 @@ async def test_challenges_opened_before_the_limit_get_no_more_guesses_after_it(s
     assert abort_reason(reply) == AUTH_FAILED and "try again" in reply[1]["message"]
 
 
-async def test_failed_logins_of_unknown_users_count_towards_the_limit(secure):
+async def test_an_unknown_user_is_throttled_like_a_known_one(secure):
     for _ in range(5):
         await refusal(secure, **TINA.unknown())
-    _, message = await refusal(secure, **TINA.client_kwargs())
+    _, message = await refusal(secure, **TINA.unknown())
     assert "try again" in message
 
 
@@ -569,6 +662,72 @@ async def test_failed_logins_from_one_address_do_not_block_another_address(secur
     assert session.welcome_details.authid == TINA.authid
     _, message = await refusal(secure, **TINA.client_kwargs())  # the first one still is
     assert "try again" in message
+
+
+async def hello_and_hang_up(raw: Any, authid: str) -> None:
+    """Ask for a wampcra challenge and leave without answering it, as a prober would."""
+    peer, challenge = await raw.hello(authmethods=["wampcra"], authid=authid)
+    assert challenge[0] == CHALLENGE, challenge
+    peer.writer.write_eof()
+    assert await peer.closed(TIMEOUT)  # the router has seen the hang-up
+
+
+async def test_challenges_left_unanswered_count_as_failed_logins(raw):
+    for _ in range(5):
+        await hello_and_hang_up(raw, "nobody")
+    _, reply = await raw.hello(authmethods=["wampcra"], authid="nobody")
+    assert abort_reason(reply) == AUTH_FAILED and "try again" in reply[1]["message"]
+
+
+@pytest.mark.parametrize("transport", ["websocket", "rawsocket-unix"])
+async def test_failed_logins_of_one_user_do_not_stop_another_user_on_the_same_transport(
+        secure, login, transport):
+    await fail_logins(secure, 5, transport=transport)
+    session = await login(transport=transport, **WALT.client_kwargs())
+    assert session.welcome_details.authid == WALT.authid
+    _, message = await refusal(secure, transport=transport, **TINA.client_kwargs())
+    assert "try again" in message  # while tina still is
+
+
+@pytest.mark.parametrize("transport", ["websocket", "rawsocket-unix"])
+async def test_failed_logins_do_not_stop_anonymous_sessions_on_the_same_transport(
+        secure, login, transport):
+    pat = Login("ticket", "pat", "guest", secret="pat-secret")
+    await fail_logins(secure, 5, pat, realm="public", transport=transport)
+    session = await login(realm="public", transport=transport)
+    assert session.welcome_details.authmethod == "anonymous"
+
+
+async def test_failed_logins_of_one_user_from_many_addresses_are_limited_in_all(secure):
+    for last in range(2, 7):  # 4 each (under the per-address limit) from 5 loopback addresses
+        await fail_logins(secure, 4, local_addr=(f"127.0.0.{last}", 0))
+    _, message = await refusal(secure, local_addr=("127.0.0.7", 0), **TINA.client_kwargs())
+    assert "try again" in message
+
+
+async def test_one_lan_host_failing_as_many_users_is_limited_across_them(secure, login):
+    lan = (lan_address(), 0)
+    for user in ("u1", "u2", "u3", "u4"):  # 4 each: under the per-user limit
+        await fail_logins(secure, 4, local_addr=lan, authid=user)
+    walt = await login(local_addr=lan, **WALT.client_kwargs())  # 16 failures: not yet
+    assert walt.welcome_details.authid == WALT.authid
+    await fail_logins(secure, 4, local_addr=lan, authid="u5")
+    _, message = await refusal(secure, local_addr=lan, **WALT.client_kwargs())
+    assert "try again" in message
+    walt = await login(**WALT.client_kwargs())  # from the device itself: not that LAN host
+    assert walt.welcome_details.authid == WALT.authid
+
+
+def test_failed_logins_from_the_lan_do_not_lock_a_user_out_of_the_device():
+    """(In-process: this host has one LAN address, and the per-user limit for it needs
+    several.)"""
+    throttle = AuthThrottle(clock=lambda: 0.0)
+    for host in range(2, 12):
+        for _ in range(4):
+            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "tina")
+    assert throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "tina")
+    assert not throttle.refused_for(Peer("unix", local=True), "tina")
+    assert not throttle.refused_for(Peer("tcp4:127.0.0.1", local=True), "tina")
 
 
 async def test_failed_logins_are_logged_with_the_address_but_never_the_secret(
