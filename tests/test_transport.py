@@ -4,43 +4,26 @@ WebSocket fast path for whole frames, which must behave exactly as autobahn's pa
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import struct
 from typing import Any
 
+from autobahn.asyncio.rawsocket import WampRawSocketServerProtocol
+from autobahn.asyncio.websocket import WampWebSocketServerProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.transport import (
+    AUTOBAHN_FACTORY_INTERNALS,
+    AUTOBAHN_RAWSOCKET_INTERNALS,
+    AUTOBAHN_WEBSOCKET_INTERNALS,
     WebSocketFactory,
     WebSocketProtocol,
     WriteBatcher,
-    XorMasker,
     serializers,
 )
-
-
-def masked(data: bytes, mask: bytes) -> bytes:
-    """RFC 6455, 5.3: octet i of the payload is XORed with octet i modulo 4 of the mask."""
-    return bytes(byte ^ mask[i % 4] for i, byte in enumerate(data))
-
-
-@given(data=st.binary(max_size=2000), mask=st.binary(min_size=4, max_size=4),
-       cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=6))
-def test_a_frame_is_unmasked_whatever_the_pieces_its_payload_arrives_in(data, mask, cuts):
-    masker = XorMasker(mask, len(data))
-    wire = masked(data, mask)
-    bounds = [0, *sorted(min(cut, len(data)) for cut in cuts), len(data)]
-    pieces = [masker.process(wire[a:b]) for a, b in itertools.pairwise(bounds)]
-    assert b"".join(pieces) == data
-    assert masker.pointer() == len(data)
-
-
-def test_the_websocket_parser_uses_the_masker():
-    from autobahn.websocket import protocol
-
-    assert protocol.create_xor_masker is XorMasker
-
+from tests.wamp_client import connect
 
 # -- the WebSocket fast path: whole frames the router parses itself ---------------------------
 
@@ -179,17 +162,33 @@ def test_the_websocket_fast_path_receives_exactly_what_autobahn_would(stream, cu
     assert run_protocol(Recording, chunks) == run_protocol(AutobahnOnly, chunks)
 
 
-def test_a_whole_frame_reaches_the_session_without_autobahns_parser():
-    frame = client_frame(1, b'[16,1,{},"a.b"]', b"\x01\x02\x03\x04")
-    calls = []
+def parsed_by_autobahn(chunks: list[bytes]) -> tuple[list, list[bytes]]:
+    """The messages ``chunks`` delivered, and what autobahn's own parser was given."""
+    calls: list[bytes] = []
     original = Recording._receive_in_slices
     Recording._receive_in_slices = lambda self, data: calls.append(data) or original(self, data)
     try:
-        messages, *_ = run_protocol(Recording, [frame, frame])
+        messages, *_ = run_protocol(Recording, chunks)
     finally:
         Recording._receive_in_slices = original
+    return messages, calls
+
+
+PUBLISH_FRAME = client_frame(1, b'[16,1,{},"a.b"]', b"\x01\x02\x03\x04")
+
+
+def test_a_whole_frame_reaches_the_session_without_autobahns_parser():
+    messages, calls = parsed_by_autobahn([PUBLISH_FRAME, PUBLISH_FRAME])
     assert messages == [(b'[16,1,{},"a.b"]', False)] * 2
     assert [data[:4] for data in calls] == [b"GET "]  # the opening handshake only
+
+
+def test_a_frame_cut_by_the_end_of_a_read_reaches_the_session_without_autobahns_parser():
+    stream = PUBLISH_FRAME * 3
+    chunks = [stream[:1], stream[1:9], stream[9:30], stream[30:]]
+    messages, calls = parsed_by_autobahn(chunks)
+    assert messages == [(b'[16,1,{},"a.b"]', False)] * 3
+    assert [data[:4] for data in calls] == [b"GET "]
 
 
 JSON_VALUES = st.recursive(
@@ -212,3 +211,36 @@ def test_json_with_binary_values_decodes_exactly_as_autobahns_decoder(value):
     ours = serializers()[0]._serializer
     payload = ours.serialize([16, 1, {}, "com.t", [value]])
     assert ours.unserialize(payload) == JsonObjectSerializer().unserialize(payload)
+
+
+# -- what the transport borrows from autobahn ---------------------------------------------
+
+
+def autobahn_lacks(protocol: Any, base: type, names: tuple[str, ...]) -> list[str]:
+    """The ``names`` that autobahn's class ``base`` neither has nor assigns (on the live
+    ``protocol`` or in its source: some are set only once a fragmented message begins). An
+    override of ours does not count: it would no longer be called."""
+    source = "".join(inspect.getsource(c) for c in base.__mro__ if c.__module__.startswith(
+        "autobahn"))
+    return [f"{base.__name__}.{name}" for name in names
+            if not hasattr(base, name) and name not in vars(protocol)
+            and f"self.{name} =" not in source]
+
+
+async def test_the_autobahn_internals_the_transport_relies_on_still_exist(router):
+    for transport in ("websocket", "rawsocket-tcp"):
+        await connect(router, transport, "json")
+    missing = []
+    for link in router.node.connections:
+        protocol = link.transport
+        if isinstance(protocol, WebSocketProtocol):
+            missing += autobahn_lacks(protocol, WampWebSocketServerProtocol,
+                                      AUTOBAHN_WEBSOCKET_INTERNALS)
+        else:
+            missing += autobahn_lacks(protocol, WampRawSocketServerProtocol,
+                                      AUTOBAHN_RAWSOCKET_INTERNALS)
+        missing += autobahn_lacks(protocol.factory, type(protocol.factory).__mro__[1],
+                                  AUTOBAHN_FACTORY_INTERNALS)
+    assert len(router.node.connections) == 2
+    assert not missing, f"autobahn no longer has {sorted(set(missing))}: gateway/transport.py " \
+                        f"relies on them"
