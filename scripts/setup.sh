@@ -36,6 +36,11 @@ if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
     apt_install python3-venv
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# Installing builds the dashboard's WAMP client (setup.py: npm ci of the pinned autobahn-js)
+# unless it is there already
+if [ ! -s gateway/dashboard/autobahn.min.js ] && ! command -v npm >/dev/null; then
+    apt_install nodejs npm
+fi
 pip_install --upgrade pip
 if [ "$PROFILE" = test ]; then
     # the Spark tests (tests/test_spark.py) need PySpark and a Java runtime (17 works)
@@ -46,22 +51,6 @@ if [ "$PROFILE" = test ]; then
     apt_install mosquitto fdisk e2fsprogs
 else
     pip_install -e .
-fi
-
-# The dashboard's WAMP client, autobahn-js (npm package autobahn-browser, pinned with its
-# checksum in gateway/dashboard/package-lock.json), is fetched here at build time and copied
-# next to the page, where the router serves it: nothing is fetched at run time. The copy and
-# node_modules are not committed (.gitignore); the copy ships in the wheel as package data.
-DASHBOARD=gateway/dashboard
-BUNDLE=$DASHBOARD/autobahn.min.js
-if [ ! -s "$BUNDLE" ] || [ "$DASHBOARD/package-lock.json" -nt "$BUNDLE" ]; then
-    if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-        apt_install nodejs npm
-    fi
-    (cd "$DASHBOARD" && npm ci --no-audit --no-fund --loglevel=error)
-    cp "$DASHBOARD/node_modules/autobahn-browser/autobahn.min.js" "$BUNDLE.tmp"
-    cp "$DASHBOARD/node_modules/autobahn-browser/LICENSE" "$DASHBOARD/autobahn.LICENSE.txt"
-    mv "$BUNDLE.tmp" "$BUNDLE"
 fi
 
 if [ "$PROFILE" = test ]; then

@@ -1,0 +1,58 @@
+"""Packaging without the Makefile: what ``pip`` alone builds from a checkout."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUNDLE = "gateway/dashboard/autobahn.min.js"
+
+
+def fresh_checkout(into: Path) -> Path:
+    """The files git tracks plus this change's, without anything a setup fetched."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others",
+                             "--exclude-standard"], capture_output=True, text=True,
+                            check=True).stdout.split()
+    for name in listed:
+        if (ROOT / name).is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, into / name)
+    assert not (into / BUNDLE).exists()
+    return into
+
+
+def pip_wheel(source: Path, out: Path, path: str | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": path} if path is not None else None
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                           "-w", str(out), str(source)], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="npm fetches the dashboard's client")
+def test_a_wheel_built_by_pip_alone_carries_the_dashboards_client(tmp_path):
+    source = fresh_checkout(tmp_path / "src")
+    done = pip_wheel(source, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    [wheel] = (tmp_path / "out").glob("cairn-*.whl")
+    with zipfile.ZipFile(wheel) as files:
+        names = set(files.namelist())
+        bundle = files.read(BUNDLE)
+    assert b"autobahn" in bundle and len(bundle) > 100_000
+    assert "gateway/dashboard/autobahn.LICENSE.txt" in names
+    assert not [n for n in names if "node_modules" in n or n.endswith("package-lock.json")]
+
+
+@pytest.mark.slow
+def test_a_wheel_build_without_npm_stops_naming_what_is_missing(tmp_path):
+    source = fresh_checkout(tmp_path / "src")
+    done = pip_wheel(source, tmp_path / "out", path=str(Path(sys.executable).parent))
+    assert done.returncode != 0
+    assert "needs npm to fetch the dashboard's WAMP client" in done.stderr + done.stdout
+    assert not list((tmp_path / "out").glob("*.whl"))
