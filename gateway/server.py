@@ -29,6 +29,7 @@ from autobahn.wamp import message as m
 from gateway.clock import rfc3339
 from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
 from gateway.core import Outbox, Resolved, Session, Task, Timer
+from gateway.flow_control import StoreBackpressure, WriteBatcher
 from gateway.limits import Admission, LimitHits
 from gateway.metrics import MessageCounters
 from gateway.metrics import render as render_metrics
@@ -37,7 +38,7 @@ from gateway.ops import data_dir_lock
 from gateway.origins import BrowserGuard
 from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
-from gateway.transport import HttpFront, WriteBatcher, rawsocket_factory, websocket_factory
+from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
 from gateway.wear import WearMeter, disk_of
 
 log = logging.getLogger("cairn.server")
@@ -98,8 +99,7 @@ class Node:
         self.rawsocket_ports: list[int] = []
         self.dashboard = StaticFiles(DASHBOARD_DIR)
         self.admission = Admission(config.router.limits, self.limit_hits)
-        self.paused: set = set()  # connections not read while the store catches up
-        self.store_shares: dict[Any, int] = {}  # bytes each connection queued since it drained
+        self.backpressure = StoreBackpressure(self.limit_hits)
 
     # -- the outbox pump -----------------------------------------------------------------
 
@@ -123,30 +123,6 @@ class Node:
         out = Outbox()
         self.router.abort(session, "wamp.error.protocol_violation", reason, out)
         self.flush(out)
-
-    def added_to_store(self, connection: Any, size: int) -> None:
-        """A connection's messages queued ``size`` bytes for the store. While the queue is
-        over its bound, the connections that put more than an eighth of it there since it
-        last drained are paused (TCP backpressure); a sensor's few readings never are."""
-        share = self.store_shares.get(connection, 0) + size
-        self.store_shares[connection] = share
-        if self.store.congested and share > self.store.max_queue_bytes // 8:
-            self.pause(connection)
-
-    def pause(self, connection: Any) -> None:
-        """Stop reading a publisher while the store's queue is over its bound."""
-        if connection not in self.paused:
-            self.paused.add(connection)
-            connection.pause_reading()
-            self.limit_hits.hit("max_store_queue_bytes",
-                                f"paused session {connection.session.id}: "
-                                f"{self.store.queued_bytes} bytes wait for a commit")
-
-    def resume_paused(self) -> None:
-        self.store_shares.clear()
-        paused, self.paused = self.paused, set()
-        for connection in paused:
-            connection.resume_reading()
 
     def lost(self, session: Session) -> None:
         out = Outbox()
@@ -336,7 +312,6 @@ class Node:
         # the central dedupe would drop the new readings as duplicates
         store = await Store.open(path, seq_floor=self._shipped_seq())
         store.max_queue_bytes = self.config.router.limits.max_store_queue_bytes
-        store.on_drained = self.resume_paused
         store.bounds = self.prune_rules(), self.config.router.max_store_bytes
         try:
             subscriptions = await store.load_subscriptions()
@@ -348,6 +323,7 @@ class Node:
             realm.store, realm.store_unavailable = store, None
             realm.restore(subscriptions, retained)
         self.store, self.store_error = store, None
+        self.backpressure.attach(store)
         log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
                  path, len(retained), len(subscriptions), store.next_seq)
 

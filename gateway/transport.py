@@ -36,6 +36,7 @@ from autobahn.wamp.serializer import (
 )
 
 from gateway.core import Session, brief
+from gateway.flow_control import WriteBatcher
 from gateway.limits import Admission, Ticket, peer_of
 from gateway.origins import BrowserGuard
 
@@ -244,91 +245,6 @@ def _options(cls: type, raw: list[Any]) -> dict[str, Any]:
     return raw[2] if len(raw) > 2 and isinstance(raw[2], dict) else {}
 
 
-class WriteBatcher:
-    """Joins what the router writes to each connection while it handles one read (or one
-    timer, one finished task) into one socket write per connection: a batch of 50 PUBLISHes
-    read at once becomes one write per subscriber instead of 50, and a burst of retained
-    events one write in all. Input handlers flush at their end (no extra loop pass on the
-    latency path); writes made anywhere else are flushed at the end of the loop pass."""
-
-    def __init__(self) -> None:
-        self._dirty: list[CorkedTransport] = []
-        self._reading = 0
-
-    def cork(self, transport: asyncio.Transport, limit: int,
-             overflowed: Callable[[int], None]) -> CorkedTransport:
-        return CorkedTransport(transport, self, limit, overflowed)
-
-    def mark(self, corked: CorkedTransport) -> None:
-        if not self._dirty and not self._reading:
-            asyncio.get_running_loop().call_soon(self.flush)
-        self._dirty.append(corked)
-
-    def flush(self) -> None:
-        dirty, self._dirty = self._dirty, []
-        for corked in dirty:
-            corked.flush()
-
-    def read(self, receive: Callable[[bytes], None], data: bytes) -> None:
-        """``receive(data)``, then flush what it wrote."""
-        self._reading += 1
-        try:
-            receive(data)
-        finally:
-            self._reading -= 1
-            if not self._reading:
-                self.flush()
-
-
-class CorkedTransport:
-    """Stands in for a connection's asyncio transport: write() collects, the batcher
-    flushes at the end of the loop pass; closing flushes first. Everything else is the real
-    transport's. When what the kernel has not taken exceeds ``limit`` bytes after a flush,
-    ``overflowed(buffered)`` is called: the peer stopped reading."""
-
-    def __init__(self, transport: asyncio.Transport, batcher: WriteBatcher, limit: int,
-                 overflowed: Callable[[int], None]) -> None:
-        self._transport = transport
-        self._batcher = batcher
-        self._limit = limit
-        self._overflowed = overflowed
-        self._chunks: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        if not self._chunks:
-            self._batcher.mark(self)
-        self._chunks.append(data)
-
-    def flush(self) -> None:
-        if self._chunks:
-            data = b"".join(self._chunks)
-            self._chunks.clear()
-            transport = self._transport
-            if not transport.is_closing():
-                transport.write(data)
-                buffered = transport.get_write_buffer_size()
-                if buffered > self._limit:
-                    self._overflowed(buffered)
-
-    def close(self) -> None:
-        self.flush()
-        self._transport.close()
-
-    def get_write_buffer_size(self) -> int:  # what the kernel has not taken yet
-        return self._transport.get_write_buffer_size()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self._transport.write_eof()
-
-    def abort(self) -> None:
-        self._chunks.clear()
-        self._transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class Connection:
     """One transport's link to the core; autobahn calls it as the 'session' of the transport."""
 
@@ -378,12 +294,9 @@ class Connection:
         except ProtocolError as e:
             self.violation(str(e))
             return
-        store = self.node.store
-        queued = store.queued_bytes if store is not None else 0
-        for msg, extra in messages:
-            self.node.receive(self.session, msg, extra)
-        if store is not None and store.queued_bytes > queued:  # (commits end in callbacks)
-            self.node.added_to_store(self, store.queued_bytes - queued)
+        with self.node.backpressure.reading(self):
+            for msg, extra in messages:
+                self.node.receive(self.session, msg, extra)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None

@@ -14,13 +14,13 @@ from autobahn.asyncio.websocket import WampWebSocketServerProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.flow_control import WriteBatcher
 from gateway.transport import (
     AUTOBAHN_FACTORY_INTERNALS,
     AUTOBAHN_RAWSOCKET_INTERNALS,
     AUTOBAHN_WEBSOCKET_INTERNALS,
     WebSocketFactory,
     WebSocketProtocol,
-    WriteBatcher,
     serializers,
 )
 from tests.wamp_client import connect

@@ -1,0 +1,157 @@
+"""Write flow control: what the router sends and how fast it reads.
+
+- :class:`WriteBatcher` and :class:`CorkedTransport` join the writes of one read (or one
+  timer, one finished task) into one socket write per connection and notice a peer that
+  stopped reading;
+- :class:`StoreBackpressure` stops reading the connections that fill the store's queue
+  while it is over its bound (TCP backpressure instead of unbounded memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from gateway.limits import LimitHits
+
+
+class WriteBatcher:
+    """Joins what the router writes to each connection while it handles one read (or one
+    timer, one finished task) into one socket write per connection: a batch of 50 PUBLISHes
+    read at once becomes one write per subscriber instead of 50, and a burst of retained
+    events one write in all. Input handlers flush at their end (no extra loop pass on the
+    latency path); writes made anywhere else are flushed at the end of the loop pass."""
+
+    def __init__(self) -> None:
+        self._dirty: list[CorkedTransport] = []
+        self._reading = 0
+
+    def cork(self, transport: asyncio.Transport, limit: int,
+             overflowed: Callable[[int], None]) -> CorkedTransport:
+        return CorkedTransport(transport, self, limit, overflowed)
+
+    def mark(self, corked: CorkedTransport) -> None:
+        if not self._dirty and not self._reading:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._dirty.append(corked)
+
+    def flush(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for corked in dirty:
+            corked.flush()
+
+    def read(self, receive: Callable[[bytes], None], data: bytes) -> None:
+        """``receive(data)``, then flush what it wrote."""
+        self._reading += 1
+        try:
+            receive(data)
+        finally:
+            self._reading -= 1
+            if not self._reading:
+                self.flush()
+
+
+class CorkedTransport:
+    """Stands in for a connection's asyncio transport: write() collects, the batcher
+    flushes at the end of the loop pass; closing flushes first. Everything else is the real
+    transport's. When what the kernel has not taken exceeds ``limit`` bytes after a flush,
+    ``overflowed(buffered)`` is called: the peer stopped reading."""
+
+    def __init__(self, transport: asyncio.Transport, batcher: WriteBatcher, limit: int,
+                 overflowed: Callable[[int], None]) -> None:
+        self._transport = transport
+        self._batcher = batcher
+        self._limit = limit
+        self._overflowed = overflowed
+        self._chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._chunks:
+            self._batcher.mark(self)
+        self._chunks.append(data)
+
+    def flush(self) -> None:
+        if self._chunks:
+            data = b"".join(self._chunks)
+            self._chunks.clear()
+            transport = self._transport
+            if not transport.is_closing():
+                transport.write(data)
+                buffered = transport.get_write_buffer_size()
+                if buffered > self._limit:
+                    self._overflowed(buffered)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def get_write_buffer_size(self) -> int:  # what the kernel has not taken yet
+        return self._transport.get_write_buffer_size()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._chunks.clear()
+        self._transport.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class Readable(Protocol):
+    """A connection as backpressure needs it."""
+
+    session: Any
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+class StoreBackpressure:
+    """While the store's queue is over its bound, the connections that put more than an
+    eighth of it there since it last drained are paused; a sensor's few readings never are.
+    All resume when the store drains. ``store`` is None while the router runs without one."""
+
+    def __init__(self, hits: LimitHits) -> None:
+        self.hits = hits
+        self.store: Any = None  # gateway.store.Store: queued_bytes, congested, on_drained
+        self.paused: set[Readable] = set()
+        self.shares: dict[Readable, int] = {}  # bytes each connection queued since it drained
+
+    def attach(self, store: Any) -> None:
+        self.store = store
+        store.on_drained = self.resume_all
+
+    @contextlib.contextmanager
+    def reading(self, connection: Readable) -> Iterator[None]:
+        """Around the handling of what ``connection`` sent: counts what it queued."""
+        store = self.store
+        queued = store.queued_bytes if store is not None else 0
+        yield
+        if store is not None and store.queued_bytes > queued:  # (commits end in callbacks)
+            self._added(connection, store.queued_bytes - queued)
+
+    def _added(self, connection: Readable, size: int) -> None:
+        share = self.shares.get(connection, 0) + size
+        self.shares[connection] = share
+        if self.store.congested and share > self.store.max_queue_bytes // 8:
+            self._pause(connection)
+
+    def _pause(self, connection: Readable) -> None:
+        if connection not in self.paused:
+            self.paused.add(connection)
+            connection.pause_reading()
+            self.hits.hit("max_store_queue_bytes",
+                          f"paused session {connection.session.id}: "
+                          f"{self.store.queued_bytes} bytes wait for a commit")
+
+    def resume_all(self) -> None:
+        self.shares.clear()
+        paused, self.paused = self.paused, set()
+        for connection in paused:
+            connection.resume_reading()
