@@ -63,11 +63,12 @@ FILES: list[tuple[str, str, int]] = [
     ("README.md", "usr/share/doc/cairn/README.md", 0o644),
     ("images/README.md", "usr/share/doc/cairn/IMAGE.md", 0o644),
 ]
-# What goes into the wheel's build: the packages and their metadata, nothing else.
-SOURCES = ["pyproject.toml", "README.md", "gateway", "drivers", "sync"]
-SKIP = re.compile(r"(^|/)(__pycache__|node_modules|\.pytest_cache)(/|$)|\.py[co]$|"
-                  r"(^|/)package(-lock)?\.json$")
-# The dashboard's client bundle is fetched by scripts/setup.sh (not committed): without it
+# What goes into the wheel's build: the packages, their metadata and the build step that
+# fetches the dashboard's client (setup.py: npm ci of the lock file), nothing else.
+SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway", "drivers",
+           "sync"]
+SKIP = re.compile(r"(^|/)(__pycache__|node_modules|\.pytest_cache)(/|$)|\.py[co]$")
+# The dashboard's client bundle is fetched at build time (not committed): without it
 # the dashboard of the image would be broken, so its absence is an error.
 REQUIRED_IN_WHEEL = ["gateway/cli.py", "gateway/server.py", "drivers/__init__.py",
                      "sync/cli.py", "gateway/dashboard/index.html",
