@@ -52,8 +52,8 @@ What it does, in order:
    ``cairn.db`` + ``cairn.db-wal``, and sectors written on the whole block device (includes
    the file system journal and anything else on the machine), each divided by the count.
 7. after the router has stopped, every get_events case is replayed in this process through
-   ``gateway.history.get_events`` on a ``Store`` opened on the same file, recording the SQL it
-   runs, so the report can show ``EXPLAIN QUERY PLAN`` and the bare SQL time next to the
+   ``gateway.history.history_query`` on a ``Store`` opened on the same file, recording the
+   SQL it runs, so the report can show ``EXPLAIN QUERY PLAN`` and the bare SQL time next to the
    router's round trip.
 
 The table goes to stdout, the details (machine, settings, plans, router log problems) to
@@ -102,7 +102,7 @@ from bench.pubsub import (
 from bench.wire import check_rs_reply, rs_frame, rs_handshake, split_rs
 from gateway.clock import rfc3339
 from gateway.config import Limits
-from gateway.history import EventsQuery, get_events
+from gateway.history import EventsQuery, history_query
 from gateway.patterns import wildcard_matches
 from gateway.store import Store, StoredPublication, eligible
 from tests.router_process import RouterProcess
@@ -1034,21 +1034,21 @@ async def bytes_run(client: WampClient, pid: int, db: Path, n: int, rate: float,
 
 async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[str, Any],
                               seed: int) -> dict[str, Any]:
-    """Replay each get_events case through gateway.history.get_events on a Store opened on
+    """Replay each get_events case through gateway.history.history_query on a Store opened on
     the benchmark database (router stopped), record the SQL it runs, and show its query plan
     and its bare execution time."""
     store = await Store.open(db_path)
     recorded: list[tuple[str, tuple[Any, ...]]] = []
     query_fn = store.query
 
-    async def recording_query(sql: str, params: Any) -> list[tuple[Any, ...]]:
+    async def recording_query(sql: str, params: Any, *limits: Any) -> list[tuple[Any, ...]]:
         recorded.append((sql, tuple(params)))
-        return await query_fn(sql, params)
+        return await query_fn(sql, params, *limits)
 
     store.query = recording_query  # type: ignore[method-assign]
     realm = SimpleNamespace(name="realm1", limits=Limits(),
                             broker=SimpleNamespace(may_receive=lambda session, topic: True))
-    caller = SimpleNamespace(id=1, authid="bench", authrole="anonymous")
+    caller = SimpleNamespace(id=1, authid="bench", authrole="anonymous", closed=False)
     out: dict[str, Any] = {}
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     db.create_function("eligible", 3, eligible, deterministic=True)
@@ -1061,7 +1061,8 @@ async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[
                 recorded.clear()
                 t0 = time.perf_counter()
                 sub = SimpleNamespace(id=sub_ids[case["sub"]], uri=case["sub"], match="prefix")
-                await get_events(store, realm, caller, sub, EventsQuery.parse(kwargs), 1000)
+                query = history_query(realm, caller, sub, EventsQuery.parse(kwargs), 1000)
+                query.result(await store.read_history(query.request))
                 runs.append((time.perf_counter() - t0) * 1000)
                 if runs[-1] > 500:
                     break

@@ -1,8 +1,9 @@
 """The broker: what happens on SUBSCRIBE, UNSUBSCRIBE and PUBLISH.
 
-PUBLISH: authorize -> assign seq and store (history rule or ``retain``) -> pick the matching
-subscriptions -> filter receivers by the publication's black/white lists -> EVENT to each
-receiver -> PUBLISHED if asked (after the store has committed it, when it was stored).
+PUBLISH: authorize -> assign seq, update retention and ask the shell to persist it (history
+rule or ``retain``) -> pick the matching subscriptions -> filter receivers by the
+publication's black/white lists -> EVENT to each receiver -> PUBLISHED if asked (once the
+store has committed it, when it is stored).
 One EVENT object is built per subscription and shared by its subscribers, so autobahn
 serializes it once per serializer however many subscribers there are.
 
@@ -12,8 +13,6 @@ outbox, so no live event can come between them.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,11 @@ from autobahn.wamp import message as m
 
 from gateway.core import (
     LIMIT_REACHED,
+    ClockStep,
+    ForgetSubscription,
+    KeepSubscription,
     Outbox,
+    Persist,
     Session,
     WampError,
     global_id,
@@ -30,8 +33,8 @@ from gateway.core import (
     publication_id,
 )
 from gateway.patterns import PatternMap
+from gateway.publication import StoredPublication
 from gateway.retention import RetainedEvent
-from gateway.store import StorageError, StoredPublication
 
 if TYPE_CHECKING:
     from gateway.router import Realm
@@ -94,7 +97,6 @@ class Broker:
         self.by_id: dict[int, Subscription] = {}
         # kept subscriptions that are no history rule's own, oldest first: bounded
         self._kept: dict[int, Subscription] = {}
-        self._memory_seq = itertools.count(1)  # receive order when running without a store
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
 
@@ -110,7 +112,7 @@ class Broker:
                                 f"subscriptions")
         created = sub is None
         if sub is None:
-            sub = self.create_subscription(msg.topic, match)
+            sub = self.create_subscription(msg.topic, match, out)
         if not already:
             session.subscriptions += 1
         sub.subscribers[session] = None
@@ -122,7 +124,7 @@ class Broker:
         if not already:
             self.realm.meta_event("wamp.subscription.on_subscribe", [session.id, sub.id], out)
 
-    def create_subscription(self, uri: str, match: str, sub_id: int | None = None,
+    def create_subscription(self, uri: str, match: str, out: Outbox, sub_id: int | None = None,
                             created: str | None = None) -> Subscription:
         """A new subscription (``created``: restored from the store). One with history is
         kept without subscribers, with an id that is stable across restarts: a history
@@ -135,16 +137,16 @@ class Broker:
                 sub_id = global_id()
         sub = Subscription(sub_id, uri, match, created=created or utc_now())
         rule = realm.history.is_rule(uri, match)
-        sub.kept = realm.history.covers(uri, match) and (rule or self._room_to_keep())
+        sub.kept = realm.history.covers(uri, match) and (rule or self._room_to_keep(out))
         if sub.kept and not rule:
             self._kept[sub.id] = sub
-        if sub.kept and created is None and realm.store is not None:
-            realm.store.add_subscription(sub.id, realm.name, uri, match, sub.created)
+        if sub.kept and created is None:
+            out.store(KeepSubscription(sub.id, realm.name, uri, match, sub.created))
         self.subscriptions.add(uri, match, sub)
         self.by_id[sub.id] = sub
         return sub
 
-    def _room_to_keep(self) -> bool:
+    def _room_to_keep(self, out: Outbox) -> bool:
         """Room for one more kept subscription that is no rule's: forget the oldest one
         without subscribers if need be (its id then names nothing; subscribing again to its
         topic gives a new one)."""
@@ -157,14 +159,14 @@ class Broker:
                            f"{len(self._kept)} subscriptions with history are held: a new "
                            f"one is not kept beyond its subscribers")
             return False
-        self._forget(idle)
+        self._forget(idle, out)
         return True
 
-    def _forget(self, sub: Subscription) -> None:
+    def _forget(self, sub: Subscription, out: Outbox) -> None:
         self.subscriptions.remove(sub.uri, sub.match)
         del self.by_id[sub.id]
-        if self._kept.pop(sub.id, None) is not None and self.realm.store is not None:
-            self.realm.store.remove_subscription(sub.id)
+        if self._kept.pop(sub.id, None) is not None:
+            out.store(ForgetSubscription(sub.id))
 
     def _send_retained(self, session: Session, sub: Subscription, out: Outbox) -> None:
         for pub in self.realm.retention.for_subscriber(sub.uri, sub.match, session):
@@ -185,7 +187,7 @@ class Broker:
         session.subscriptions -= 1
         self.realm.meta_event("wamp.subscription.on_unsubscribe", [session.id, sub.id], out)
         if not sub.subscribers and not sub.kept:
-            self._forget(sub)
+            self._forget(sub, out)
             self.realm.meta_event("wamp.subscription.on_delete", [session.id, sub.id], out)
 
     def revoke_unauthorized(self, out: Outbox) -> None:
@@ -214,59 +216,60 @@ class Broker:
                 raise
             return  # WAMP answers a refused PUBLISH with ERROR only when acknowledge is set
         disclose = rule.disclose or disclose_me
-        publication, durable, not_retained = self._store(session, msg, disclose)
+        pub, refused = self._record(session, msg, disclose, out)
+        publication = pub.publication if pub is not None else publication_id()
         self.dispatch(msg, publication, out, publisher=session, disclose=disclose)
+        acknowledge = msg.acknowledge and refused is None
+        if pub is not None and (pub.history_rule is not None or refused is None):
+            then = self._acknowledge(session, msg.request, publication) if acknowledge else None
+            out.store(Persist(pub, self._commit_within(pub.history_rule, bool(msg.acknowledge)),
+                              then))
         if not msg.acknowledge:
             return
-        if not_retained is not None:
+        if refused is not None:
             out.send(session, m.Error(m.Publish.MESSAGE_TYPE, msg.request, LIMIT_REACHED,
                                       args=[f"publication {publication} was delivered but not "
-                                            f"retained: {not_retained}"]))
-            return
-        if durable is None:
+                                            f"retained: {refused}"]))
+        elif pub is None:
             out.send(session, m.Published(msg.request, publication))
-            return
 
-        def acknowledge(stored: asyncio.Future, o: Outbox) -> None:
-            if stored.cancelled():  # the router is stopping
-                return
-            error = stored.exception()
+    @staticmethod
+    def _acknowledge(session: Session, request: int, publication: int):
+        """PUBLISHED once the publication is durable, or why it could not be stored."""
+
+        def stored(error: Exception | None, out: Outbox) -> None:
             if error is None:
-                o.send(session, m.Published(msg.request, publication))
-            elif isinstance(error, StorageError):
-                o.send(session, m.Error(m.Publish.MESSAGE_TYPE, msg.request,
-                                        "cairn.error.storage_failed",
-                                        args=[f"publication {publication} was delivered live "
-                                              f"but could not be stored: {error}"]))
+                out.send(session, m.Published(request, publication))
             else:
-                raise error
+                out.send(session, m.Error(m.Publish.MESSAGE_TYPE, request,
+                                          "cairn.error.storage_failed",
+                                          args=[f"publication {publication} was delivered "
+                                                f"live but could not be stored: {error}"]))
 
-        out.when_done(durable, acknowledge)
+        return stored
 
-    def _store(self, session: Session, msg: m.Publish,
-               disclose: bool) -> tuple[int, Any, str | None]:
-        """Record the publication for history and/or retention. Returns its publication id,
-        the awaitable of its durability (None when it is not stored) and, when a bound
-        refused to retain it, which and why. Publications addressed by session ids are
-        never stored: session ids do not survive a restart."""
+    def _record(self, session: Session, msg: m.Publish, disclose: bool,
+                out: Outbox) -> tuple[StoredPublication | None, str | None]:
+        """The publication as history and/or retention record it, its seq assigned and its
+        retained slot updated (None when neither keeps it), and, when a bound refused to
+        retain it, which and why. Publications addressed by session ids are never stored:
+        session ids do not survive a restart."""
         realm = self.realm
         if msg.exclude or msg.eligible is not None:
-            return publication_id(), None, None
+            return None, None
         rule = realm.history.rule_for(msg.topic)
         if rule is None and not msg.retain:
-            return publication_id(), None, None
+            return None, None
         reading, anchor = realm.clock.read()
-        if anchor is not None and realm.store is not None:
-            realm.store.add_anchor(anchor)
+        if anchor is not None:
+            out.store(ClockStep(anchor, realm.sequence.next_seq - 1))
         audience = {name: list(getattr(msg, name)) for name in _AUDIENCE_OPTIONS
                     if getattr(msg, name) is not None} or None
         details: dict[str, Any] = {"topic": msg.topic}
         if disclose:
             details.update(publisher=session.id, publisher_authid=session.authid,
                            publisher_authrole=session.authrole)
-        store = realm.store
-        seq, publication = (store.assign() if store is not None
-                            else (next(self._memory_seq), publication_id()))
+        seq, publication = realm.sequence.assign()
         pub = StoredPublication(
             seq=seq, publication=publication, realm=realm.name, topic=msg.topic,
             args=msg.args, kwargs=msg.kwargs, wall_ms=reading.wall_ms,
@@ -278,12 +281,7 @@ class Broker:
             limit, _, why = refused.partition(": ")
             realm.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
             pub.retain = False
-        if store is None:
-            return publication, _not_stored(realm.store_unavailable), refused
-        if rule is None and refused is not None:
-            return publication, None, refused
-        durable = store.append(pub, self._commit_within(rule, bool(msg.acknowledge)))
-        return publication, durable, refused
+        return pub, refused
 
     def _commit_within(self, rule: int | None, acknowledge: bool) -> float | None:
         """How long the publication may wait for its group commit: its history rule's
@@ -328,14 +326,3 @@ class Broker:
         """A publication from the router itself (meta events)."""
         if self.subscriptions.match(topic):
             self.dispatch(m.Publish(0, topic, args=args), publication_id(), out)
-
-
-def _not_stored(unavailable: str | None) -> asyncio.Future | None:
-    """The durability of a publication while the router runs without its store: none when
-    it runs so by design (tests of the core), a failure when the store could not be opened."""
-    if unavailable is None:
-        return None
-    failed = asyncio.get_event_loop().create_future()
-    failed.set_exception(StorageError(f"the store is unavailable: {unavailable}"))
-    failed.exception()  # not awaited when no acknowledge was asked: no "never retrieved"
-    return failed

@@ -1,14 +1,14 @@
 """Building blocks of the I/O-free protocol core: sessions, the outbox and WAMP errors.
 
-The broker, dealer and router never touch a socket or the event loop. They take a parsed
-message and write what should happen next into an :class:`Outbox`: messages to send,
-sessions to close, timers to start, coroutines to run. The asyncio shell
-(:mod:`gateway.server`) carries those out.
+The broker, dealer and router never touch a socket, the event loop or the store. They take
+a parsed message and write what should happen next into an :class:`Outbox`: messages to
+send, sessions to close, timers to start, coroutines to run, and what to write to the store
+or read from it (:class:`Persist`, :class:`Read` and the other effects below). The asyncio
+shell (:mod:`gateway.server`) carries those out, the store's effects first.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 import secrets
 from collections.abc import Awaitable, Callable
@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp.message import Message
 
+from gateway.publication import StoredPublication
+from gateway.publication_ids import PublicationIds
+
 if TYPE_CHECKING:
+    from gateway.clock import Anchor
     from gateway.router import Realm
 
 
@@ -114,22 +118,100 @@ class Session:
         return f"<Session {self.id} {self.authid}/{self.authrole}>"
 
 
+class Sequence:
+    """Receive order: the seq of each stored publication and its publication id. Seeded
+    from the store when it opens (ids are then a keyed function of seq, see
+    :mod:`gateway.publication_ids`); without a store, seqs count from 1 with random ids."""
+
+    def __init__(self, next_seq: int = 1, ids: PublicationIds | None = None) -> None:
+        self.next_seq = next_seq
+        self.ids = ids
+
+    def resume(self, next_seq: int, ids: PublicationIds) -> None:
+        """Continue after what the store holds (never reusing a seq handed out already)."""
+        self.next_seq = max(self.next_seq, next_seq)
+        self.ids = ids
+
+    def assign(self) -> tuple[int, int]:
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq, self.ids.of_seq(seq) if self.ids is not None else publication_id()
+
+
 Timer = Callable[["Outbox"], None]
 Task = Callable[["Outbox"], Awaitable[None]]
-Resolved = Callable[[asyncio.Future, "Outbox"], None]
+Stored = Callable[[Exception | None, "Outbox"], None]  # None: durable; else why not
+Answer = Callable[[Any, "Outbox"], None]  # the rows read, or the exception the read raised
+
+
+# -- effects on the store, carried out by the shell in the order they were written ---------
+
+
+@dataclass(eq=False)
+class Persist:
+    """Store a publication (history row and/or retained slot) within ``within`` seconds
+    (0: at once; None: the store's default), then ``then(error, outbox)``."""
+
+    pub: StoredPublication
+    within: float | None = None
+    then: Stored | None = None
+
+
+@dataclass(eq=False)
+class KeepSubscription:
+    """A subscription with history: kept across restarts under the same id."""
+
+    id: int
+    realm: str
+    uri: str
+    match: str
+    created: str
+
+
+@dataclass(eq=False)
+class ForgetSubscription:
+    id: int
+
+
+@dataclass(eq=False)
+class ForgetRetained:
+    """A retained slot the bounds no longer hold."""
+
+    pub: StoredPublication
+
+
+@dataclass(eq=False)
+class ClockStep:
+    """The wall clock jumped (or was first seen synchronized): its anchor, which holds for
+    the seqs after ``after_seq``."""
+
+    anchor: Anchor
+    after_seq: int
+
+
+@dataclass(eq=False)
+class Read:
+    """Read from the store (``request``: a request type the store module serves, such as
+    :class:`gateway.history.HistoryRead`), then ``answer(rows or exception, outbox)``."""
+
+    request: Any
+    answer: Answer
+
+
+Effect = Persist | KeepSubscription | ForgetSubscription | ForgetRetained | ClockStep | Read
 
 
 class Outbox:
     """What the core wants done, in order. The shell drains it after each call."""
 
-    __slots__ = ("messages", "closes", "timers", "tasks", "waits")
+    __slots__ = ("messages", "closes", "timers", "tasks", "effects")
 
     def __init__(self) -> None:
         self.messages: list[tuple[Session, Message]] = []
         self.closes: list[Session] = []
         self.timers: list[tuple[float, Timer]] = []
         self.tasks: list[Task] = []
-        self.waits: list[tuple[asyncio.Future, Resolved]] = []
+        self.effects: list[Effect] = []
 
     def send(self, session: Session, message: Message) -> None:
         if not session.closed:
@@ -145,6 +227,5 @@ class Outbox:
     def spawn(self, task: Task) -> None:
         self.tasks.append(task)
 
-    def when_done(self, future: asyncio.Future, callback: Resolved) -> None:
-        """``callback(future, outbox)`` once the future is done (cheaper than a task)."""
-        self.waits.append((future, callback))
+    def store(self, effect: Effect) -> None:
+        self.effects.append(effect)

@@ -7,6 +7,7 @@ callee answers, the caller cancels, the timeout fires or either side leaves.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from autobahn.wamp import message as m
 
 from gateway.broker import utc_now
-from gateway.core import Outbox, Session, WampError, global_id, limit_reached
+from gateway.core import Outbox, Read, Session, WampError, global_id, limit_reached
 from gateway.patterns import PatternMap
 
 if TYPE_CHECKING:
@@ -29,8 +30,9 @@ log = logging.getLogger("cairn.dealer")
 INVOKE_POLICIES = ("single", "roundrobin", "random", "first", "last")
 CANCEL_MODES = ("skip", "kill", "killnowait")
 
-# A meta procedure takes (caller, args, kwargs) and returns a result, or an awaitable of one.
-# A result is a value (sent as args=[value]) or a MetaResult for full control.
+# A meta procedure takes (caller, args, kwargs) and returns a result, a Query whose result
+# needs a read of the store, or (procedures of the shell) an awaitable of a result. A result
+# is a value (sent as args=[value]) or a MetaResult for full control.
 MetaProcedure = Callable[[Session, list[Any], dict[str, Any]], Any]
 
 
@@ -38,6 +40,15 @@ MetaProcedure = Callable[[Session, list[Any], dict[str, Any]], Any]
 class MetaResult:
     args: list[Any] | None = None
     kwargs: dict[str, Any] | None = None
+
+
+@dataclass(eq=False)
+class Query:
+    """A meta procedure's answer that needs the store: ``result(rows or the exception the
+    read raised)`` makes the result (or raises WampError)."""
+
+    request: Any
+    result: Callable[[Any], Any]
 
 
 @dataclass(eq=False)
@@ -199,6 +210,10 @@ class Dealer:
         except WampError as e:
             out.send(caller, _call_error(msg.request, e))
             return
+        if isinstance(result, Query):
+            out.store(Read(result.request,
+                           functools.partial(self._answer_query, caller, msg, result)))
+            return
         if not inspect.isawaitable(result):
             out.send(caller, _meta_result(msg.request, result))
             return
@@ -216,6 +231,20 @@ class Dealer:
                 o.send(caller, _meta_result(msg.request, value))
 
         out.spawn(finish)
+
+    @staticmethod
+    def _answer_query(caller: Session, msg: m.Call, query: Query, outcome: Any,
+                      out: Outbox) -> None:
+        try:
+            value = query.result(outcome)
+        except WampError as e:
+            out.send(caller, _call_error(msg.request, e))
+        except Exception as e:  # e.g. the store failed: the caller still gets an answer
+            log.error("meta procedure %s failed: %s: %s", msg.procedure, type(e).__name__, e)
+            out.send(caller, _call_error(msg.request, WampError(
+                "cairn.error.internal", f"{msg.procedure} failed: {type(e).__name__}: {e}")))
+        else:
+            out.send(caller, _meta_result(msg.request, value))
 
     # -- answers from the callee ---------------------------------------------------------
 

@@ -18,14 +18,19 @@ import msgpack
 from gateway.clock import parse_rfc3339, rfc3339
 from gateway.config import HistoryRule
 from gateway.core import Session, WampError, brief, limit_reached
-from gateway.dealer import MetaResult
+from gateway.dealer import MetaResult, Query
 from gateway.patterns import matches
-from gateway.store import QueryAbandoned, QueryTimeout
+from gateway.publication import (
+    HistoryRead,
+    ReadAbandoned,
+    ReadTimeout,
+    StorageError,
+    UnknownPublication,
+)
 
 if TYPE_CHECKING:
     from gateway.broker import Subscription
     from gateway.router import Realm
-    from gateway.store import Store
 
 DEFAULT_PAGE_CAP = 1000
 _TIME_ARGS = {"from_time": ">=", "after_time": ">", "before_time": "<", "until_time": "<="}
@@ -132,44 +137,37 @@ def _invalid(name: str, problem: str) -> WampError:
     return WampError("wamp.error.invalid_argument", f"get_events: {name!r} {problem}")
 
 
-def _topic_ids(store: Store, realm: Realm, caller: Session, sub: Subscription,
-               topic: str | None) -> list[int]:
-    """The stored topics whose history a query reads: the subscription's matches, or the
-    one ``topic`` asked for if the subscription matches it; of a pattern subscription, only
-    those the caller's role may subscribe to (so SQL never reads a row it must skip)."""
-    visible = functools.partial(realm.broker.may_receive, caller)
-    if topic is None:
-        return store.topics.matching(realm.name, sub.uri, sub.match,
-                                     visible if sub.match != "exact" else None)
-    found = store.topics.get(realm.name, topic) if matches(sub.uri, sub.match, topic) and \
-        (sub.match == "exact" or visible(topic)) else None
-    return [] if found is None else [found]
-
-
-async def get_events(store: Store, realm: Realm, caller: Session, sub: Subscription,
-                     query: EventsQuery, page_cap: int) -> MetaResult:
-    conditions = [("wall_ms", op, ms) for op, ms in query.times]
-    for name, publication in query.publications:
-        seq = await store.seq_of_publication(realm.name, publication)
-        if seq is None:
-            raise _invalid(name, f"names publication {publication}, which is not in the "
-                                 f"stored history")
-        conditions.append(("seq", _PUBLICATION_ARGS[name], seq))
-    topics = _topic_ids(store, realm, caller, sub, query.topic)
+def history_query(realm: Realm, caller: Session, sub: Subscription, query: EventsQuery,
+                  page_cap: int) -> Query:
+    """The read of a get_events page, and how its rows become the result."""
     page = min(query.limit or page_cap, page_cap)
     timeout = realm.limits.get_events_timeout
-    try:
-        rows = await store.history(topics, conditions, (caller.authid, caller.authrole),
-                                   query.reverse, 2**63 - 1 if query.reverse else 0, page + 1,
-                                   timeout, lambda: caller.closed)
-    except QueryTimeout:
-        raise limit_reached(realm.hits, "get_events_timeout",
-                            f"get_events on {sub.uri!r} ran past {timeout:g} s: narrow it with "
-                            f"topic, time or publication bounds") from None
-    except QueryAbandoned:  # the caller left: stop reading for it, nobody gets the answer
-        raise WampError("wamp.error.canceled", "get_events: the caller left") from None
-    events = [_event(sub.id, row) for row in rows[:page]]
-    return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
+    read = HistoryRead(
+        realm.name, sub.uri, sub.match, query.topic,
+        functools.partial(realm.broker.may_receive, caller), query.times,
+        tuple((name, _PUBLICATION_ARGS[name], id_) for name, id_ in query.publications),
+        (caller.authid, caller.authrole), query.reverse, page + 1, timeout,
+        lambda: caller.closed)
+
+    def result(rows: list[tuple[Any, ...]] | Exception) -> MetaResult:
+        if isinstance(rows, UnknownPublication):
+            raise _invalid(rows.argument, f"names publication {rows.publication}, which is "
+                                          f"not in the stored history")
+        if isinstance(rows, ReadTimeout):
+            raise limit_reached(realm.hits, "get_events_timeout",
+                                f"get_events on {sub.uri!r} ran past {timeout:g} s: narrow it "
+                                f"with topic, time or publication bounds")
+        if isinstance(rows, ReadAbandoned):  # the caller left: nobody gets the answer
+            raise WampError("wamp.error.canceled", "get_events: the caller left")
+        if isinstance(rows, StorageError):
+            raise WampError("cairn.error.storage_failed",
+                            f"get_events: the history could not be read: {rows}")
+        if isinstance(rows, Exception):
+            raise rows
+        events = [_event(sub.id, row) for row in rows[:page]]
+        return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
+
+    return Query(read, result)
 
 
 def _event(subscription: int, row: tuple[Any, ...]) -> dict[str, Any]:
@@ -199,11 +197,10 @@ def get_events_procedure(realm: Realm, page_cap: int = DEFAULT_PAGE_CAP):
             raise WampError("wamp.error.not_authorized",
                             f"session {caller.id} (authrole {caller.authrole!r}) may not "
                             f"subscribe to {sub.uri!r}, so it may not read its history")
-        store = realm.store
-        if store is None or not realm.history.covers(sub.uri, sub.match):
+        if not realm.history.covers(sub.uri, sub.match):
             raise WampError("wamp.error.invalid_argument",
                             f"get_events: no history is kept for subscription {sub.id} "
                             f"({sub.uri!r}, {sub.match}); add a [[realms.history]] rule")
-        return get_events(store, realm, caller, sub, query, page_cap)
+        return history_query(realm, caller, sub, query, page_cap)
 
     return procedure

@@ -16,7 +16,7 @@ from autobahn.wamp import message as m
 from gateway.config import Limits
 from gateway.core import Session
 from gateway.patterns import matches
-from gateway.store import StoredPublication, audience_allows
+from gateway.publication import StoredPublication, audience_allows
 
 
 def session_eligible(pub: StoredPublication, session: Session) -> bool:

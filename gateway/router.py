@@ -18,13 +18,22 @@ from gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, P
 from gateway.broker import Broker
 from gateway.clock import StepDetector
 from gateway.config import Config, Limits, RealmConfig
-from gateway.core import Outbox, ProtocolViolation, Session, WampError, global_id
+from gateway.core import (
+    ForgetRetained,
+    Outbox,
+    ProtocolViolation,
+    Sequence,
+    Session,
+    WampError,
+    global_id,
+)
 from gateway.dealer import Dealer
 from gateway.history import DEFAULT_PAGE_CAP, HistoryRules, get_events_procedure
 from gateway.limits import LimitHits
 from gateway.meta import meta_procedures
+from gateway.publication import StoredPublication
+from gateway.publication_ids import PublicationIds
 from gateway.retention import Retention
-from gateway.store import Store, StoredPublication
 
 log = logging.getLogger("cairn.router")
 
@@ -53,15 +62,12 @@ DEALER_FEATURES = role.RoleDealerFeatures(
 
 
 class Realm:
-    def __init__(self, config: RealmConfig, store: Store | None = None,
+    def __init__(self, config: RealmConfig, sequence: Sequence | None = None,
                  clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP,
                  limits: Limits | None = None, hits: LimitHits | None = None) -> None:
         self.config = config
         self.name = config.name
-        self.store = store
-        # why the store could not be opened, while the router routes without it (the shell
-        # keeps trying): publications that would be stored are answered with an error
-        self.store_unavailable: str | None = None
+        self.sequence = sequence or Sequence()
         self.clock = clock or StepDetector()
         self.limits = limits or Limits()
         self.hits = hits or LimitHits()
@@ -77,21 +83,25 @@ class Realm:
             get_events_procedure(self, page_cap)
 
     def restore(self, subscriptions: list[tuple[int, str, str, str, str]],
-                retained: list[StoredPublication]) -> None:
+                retained: list[StoredPublication], out: Outbox) -> None:
         """Bring back what the store kept: subscriptions with history (same ids as before the
         restart) and retained events; then pre-create the subscriptions of history rules."""
         for sub_id, realm, uri, match, created in subscriptions:
             if realm == self.name and self.broker.subscriptions.get(uri, match) is None:
-                self.broker.create_subscription(uri, match, sub_id, created)
+                self.broker.create_subscription(uri, match, out, sub_id, created)
         ours = [pub for pub in retained if pub.realm == self.name]
         for pub in reversed(ours):  # newest first: the oldest go if the bounds were lowered
             if self.retention.holds(pub):  # newer: published while the store could not open
                 continue
-            if self.retention.put(pub) is not None and self.store is not None:
-                self.store.forget_retained(pub)
+            if self.retention.put(pub) is not None:
+                out.store(ForgetRetained(pub))
+        self.create_rule_subscriptions(out)
+
+    def create_rule_subscriptions(self, out: Outbox) -> None:
+        """Each history rule's own subscription exists from the start, so its id is stable."""
         for rule in self.config.history:
             if self.broker.subscriptions.get(rule.uri, rule.match) is None:
-                self.broker.create_subscription(rule.uri, rule.match)
+                self.broker.create_subscription(rule.uri, rule.match, out)
 
     def meta_event(self, topic: str, args: list[Any], out: Outbox) -> None:
         self.broker.publish_internal(topic, args, out)
@@ -131,17 +141,27 @@ def _is_loopback(host: str) -> bool:
 
 
 class Router:
-    def __init__(self, config: Config, store: Store | None = None,
-                 hits: LimitHits | None = None) -> None:
+    def __init__(self, config: Config, hits: LimitHits | None = None) -> None:
         self.config = config
         self.clock = StepDetector()
         self.hits = hits or LimitHits()
-        self.realms = {rc.name: Realm(rc, store, self.clock, config.router.history_page_cap,
-                                      config.router.limits, self.hits)
+        self.sequence = Sequence()  # one receive order for all realms, as in the store
+        self.realms = {rc.name: Realm(rc, self.sequence, self.clock,
+                                      config.router.history_page_cap, config.router.limits,
+                                      self.hits)
                        for rc in config.realms}
         self.sessions: dict[int, Session] = {}
         self.stopping = False  # after shutdown(): no new sessions
         self.throttle = AuthThrottle()
+
+    def restore(self, next_seq: int, ids: PublicationIds,
+                subscriptions: list[tuple[int, str, str, str, str]],
+                retained: list[StoredPublication], out: Outbox) -> None:
+        """Continue from what the store kept, once it is open: its receive order, the
+        subscriptions with history and the retained events."""
+        self.sequence.resume(next_seq, ids)
+        for realm in self.realms.values():
+            realm.restore(subscriptions, retained, out)
 
     # -- the entry points ----------------------------------------------------------------
 

@@ -26,16 +26,31 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
+from gateway.admission import Admission
 from gateway.clock import rfc3339
 from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
-from gateway.core import Outbox, Resolved, Session, Task, Timer
+from gateway.core import (
+    ClockStep,
+    Effect,
+    ForgetRetained,
+    ForgetSubscription,
+    KeepSubscription,
+    Outbox,
+    Persist,
+    Read,
+    Session,
+    Stored,
+    Task,
+    Timer,
+)
 from gateway.flow_control import StoreBackpressure, WriteBatcher
-from gateway.limits import Admission, LimitHits
+from gateway.limits import LimitHits
 from gateway.metrics import MessageCounters
 from gateway.metrics import render as render_metrics
 from gateway.notify import keep_watchdog_fed, notify
 from gateway.ops import data_dir_lock
 from gateway.origins import BrowserGuard
+from gateway.publication import StorageError
 from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
@@ -130,12 +145,12 @@ class Node:
         self.flush(out)
 
     def flush(self, out: Outbox) -> None:
+        for effect in out.effects:  # first, as when the core wrote to the store itself
+            self._carry_out(effect, out)
         for session, msg in out.messages:
             session.link.send(msg)
         for session in out.closes:
             session.link.close()
-        for future, callback in out.waits:
-            future.add_done_callback(functools.partial(self._resolved, callback))
         if not (out.timers or out.tasks):
             return
         loop = asyncio.get_running_loop()
@@ -146,13 +161,52 @@ class Node:
             self._tasks.add(t)
             t.add_done_callback(self._tasks.discard)
 
-    def _resolved(self, callback: Resolved, future: asyncio.Future) -> None:
+    # -- the core's effects on the store -------------------------------------------------
+
+    def _carry_out(self, effect: Effect, out: Outbox) -> None:
+        store = self.store
+        if isinstance(effect, Persist):
+            if store is None:  # routing without a store: say so to whoever waits for it
+                if effect.then is not None:
+                    effect.then(StorageError(f"the store is unavailable: "
+                                             f"{self.store_error or 'not open yet'}"), out)
+                return
+            durable = store.append(effect.pub, effect.within)
+            if effect.then is not None:
+                durable.add_done_callback(functools.partial(self._stored, effect.then))
+        elif isinstance(effect, Read):
+            out.spawn(functools.partial(self._read, effect))
+        elif store is None:
+            return  # what the store would keep is kept in memory only, until it opens
+        elif isinstance(effect, KeepSubscription):
+            store.add_subscription(effect.id, effect.realm, effect.uri, effect.match,
+                                   effect.created)
+        elif isinstance(effect, ForgetSubscription):
+            store.remove_subscription(effect.id)
+        elif isinstance(effect, ForgetRetained):
+            store.forget_retained(effect.pub)
+        elif isinstance(effect, ClockStep):
+            store.add_anchor(effect.anchor, effect.after_seq)
+
+    def _stored(self, then: Stored, durable: asyncio.Future) -> None:
+        if durable.cancelled():  # the router is stopping
+            return
         out = Outbox()
         try:
-            callback(future, out)
+            then(durable.exception(), out)
         except Exception:
             log.exception("internal error after a store write")
         self.flush(out)
+
+    async def _read(self, effect: Read, out: Outbox) -> None:
+        try:
+            if self.store is None:
+                raise StorageError(f"the store is unavailable: "
+                                   f"{self.store_error or 'not open yet'}")
+            outcome: Any = await self.store.read_history(effect.request)
+        except Exception as e:  # the core turns it into the caller's error
+            outcome = e
+        effect.answer(outcome, out)
 
     def _fire(self, timer: Timer) -> None:
         out = Outbox()
@@ -319,11 +373,11 @@ class Node:
         except BaseException:
             await store.close()  # the next attempt opens it again
             raise
-        for realm in self.router.realms.values():
-            realm.store, realm.store_unavailable = store, None
-            realm.restore(subscriptions, retained)
         self.store, self.store_error = store, None
         self.backpressure.attach(store)
+        out = Outbox()
+        self.router.restore(store.next_seq, store.publication_ids, subscriptions, retained, out)
+        self.flush(out)
         log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
                  path, len(retained), len(subscriptions), store.next_seq)
 
@@ -335,8 +389,6 @@ class Node:
                       "would be stored get cairn.error.storage_failed); trying again every %g s",
                       self.config.router.data_dir, reason, self.store_retry_interval)
         self.store_error = reason
-        for realm in self.router.realms.values():
-            realm.store_unavailable = reason
 
     async def _reopen_store(self) -> None:
         while self.store is None:

@@ -54,6 +54,16 @@ import msgpack
 
 from gateway.clock import Anchor, rfc3339
 from gateway.patterns import matches
+from gateway.publication import (
+    HistoryRead,
+    ReadAbandoned,
+    ReadTimeout,
+    Slot,
+    StorageError,
+    StoredPublication,
+    UnknownPublication,
+    audience_allows,
+)
 from gateway.publication_ids import PublicationIds, new_key
 
 log = logging.getLogger("cairn.store")
@@ -238,22 +248,7 @@ _STORED_ROW = ("seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, c
                " authid, authrole, audience, details, payload")
 
 
-Slot = tuple[str, str, str]  # a retained slot: realm, topic, audience key
-
-
 _QUEUE_FULL = "the store's queue was full"
-
-
-class StorageError(Exception):
-    """A write could not be made durable (disk full, read-only filesystem, I/O error)."""
-
-
-class QueryTimeout(Exception):
-    """A read ran past its deadline and was interrupted."""
-
-
-class QueryAbandoned(Exception):
-    """A read was interrupted because nobody waits for its answer any more."""
 
 
 def _never() -> bool:
@@ -262,62 +257,6 @@ def _never() -> bool:
 
 class SchemaTooNew(Exception):
     """The database was written by a newer Cairn; refuse rather than corrupt it."""
-
-
-@dataclass(eq=False)
-class StoredPublication:
-    """One publication as the store keeps it (history row and/or retained slot)."""
-
-    seq: int
-    publication: int
-    realm: str
-    topic: str
-    args: list[Any] | None
-    kwargs: dict[str, Any] | None
-    wall_ms: int
-    boot_id: str
-    boottime_ns: int
-    clock_synced: bool
-    authid: str | None = None
-    authrole: str | None = None
-    audience: dict[str, list[Any]] | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    history_rule: int | None = None   # store in history under this rule
-    retain: bool = False              # make it the topic's retained event
-    # pieces of its retained EVENT, encoded once (gateway.retention.RetainedEvent; in memory)
-    events: dict[bool, dict[str, Any]] = field(default_factory=dict, repr=False)
-    packed: bytes | None = field(default=None, repr=False)  # its payload, once packed
-
-    @property
-    def audience_key(self) -> str:
-        return json.dumps(self.audience, sort_keys=True) if self.audience else ""
-
-    @property
-    def slot(self) -> Slot:
-        """Its retained slot: one per topic and audience."""
-        return self.realm, self.topic, self.audience_key
-
-    def payload(self) -> bytes:
-        """msgpack [args, kwargs], packed once (for the queue's bound, retention's and the
-        store's row)."""
-        if self.packed is None:
-            self.packed = msgpack.packb([self.args, self.kwargs], use_bin_type=True)
-        return self.packed
-
-    @property
-    def size(self) -> int:
-        return len(self.payload())
-
-    @classmethod
-    def from_row(cls, row: tuple[Any, ...], **extra: Any) -> StoredPublication:
-        """From the columns of _STORED_ROW."""
-        (seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, synced, authid,
-         authrole, audience, details, payload) = row
-        args, kwargs = msgpack.unpackb(payload, raw=False)
-        return cls(seq, publication, realm, topic, args, kwargs, wall_ms, boot_id or "",
-                   boottime_ns or 0, bool(synced), authid, authrole,
-                   json.loads(audience) if audience else None,
-                   json.loads(details) if details else {}, packed=payload, **extra)
 
 
 @dataclass
@@ -437,20 +376,6 @@ class _State:
         return state
 
 
-def audience_allows(audience: dict[str, list[Any]] | None, authid: str | None,
-                    authrole: str | None) -> bool:
-    """Would a session with this authid/authrole have received a publication with these
-    authid/authrole black/white lists?"""
-    if not audience:
-        return True
-    if authid in audience.get("exclude_authid", ()) or \
-            authrole in audience.get("exclude_authrole", ()):
-        return False
-    if "eligible_authid" in audience and authid not in audience["eligible_authid"]:
-        return False
-    return not ("eligible_authrole" in audience and authrole not in audience["eligible_authrole"])
-
-
 def eligible(audience_json: str | None, authid: str | None, authrole: str | None) -> bool:
     """audience_allows over the stored JSON: registered as an SQL function for history."""
     return audience_allows(json.loads(audience_json) if audience_json else None, authid, authrole)
@@ -564,7 +489,8 @@ class Store:
         return seq, self.publication_ids.of_seq(seq)
 
     def append(self, pub: StoredPublication, within: float | None = None) -> asyncio.Future:
-        """Queue a publication (its seq and publication id from :meth:`assign`) to be
+        """Queue a publication (its seq and publication id from :meth:`assign` or the core's
+        :class:`~gateway.core.Sequence`, seeded from this store) to be
         committed within ``within`` seconds (0: as soon as the writer is free; None:
         :attr:`flush_interval`). The future resolves when it is durable (or fails with
         StorageError)."""
@@ -577,6 +503,7 @@ class Store:
             return self._refuse(pub, _QUEUE_FULL, f"the store's queue is full "
                                                   f"({self.queued_bytes} bytes wait for a commit)")
         self.queued_bytes += size
+        self.next_seq = max(self.next_seq, pub.seq + 1)  # seqs the core assigned count too
         self._pending.publications.append(pub)
         self._commit_within(self.flush_interval if within is None else within)
         return self._waiter()
@@ -628,9 +555,11 @@ class Store:
         self._state.retained.pop(pub.slot, None)
         self._commit_within(self.record_window)
 
-    def add_anchor(self, anchor: Anchor) -> None:
-        """A clock anchor, committed with the publication that noticed it (appended next)."""
-        self._pending.anchors.append((anchor, self.next_seq - 1))
+    def add_anchor(self, anchor: Anchor, after_seq: int | None = None) -> None:
+        """A clock anchor for the seqs after ``after_seq`` (default: the last one assigned),
+        committed with the publication that noticed it (appended next)."""
+        self._pending.anchors.append((anchor, self.next_seq - 1 if after_seq is None
+                                      else after_seq))
 
     def _commit_within(self, seconds: float) -> None:
         """The pending batch is committed at the earliest deadline any of its items asked
@@ -1063,7 +992,7 @@ class Store:
     async def query(self, sql: str, params: Iterable[Any], timeout: float | None = None,
                     abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
         """Rows of a read; past ``timeout`` seconds (default :attr:`query_timeout`) SQLite
-        interrupts it (QueryTimeout), and as soon as ``abandoned()`` is true (QueryAbandoned:
+        interrupts it (ReadTimeout), and as soon as ``abandoned()`` is true (ReadAbandoned:
         nobody waits for the answer any more). One read at a time, so both are its own."""
         async with self._reading:
             self._read_deadline = time.monotonic() + (timeout or self.query_timeout)
@@ -1075,9 +1004,9 @@ class Store:
                 if "interrupt" not in str(e):
                     raise
                 if self._read_abandoned():
-                    raise QueryAbandoned("the reader left") from None
+                    raise ReadAbandoned("the reader left") from None
                 if time.monotonic() >= self._read_deadline:
-                    raise QueryTimeout(
+                    raise ReadTimeout(
                         f"the read ran past {timeout or self.query_timeout:g} s") from None
                 raise
             finally:
@@ -1114,6 +1043,33 @@ class Store:
                 "oldest": rfc3339(oldest) if oldest is not None else None,
                 "newest": rfc3339(newest) if newest is not None else None,
                 "gaps": gaps, "dropped_events": dropped, "clock_steps": anchors}
+
+    async def read_history(self, read: HistoryRead) -> list[tuple[Any, ...]]:
+        """The rows of a history page (see :meth:`history`); UnknownPublication when it names
+        a publication the store does not hold."""
+        conditions = [("wall_ms", op, ms) for op, ms in read.times]
+        for argument, op, publication in read.publications:
+            seq = await self.seq_of_publication(read.realm, publication)
+            if seq is None:
+                raise UnknownPublication(argument, publication)
+            conditions.append(("seq", op, seq))
+        return await self.history(self._topic_ids(read), conditions, read.caller, read.reverse,
+                                  2**63 - 1 if read.reverse else 0, read.limit, read.timeout,
+                                  read.abandoned)
+
+    def _topic_ids(self, read: HistoryRead) -> list[int]:
+        """The stored topics a history read covers: the subscription's matches, or the one
+        topic asked for if the subscription matches it; of a pattern subscription, only
+        those ``visible`` (so SQL never reads a row it must skip)."""
+        pattern = read.match != "exact"
+        if read.topic is None:
+            return self.topics.matching(read.realm, read.uri, read.match,
+                                        read.visible if pattern else None)
+        if not matches(read.uri, read.match, read.topic) or (pattern and
+                                                             not read.visible(read.topic)):
+            return []
+        found = self.topics.get(read.realm, read.topic)
+        return [] if found is None else [found]
 
     async def history(self, topics: list[int], conditions: list[tuple[str, str, int]],
                       caller: tuple[str | None, str | None], reverse: bool, beyond: int,

@@ -35,9 +35,9 @@ from autobahn.wamp.serializer import (
     Serializer,
 )
 
+from gateway.admission import Admission, Ticket, peer_of
 from gateway.core import Session, brief
 from gateway.flow_control import WriteBatcher
-from gateway.limits import Admission, Ticket, peer_of
 from gateway.origins import BrowserGuard
 
 if TYPE_CHECKING:

@@ -1,0 +1,103 @@
+"""The protocol core in memory: Cairn's router without sockets, an event loop or a store,
+driven one message at a time and inspected after each (as h11's tests drive its state
+machine with a pair of connections). The store's effects are carried out in memory:
+publications are durable the moment the core asks, unless a test holds them back."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from autobahn.wamp import message as m
+from autobahn.wamp import role
+
+from gateway import config as cfg
+from gateway.core import Effect, Outbox, Persist, Read, Session, Timer
+from gateway.publication_ids import PublicationIds, new_key
+from gateway.router import Router
+
+CLIENT_ROLES = {"publisher": role.RolePublisherFeatures(), "subscriber":
+                role.RoleSubscriberFeatures(), "caller": role.RoleCallerFeatures(),
+                "callee": role.RoleCalleeFeatures()}
+
+
+@dataclass(eq=False)
+class Peer:
+    """A client's end: what it sends goes through the core, what it receives piles up."""
+
+    core: CoreRouter
+    session: Session
+    inbox: list[Any] = field(default_factory=list)
+    closed: bool = False
+
+    def send(self, msg: m.Message, **extra: Any) -> list[Any]:
+        """Deliver ``msg``; what this peer received because of it (and of what followed)."""
+        start = len(self.inbox)
+        out = Outbox()
+        self.core.router.receive(self.session, msg, out, extra or None)
+        self.core.flush(out)
+        return self.inbox[start:]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class CoreRouter:
+    """A router built from TOML text, with the store's state it would restore."""
+
+    def __init__(self, toml: str, hold_writes: bool = False) -> None:
+        self.router = Router(cfg.parse(tomllib.loads(toml), "harness.toml"))
+        self.hold_writes = hold_writes  # True: Persist waits for complete_writes()
+        self.effects: list[Effect] = []  # every effect on the store, in order
+        self.held: list[Persist] = []
+        self.reads: list[Read] = []
+        self.timers: list[tuple[float, Timer]] = []
+        out = Outbox()
+        self.router.restore(1, PublicationIds(new_key()), [], [], out)
+        self.flush(out)
+
+    def connect(self, realm: str = "realm1", **hello: Any) -> Peer:
+        """A session that sent HELLO (anonymous unless ``hello`` says otherwise)."""
+        peer = Peer(self, Session(transport={"type": "memory", "peer": "memory"}))
+        peer.session.link = peer
+        peer.send(m.Hello(realm, CLIENT_ROLES, **hello))
+        return peer
+
+    def flush(self, out: Outbox) -> None:
+        for effect in out.effects:
+            self.effects.append(effect)
+            if isinstance(effect, Persist) and effect.then is not None:
+                self.held.append(effect)
+            elif isinstance(effect, Read):
+                self.reads.append(effect)
+        for session, msg in out.messages:
+            session.link.inbox.append(msg)
+        for session in out.closes:
+            session.link.close()
+        self.timers += out.timers
+        if not self.hold_writes:
+            self.complete_writes()
+
+    def complete_writes(self, error: Exception | None = None) -> None:
+        """The store commits (or fails, with ``error``) every write held back."""
+        held, self.held = self.held, []
+        for persist in held:
+            out = Outbox()
+            persist.then(error, out)
+            self.flush(out)
+
+    def answer_read(self, outcome: Any) -> None:
+        """The store answers the oldest read with ``outcome`` (rows or an exception)."""
+        read = self.reads.pop(0)
+        out = Outbox()
+        read.answer(outcome, out)
+        self.flush(out)
+
+    def effects_of(self, kind: type) -> list[Any]:
+        return [e for e in self.effects if isinstance(e, kind)]
+
+
+def of_type(messages: list[Any], kind: type) -> list[Any]:
+    return [msg for msg in messages if isinstance(msg, kind)]
+

@@ -1,0 +1,116 @@
+"""The protocol core in memory (harness.core): what the router decides, message by message,
+with no socket, event loop or store in between. The same behaviours meet real sockets in
+test_broker.py, test_retention.py and test_history.py."""
+
+from __future__ import annotations
+
+from autobahn.wamp import message as m
+
+from gateway.core import ClockStep, KeepSubscription, Persist, Read
+from gateway.publication import HistoryRead, StorageError
+from harness.core import CoreRouter, of_type
+
+CONFIG = """
+[router]
+data_dir = "unused"
+
+[[realms]]
+name = "realm1"
+anonymous_role = "anonymous"
+
+  [[realms.roles]]
+  name = "anonymous"
+  permissions = [
+    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
+  ]
+
+  [[realms.history]]
+  uri = "sensor"
+  match = "prefix"
+"""
+
+
+def published(peer, topic: str, value: object, **options: object) -> list:
+    return peer.send(m.Publish(1, topic, args=[value], acknowledge=True, **options))
+
+
+def test_a_history_rules_subscription_is_kept_from_the_start():
+    core = CoreRouter(CONFIG)
+    [kept] = core.effects_of(KeepSubscription)
+    assert (kept.uri, kept.match) == ("sensor", "prefix")
+
+
+def test_a_stored_publish_is_acknowledged_only_once_it_is_durable():
+    core = CoreRouter(CONFIG, hold_writes=True)
+    publisher = core.connect()
+    assert published(publisher, "sensor.t", 20.5, retain=True) == []
+    [persist] = core.effects_of(Persist)
+    assert (persist.pub.topic, persist.pub.args, persist.pub.retain) == ("sensor.t", [20.5], True)
+    core.complete_writes()
+    [ack] = of_type(publisher.inbox, m.Published)
+    assert ack.publication == persist.pub.publication
+
+
+def test_a_publish_the_store_cannot_keep_is_answered_with_storage_failed():
+    core = CoreRouter(CONFIG, hold_writes=True)
+    publisher = core.connect()
+    published(publisher, "sensor.t", 20.5)
+    core.complete_writes(StorageError("disk full"))
+    [error] = of_type(publisher.inbox, m.Error)
+    assert error.error == "cairn.error.storage_failed" and "disk full" in error.args[0]
+
+
+def test_a_publish_no_rule_keeps_and_nobody_retains_is_acknowledged_at_once():
+    core = CoreRouter(CONFIG, hold_writes=True)
+    publisher = core.connect()
+    [ack] = published(publisher, "live.only", 1)
+    assert isinstance(ack, m.Published)
+    assert core.effects_of(Persist) == []
+
+
+def test_stored_publications_get_consecutive_seqs_in_receive_order():
+    core = CoreRouter(CONFIG)
+    a, b = core.connect(), core.connect()
+    for peer, value in [(a, 1), (b, 2), (a, 3)]:
+        published(peer, "sensor.t", value)
+    assert [(p.pub.seq, p.pub.args) for p in core.effects_of(Persist)] == \
+        [(1, [1]), (2, [2]), (3, [3])]
+
+
+def test_the_first_stored_publication_records_the_clocks_anchor_before_it():
+    core = CoreRouter(CONFIG)
+    published(core.connect(), "sensor.t", 1)
+    kinds = [type(e) for e in core.effects if isinstance(e, ClockStep | Persist)]
+    assert kinds == [ClockStep, Persist]
+
+
+def test_subscribe_with_get_retained_answers_subscribed_then_the_retained_event():
+    core = CoreRouter(CONFIG)
+    published(core.connect(), "sensor.t", 20.5, retain=True)
+    subscriber = core.connect()
+    subscribed, event = subscriber.send(m.Subscribe(7, "sensor.t", get_retained=True))
+    assert isinstance(subscribed, m.Subscribed) and subscribed.request == 7
+    assert event.MESSAGE_TYPE == m.Event.MESSAGE_TYPE and event.body[2] == [20.5]
+
+
+def test_get_events_asks_the_store_for_the_callers_page_and_answers_with_its_rows():
+    core = CoreRouter(CONFIG)
+    reader = core.connect(authid="alice")
+    [sub_id] = of_type(reader.send(m.Subscribe(1, "sensor", match="prefix")), m.Subscribed)
+    assert reader.send(m.Call(2, "wamp.subscription.get_events",
+                              args=[sub_id.subscription], kwargs={"limit": 5})) == []
+    read: HistoryRead = core.reads[0].request
+    assert (read.uri, read.match, read.caller, read.limit) == ("sensor", "prefix",
+                                                               ("alice", "anonymous"), 6)
+    core.answer_read([])
+    [result] = of_type(reader.inbox, m.Result)
+    assert result.args == [[]] and result.kwargs == {"is_limit_reached": False}
+
+
+def test_get_events_on_a_subscription_without_history_is_refused_without_a_read():
+    core = CoreRouter(CONFIG)
+    reader = core.connect()
+    [sub] = of_type(reader.send(m.Subscribe(1, "live", match="prefix")), m.Subscribed)
+    [error] = reader.send(m.Call(2, "wamp.subscription.get_events", args=[sub.subscription]))
+    assert error.error == "wamp.error.invalid_argument"
+    assert core.effects_of(Read) == []
