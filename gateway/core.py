@@ -9,6 +9,7 @@ shell (:mod:`gateway.server`) carries those out, the store's effects first.
 
 from __future__ import annotations
 
+import enum
 import random
 import secrets
 from collections.abc import Awaitable, Callable
@@ -77,6 +78,29 @@ class ProtocolViolation(Exception):
     """The peer broke the protocol: its session is aborted with wamp.error.protocol_violation."""
 
 
+class SessionState(enum.Enum):
+    """Where a session is in its life. It moves only as TRANSITIONS allow, and in each
+    state the router expects one kind of message (see gateway.router)."""
+
+    OPENING = "opening"          # the transport is open: HELLO expected
+    CHALLENGED = "challenged"    # CHALLENGE sent: AUTHENTICATE expected
+    ESTABLISHED = "established"  # WELCOME sent: the session's messages
+    CLOSED = "closed"            # GOODBYE, ABORT or the transport gone: nothing more
+
+
+TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
+    SessionState.OPENING: frozenset({SessionState.CHALLENGED, SessionState.ESTABLISHED,
+                                     SessionState.CLOSED}),
+    SessionState.CHALLENGED: frozenset({SessionState.ESTABLISHED, SessionState.CLOSED}),
+    SessionState.ESTABLISHED: frozenset({SessionState.CLOSED}),
+    SessionState.CLOSED: frozenset(),
+}
+
+
+class IllegalTransition(Exception):
+    """A bug in the router: it moved a session where TRANSITIONS does not lead."""
+
+
 @dataclass(eq=False)
 class Session:
     """A WAMP session as the core sees it. ``link`` belongs to the transport shell."""
@@ -91,12 +115,24 @@ class Session:
     authprovider: str | None = None
     authextra: dict[str, Any] = field(default_factory=dict)
     roles: dict[str, Any] = field(default_factory=dict)
-    established: bool = False
-    closed: bool = False
-    # state the authenticator keeps between HELLO and AUTHENTICATE
+    state: SessionState = SessionState.OPENING
+    # what the authenticator keeps between HELLO and AUTHENTICATE (state CHALLENGED)
     pending_auth: Any = None
     subscriptions: int = 0  # held now, bounded by router.limits
     registrations: int = 0
+
+    def to(self, state: SessionState) -> None:
+        if state not in TRANSITIONS[self.state]:
+            raise IllegalTransition(f"session {self.id}: {self.state.value} -> {state.value}")
+        self.state = state
+
+    @property
+    def established(self) -> bool:
+        return self.state is SessionState.ESTABLISHED
+
+    @property
+    def closed(self) -> bool:
+        return self.state is SessionState.CLOSED
 
     def supports(self, role: str, feature: str) -> bool:
         features = self.roles.get(role)

@@ -24,6 +24,7 @@ from gateway.core import (
     ProtocolViolation,
     Sequence,
     Session,
+    SessionState,
     WampError,
     global_id,
 )
@@ -168,13 +169,13 @@ class Router:
     def receive(self, session: Session, msg: m.Message, out: Outbox,
                 extra: dict[str, Any] | None = None) -> None:
         """``extra`` holds options autobahn's parser drops: ``disclose_me`` on PUBLISH/CALL."""
-        if session.closed:
-            return
         try:
-            if session.established:
+            if session.state is SessionState.ESTABLISHED:
                 self._established(session, msg, out, extra or {})
-            else:
-                self._opening(session, msg, out)
+            elif session.state is SessionState.OPENING:
+                self._hello(session, msg, out)
+            elif session.state is SessionState.CHALLENGED:
+                self._authenticate(session, msg, out)
         except ProtocolViolation as e:
             self.abort(session, "wamp.error.protocol_violation", str(e), out)
 
@@ -182,15 +183,17 @@ class Router:
         """The transport went away (or was closed by us)."""
         if session.closed:
             return
-        session.closed = True
+        session.to(SessionState.CLOSED)
         self._detach(session, out)
 
     def abort(self, session: Session, reason: str, text: str, out: Outbox) -> None:
+        if session.closed:
+            return
         log.warning("session %s aborted: %s: %s (peer %s)", session.id or "-", reason, text,
                     session.transport.get("peer"))
         out.send(session, m.Abort(reason, text))
         out.close(session)
-        session.closed = True
+        session.to(SessionState.CLOSED)
         self._detach(session, out)
 
     def reload(self, config: Config, out: Outbox) -> None:
@@ -214,7 +217,7 @@ class Router:
                     out.send(session, m.Goodbye("wamp.close.killed",
                                                 f"role {session.authrole!r} was removed"))
                     out.close(session)
-                    session.closed = True
+                    session.to(SessionState.CLOSED)
                     self._detach(session, out)
         self.config = config
 
@@ -225,16 +228,13 @@ class Router:
         self.stopping = True
         for session in list(self.sessions.values()):
             out.send(session, m.Goodbye("wamp.close.system_shutdown", "the router is stopping"))
-            session.closed = True
+            session.to(SessionState.CLOSED)
             self._detach(session, out)
 
     # -- before WELCOME ------------------------------------------------------------------
 
-    def _opening(self, session: Session, msg: m.Message, out: Outbox) -> None:
-        if isinstance(msg, m.Authenticate) and session.pending_auth is not None:
-            self._authenticate(session, msg, out)
-            return
-        if not isinstance(msg, m.Hello) or session.realm is not None:
+    def _hello(self, session: Session, msg: m.Message, out: Outbox) -> None:
+        if not isinstance(msg, m.Hello):
             raise ProtocolViolation(f"expected HELLO, got {type(msg).__name__.upper()}")
         if self.stopping:
             self.abort(session, "wamp.close.system_shutdown", "the router is stopping", out)
@@ -257,9 +257,12 @@ class Router:
         if challenge is None:  # anonymous: nothing to guess, never throttled
             self._welcome(session, realm, out)
         elif not self._throttled(session, out):
+            session.to(SessionState.CHALLENGED)
             out.send(session, challenge)
 
-    def _authenticate(self, session: Session, msg: m.Authenticate, out: Outbox) -> None:
+    def _authenticate(self, session: Session, msg: m.Message, out: Outbox) -> None:
+        if not isinstance(msg, m.Authenticate):
+            raise ProtocolViolation(f"expected AUTHENTICATE, got {type(msg).__name__.upper()}")
         realm = session.realm
         assert realm is not None
         authid = session.pending_auth.authid
@@ -293,7 +296,7 @@ class Router:
             session.pending_auth = None
 
     def _welcome(self, session: Session, realm: Realm, out: Outbox) -> None:
-        session.established = True
+        session.to(SessionState.ESTABLISHED)
         self.sessions[session.id] = session
         out.send(session, m.Welcome(
             session.id,
@@ -320,7 +323,7 @@ class Router:
             if isinstance(msg, m.Goodbye):
                 out.send(session, m.Goodbye("wamp.close.goodbye_and_out"))
                 out.close(session)
-                session.closed = True
+                session.to(SessionState.CLOSED)
                 self._detach(session, out)
                 return
             raise ProtocolViolation(

@@ -4,11 +4,20 @@ test_broker.py, test_retention.py and test_history.py."""
 
 from __future__ import annotations
 
+import pytest
 from autobahn.wamp import message as m
 
-from gateway.core import ClockStep, KeepSubscription, Persist, Read
+from gateway.core import (
+    ClockStep,
+    IllegalTransition,
+    KeepSubscription,
+    Persist,
+    Read,
+    Session,
+    SessionState,
+)
 from gateway.publication import HistoryRead, StorageError
-from harness.core import CoreRouter, of_type
+from harness.core import CoreRouter, Peer, of_type
 
 CONFIG = """
 [router]
@@ -23,6 +32,11 @@ anonymous_role = "anonymous"
   permissions = [
     { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
   ]
+
+  [[realms.users]]
+  authid = "root"
+  role = "anonymous"
+  secret = "s3cret"
 
   [[realms.history]]
   uri = "sensor"
@@ -114,3 +128,53 @@ def test_get_events_on_a_subscription_without_history_is_refused_without_a_read(
     [error] = reader.send(m.Call(2, "wamp.subscription.get_events", args=[sub.subscription]))
     assert error.error == "wamp.error.invalid_argument"
     assert core.effects_of(Read) == []
+
+
+# -- the session's states ------------------------------------------------------------------
+
+
+def opening(core: CoreRouter) -> Peer:
+    peer = Peer(core, Session(transport={"type": "memory", "peer": "memory"}))
+    peer.session.link = peer
+    return peer
+
+
+def test_anything_but_hello_first_aborts_the_session_as_a_protocol_violation():
+    core = CoreRouter(CONFIG)
+    peer = opening(core)
+    [abort] = peer.send(m.Subscribe(1, "sensor.t"))
+    assert (abort.reason, peer.session.state) == ("wamp.error.protocol_violation",
+                                                  SessionState.CLOSED)
+    assert "expected HELLO, got SUBSCRIBE" in abort.message
+
+
+def test_a_challenged_session_accepts_only_authenticate():
+    core = CoreRouter(CONFIG)
+    peer = core.connect(authmethods=["ticket"], authid="root")
+    assert peer.session.state is SessionState.CHALLENGED
+    [abort] = peer.send(m.Publish(1, "sensor.t"))
+    assert "expected AUTHENTICATE, got PUBLISH" in abort.message
+
+
+def test_authenticate_with_the_secret_establishes_the_session():
+    core = CoreRouter(CONFIG)
+    peer = core.connect(authmethods=["ticket"], authid="root")
+    [welcome] = peer.send(m.Authenticate("s3cret"))
+    assert isinstance(welcome, m.Welcome) and peer.session.state is SessionState.ESTABLISHED
+
+
+def test_a_closed_session_is_not_heard_any_more():
+    core = CoreRouter(CONFIG)
+    peer = core.connect()
+    [goodbye] = peer.send(m.Goodbye())
+    assert goodbye.reason == "wamp.close.goodbye_and_out" and peer.closed
+    assert peer.send(m.Publish(2, "sensor.t", args=[1], acknowledge=True)) == []
+    assert core.effects_of(Persist) == []
+
+
+def test_a_closed_session_cannot_be_moved_anywhere():
+    session = Session()
+    session.to(SessionState.CLOSED)
+    for state in SessionState:
+        with pytest.raises(IllegalTransition):
+            session.to(state)
