@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,8 @@ from gateway.publication import (
 if TYPE_CHECKING:
     from gateway.broker import Subscription
     from gateway.router import Realm
+
+log = logging.getLogger("cairn.history")
 
 DEFAULT_PAGE_CAP = 1000
 _TIME_ARGS = {"from_time": ">=", "after_time": ">", "before_time": "<", "until_time": "<="}
@@ -164,10 +167,20 @@ def history_query(realm: Realm, caller: Session, sub: Subscription, query: Event
                             f"get_events: the history could not be read: {rows}")
         if isinstance(rows, Exception):
             raise rows
-        events = [_event(sub.id, row) for row in rows[:page]]
+        events = [event for row in rows[:page] if (event := _readable(sub.id, row))]
         return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
 
     return Query(read, result)
+
+
+def _readable(subscription: int, row: tuple[Any, ...]) -> dict[str, Any] | None:
+    """The row's event, or None for a damaged row (its page goes out without it)."""
+    try:
+        return _event(subscription, row)
+    except Exception as e:
+        log.warning("history row seq %s cannot be read (%s: %.100s): left out of get_events",
+                    row[0], type(e).__name__, e)
+        return None
 
 
 def _event(subscription: int, row: tuple[Any, ...]) -> dict[str, Any]:

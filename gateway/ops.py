@@ -20,6 +20,7 @@ from typing import Any
 from gateway import clock, wear
 from gateway.config import Config, ConfigError, load, read_document
 from gateway.store import SCHEMA_VERSION
+from sync.sinks import redact_url
 
 DB_NAME = "cairn.db"
 LOCK_NAME = "cairn.lock"
@@ -205,14 +206,15 @@ def _check_sink(report: Report, sync: dict[str, Any] | None) -> None:
                    f"{path} {'is writable' if ok else 'is missing or not writable'}")
         return
     base = sink.split("{name}")[0]
+    shown = redact_url(base)
     try:
         with urllib.request.urlopen(urllib.request.Request(base, method="HEAD"), timeout=5):
             pass
-        report.add("ok", "sync sink", f"{base} answers")
+        report.add("ok", "sync sink", f"{shown} answers")
     except urllib.error.HTTPError as e:  # the server is there; HEAD may be refused
-        report.add("ok", "sync sink", f"{base} answers (HTTP {e.code})")
+        report.add("ok", "sync sink", f"{shown} answers (HTTP {e.code})")
     except (urllib.error.URLError, OSError) as e:
-        report.add("warn", "sync sink", f"{base} unreachable now ({getattr(e, 'reason', e)});"
+        report.add("warn", "sync sink", f"{shown} unreachable now ({getattr(e, 'reason', e)});"
                                         f" batches wait until it is back")
 
 

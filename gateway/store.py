@@ -1303,6 +1303,24 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
             db.execute(f"PRAGMA user_version = {target}")
 
 
+def _exported(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A history row as the uploader ships it; one that cannot be decoded (a damaged page
+    or payload) as ``{"seq", "realm", "topic", "wall_ms", "damaged": why}``."""
+    (seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, synced, authid, authrole,
+     audience, details, payload) = row
+    try:
+        args, kwargs = msgpack.unpackb(payload, raw=False)
+        return {"seq": seq, "publication": publication, "realm": realm, "topic": topic,
+                "wall_ms": wall_ms, "boot_id": boot_id, "boottime_ns": boottime_ns,
+                "clock_synced": bool(synced), "authid": authid, "authrole": authrole,
+                "audience": json.loads(audience) if audience else None,
+                "details": json.loads(details) if details else {},
+                "args": args, "kwargs": kwargs}
+    except Exception as e:  # whatever the damage, this one row is lost, not the history
+        return {"seq": seq, "realm": realm, "topic": topic, "wall_ms": wall_ms,
+                "damaged": f"{type(e).__name__}: {e}"[:200]}
+
+
 class HistoryReader:
     """Blocking, read-mostly access for the uploader process (``cairn sync``), which runs
     beside the router: WAL lets it read while the router writes. Its only write is the
@@ -1341,18 +1359,7 @@ class HistoryReader:
             "SELECT seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, "
             "clock_synced, authid, authrole, audience, details, payload FROM publications "
             "WHERE seq > ? ORDER BY seq LIMIT ?", (seq, limit)).fetchall()
-        result = []
-        for (seq_, publication, realm, topic, wall_ms, boot_id, boottime_ns, synced, authid,
-             authrole, audience, details, payload) in rows:
-            args, kwargs = msgpack.unpackb(payload, raw=False)
-            result.append({
-                "seq": seq_, "publication": publication, "realm": realm, "topic": topic,
-                "wall_ms": wall_ms, "boot_id": boot_id, "boottime_ns": boottime_ns,
-                "clock_synced": bool(synced), "authid": authid, "authrole": authrole,
-                "audience": json.loads(audience) if audience else None,
-                "details": json.loads(details) if details else {},
-                "args": args, "kwargs": kwargs})
-        return result
+        return [_exported(row) for row in rows]
 
     def anchors(self) -> list[dict[str, Any]]:
         rows = self.db.execute(

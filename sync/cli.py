@@ -9,7 +9,8 @@ token_env = "CAIRN_SYNC_TOKEN"  # bearer token (or token / token_file); or usern
 batch_events = 10000            # events per batch file
 batch_bytes = 8388608           # compressed bytes per batch file
 interval = 60                   # seconds between checks while there is nothing to send
-timeout = 30                    # seconds per HTTP request
+timeout = 30                    # seconds a whole HTTP request may take
+redirect_hosts = []             # hosts a redirect may hand a batch to (WebHDFS datanodes)
 max_backoff = 600               # seconds, the longest wait between retries
 bandwidth = 0                   # bytes/s cap, 0 = none
 verify_tls = true
@@ -54,6 +55,7 @@ class SyncConfig:
     max_backoff: float = 600.0
     bandwidth: int = 0
     verify_tls: bool = True
+    redirect_hosts: tuple[str, ...] = ()
 
 
 def _optional_secret(v: _Validator, t: dict[str, Any], at: str, name: str) -> str | None:
@@ -72,7 +74,8 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     at = "sync"
     v.keys(t, at, {"sink", "gateway_id", "token", "token_file", "token_env", "username",
                    "password", "password_file", "password_env", "batch_events", "batch_bytes",
-                   "interval", "timeout", "max_backoff", "bandwidth", "verify_tls"})
+                   "interval", "timeout", "max_backoff", "bandwidth", "verify_tls",
+                   "redirect_hosts"})
     sink = v.get(t, at, "sink", str, None)
     if not sink:
         raise ConfigError(source, f"{at}.sink", "missing: a directory (dir:/path) or an "
@@ -96,6 +99,10 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     bandwidth = v.get(t, at, "bandwidth", int, 0)
     if bandwidth < 0:
         raise ConfigError(source, f"{at}.bandwidth", "must be 0 (no cap) or bytes per second")
+    redirect_hosts = v.get(t, at, "redirect_hosts", list, [])
+    if not all(isinstance(h, str) and h and "/" not in h for h in redirect_hosts):
+        raise ConfigError(source, f"{at}.redirect_hosts",
+                          f"must be a list of host names, not {redirect_hosts!r}")
     return SyncConfig(
         sink=sink, data_dir=router.data_dir,
         gateway_id=gateway_id,
@@ -104,7 +111,8 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
         password=_optional_secret(v, t, at, "password"),
         batch_events=v.positive(t, at, "batch_events", 10_000),
         batch_bytes=v.positive(t, at, "batch_bytes", 8 * 1024 * 1024),
-        bandwidth=bandwidth, verify_tls=v.get(t, at, "verify_tls", bool, True), **numbers)
+        bandwidth=bandwidth, verify_tls=v.get(t, at, "verify_tls", bool, True),
+        redirect_hosts=tuple(h.lower() for h in redirect_hosts), **numbers)
 
 
 def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
@@ -112,7 +120,8 @@ def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
         return DirectorySink(Path(config.sink.removeprefix("dir:")), config.bandwidth)
     return HttpSink(config.sink, token=config.token, username=config.username,
                     password=config.password, timeout=config.timeout,
-                    verify_tls=config.verify_tls, bandwidth=config.bandwidth)
+                    verify_tls=config.verify_tls, bandwidth=config.bandwidth,
+                    redirect_hosts=config.redirect_hosts)
 
 
 def add_commands(commands: Any) -> None:

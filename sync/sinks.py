@@ -11,13 +11,14 @@ chunks, so a large batch never bursts over a slow uplink at full speed.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import os
+import socket
 import ssl
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,10 +97,36 @@ class DirectorySink:
             raise SinkError(f"cannot write {target}: {e.strerror or e}") from e
 
 
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown and logged: without a user, password or query values
+    (a presigned URL's signature, a token), which only the uploader needs."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = ("***@" if parts.username or parts.password else "") + \
+        (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
+    query = "&".join(f"{key}=***" if value else key
+                     for key, value in urllib.parse.parse_qsl(parts.query, True))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
 @dataclass
 class HttpSink:
     """PUTs each file to ``url`` + name (WebHDFS/HttpFS, S3-style presigned prefixes, or any
-    server that answers 2xx). ``{name}`` in the URL is replaced instead when present."""
+    server that answers 2xx). ``{name}`` in the URL is replaced instead when present.
+
+    A 307/308 answer is followed (WebHDFS hands a CREATE to a datanode that way) only
+    within the sink's own origin or to a host of ``redirect_hosts``, never from https to
+    http, and credentials go to the sink's origin only: the watermark advances on what the
+    configured sink (or a host the operator named) confirmed, and the token never leaves.
+    ``timeout`` bounds each whole request (connect, upload, answer), plus the time the
+    ``bandwidth`` cap itself needs for the upload: a server that answers a byte at a time
+    cannot hold a PUT longer."""
 
     url: str
     token: str | None = None
@@ -108,6 +135,7 @@ class HttpSink:
     timeout: float = 30.0
     verify_tls: bool = True
     bandwidth: int = 0
+    redirect_hosts: tuple[str, ...] = ()
     pacer: Pacer | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +143,7 @@ class HttpSink:
             self.pacer = Pacer(self.bandwidth)
 
     def describe(self) -> str:
-        return self.url
+        return redact_url(self.url)
 
     def _target(self, name: str) -> str:
         if "{name}" in self.url:
@@ -124,34 +152,81 @@ class HttpSink:
 
     def put(self, name: str, data: bytes) -> None:
         url = self._target(name)
-        for _ in range(3):  # WebHDFS answers a CREATE with 307 to a datanode: follow it
+        for _ in range(3):
             location = self._put(url, name, data)
             if location is None:
                 return
-            url = location
+            url = self._follow(url, location, name)
         raise SinkError(f"PUT {name}: too many redirects")
+
+    def _follow(self, url: str, location: str, name: str) -> str:
+        target = urllib.parse.urljoin(url, location)
+        scheme, host, _ = _origin(target)
+        if urllib.parse.urlsplit(url).scheme == "https" and scheme != "https":
+            raise SinkError(f"PUT {name}: redirected from https to {redact_url(target)}: "
+                            f"refused (it would leave TLS)")
+        if _origin(target) != _origin(self.url) and host not in self.redirect_hosts:
+            raise SinkError(f"PUT {name}: redirected to {redact_url(target)}, not the sink's "
+                            f"host: refused (list it in sync.redirect_hosts if it stores the "
+                            f"batches, as a WebHDFS datanode does)")
+        return target
 
     def _put(self, url: str, name: str, data: bytes) -> str | None:
         """One PUT; the Location of a 307/308 answer, or None once the server took it."""
+        parts = urllib.parse.urlsplit(url)
+        connection = self._connection(parts)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         body = data if self.pacer is None else _PacedBody(data, self.pacer)
-        request = urllib.request.Request(url, data=body, method="PUT")
-        request.add_header("Content-Type", "application/octet-stream")
-        request.add_header("Content-Length", str(len(data)))
-        if self.token:
-            request.add_header("Authorization", f"Bearer {self.token}")
-        elif self.username is not None:
-            pair = f"{self.username}:{self.password or ''}".encode()
-            request.add_header("Authorization", f"Basic {base64.b64encode(pair).decode()}")
-        context = None if self.verify_tls else ssl._create_unverified_context()
+        headers = {"Content-Type": "application/octet-stream",
+                   "Content-Length": str(len(data)), **self._credentials(url)}
+        limit = self.timeout + (len(data) / self.bandwidth if self.bandwidth else 0.0)
+        expired = threading.Event()
+        deadline = threading.Timer(limit, _cut, [connection, expired])
+        deadline.start()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=context) as reply:
-                if not 200 <= reply.status < 300:
-                    raise SinkError(f"PUT {name}: HTTP {reply.status}")
-                return None
-        except urllib.error.HTTPError as e:
-            if e.code in (307, 308) and e.headers.get("Location"):
-                return urllib.parse.urljoin(url, e.headers["Location"])
-            raise SinkError(f"PUT {name}: HTTP {e.code} {e.reason}") from e
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-            reason = getattr(e, "reason", None) or f"{type(e).__name__} {e}".strip()
-            raise SinkError(f"PUT {name}: {reason}") from e
+            connection.request("PUT", path, body=body, headers=headers)
+            reply = connection.getresponse()
+            reply.read(64 * 1024)
+        except (OSError, http.client.HTTPException) as e:
+            if expired.is_set():
+                raise SinkError(f"PUT {name}: no answer within {limit:g} s "
+                                f"(sync.timeout)") from e
+            raise SinkError(f"PUT {name}: {type(e).__name__} {e}".strip()) from e
+        finally:
+            deadline.cancel()
+            connection.close()
+        if 200 <= reply.status < 300:
+            return None
+        location = reply.getheader("Location")
+        if reply.status in (307, 308) and location:
+            return location
+        moved = f" to {redact_url(urllib.parse.urljoin(url, location))}" if location else ""
+        raise SinkError(f"PUT {name}: HTTP {reply.status} {reply.reason}{moved}")
+
+    def _connection(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+        if parts.scheme == "https":
+            context = ssl.create_default_context() if self.verify_tls else \
+                ssl._create_unverified_context()
+            return http.client.HTTPSConnection(parts.hostname, parts.port,
+                                               timeout=self.timeout, context=context)
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout)
+
+    def _credentials(self, url: str) -> dict[str, str]:
+        """The Authorization header, for the sink's own origin only."""
+        if _origin(url) != _origin(self.url):
+            return {}
+        if self.token:
+            return {"Authorization": f"Bearer {self.token}"}
+        if self.username is not None:
+            pair = f"{self.username}:{self.password or ''}".encode()
+            return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
+        return {}
+
+
+def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The deadline: shut the socket, so a blocked send or read returns at once."""
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

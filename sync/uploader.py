@@ -72,6 +72,8 @@ class SyncStatus:
     rate_events_per_s: float | None = None
     batches: int = 0
     events: int = 0
+    damaged_rows: int = 0  # history rows that could not be read, shipped as gaps
+    last_damaged: dict[str, Any] | None = None
 
 
 def _json_default(value: Any) -> Any:
@@ -94,6 +96,14 @@ def encode_rows(gateway_id: str, rows: list[dict[str, Any]]) -> bytes:
                              "timestamp": f"{prefix}.{ms % 1000:03d}Z", **row}))
     lines.append("")
     return gzip.compress("\n".join(lines).encode(), compresslevel=6, mtime=0)
+
+
+def _damaged_gap(row: dict[str, Any]) -> dict[str, Any]:
+    """A damaged history row as a gap record of its batch (ids of the store's own gaps are
+    positive, so these cannot collide)."""
+    return {"id": -row["seq"], "realm": row["realm"], "rule": None, "first_seq": row["seq"],
+            "last_seq": row["seq"], "count": 1, "reason": f"damaged: {row['damaged']}",
+            "wall_ms": row["wall_ms"]}
 
 
 def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
@@ -149,15 +159,29 @@ class Uploader:
     # -- one batch -----------------------------------------------------------------------
 
     def next_batch(self) -> Batch | None:
-        rows = self.reader.publications_after(self.status.synced_seq, self.batch_events)
+        rows, damaged = self._readable_rows()
         if not rows:
             return None
         data = encode_rows(self.gateway_id, rows)
         while len(data) > self.batch_bytes and len(rows) > 1:
             rows = rows[: max(1, len(rows) * self.batch_bytes // len(data) * 9 // 10)]
             data = encode_rows(self.gateway_id, rows)
+        lost = [_damaged_gap(r) for r in damaged if r["seq"] < rows[-1]["seq"]]
         return build_batch(self.gateway_id, rows, self.status.synced_seq,
-                           self.reader.anchors(), self.reader.gaps(), data)
+                           self.reader.anchors(), self.reader.gaps() + lost, data)
+
+    def _readable_rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The next rows that can be shipped, and the damaged ones before and among them.
+        Damaged rows go in a batch's manifest as gaps (reason "damaged: ..."), so they ride
+        with the next good row: a backlog that ends in them waits for one."""
+        after, damaged = self.status.synced_seq, []
+        while True:
+            window = self.reader.publications_after(after, self.batch_events)
+            good = [r for r in window if "damaged" not in r]
+            damaged += [r for r in window if "damaged" in r]
+            if good or len(window) < self.batch_events:
+                return good, damaged
+            after = window[-1]["seq"]  # a whole window of damage: look past it
 
     def ship(self, batch: Batch) -> None:
         """Data first, manifest last; then (and only then) the watermark."""
@@ -167,6 +191,12 @@ class Uploader:
         self.status.synced_seq = batch.last_seq
         self.status.batches += 1
         self.status.events += batch.count
+        for gap in batch.manifest["gaps"]:
+            if gap["id"] < 0 and gap["first_seq"] > batch.manifest["after_seq"]:
+                self.status.damaged_rows += 1
+                self.status.last_damaged = {k: gap[k] for k in ("first_seq", "reason")}
+                log.warning("history row seq %d could not be read (%s): shipped as a gap",
+                            gap["first_seq"], gap["reason"])
 
     # -- loops ---------------------------------------------------------------------------
 

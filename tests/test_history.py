@@ -622,6 +622,23 @@ async def test_a_get_events_query_stops_when_its_caller_leaves(cairn):
     assert waited < scan / 2, f"waited {waited:.2f} s behind a {scan:.2f} s scan"
 
 
+async def test_a_damaged_row_is_left_out_of_its_page_and_the_page_still_comes(cairn):
+    """It used to fail every page that held it (cairn.error.internal)."""
+    publisher = await cairn.connect()
+    for value in ("first", "damaged", "last"):
+        await acked(publisher, "hist.public", value)
+    store = cairn.node.store
+    seq = (await store.query("SELECT seq FROM publications WHERE topic = 'hist.public'"
+                             " ORDER BY seq LIMIT 1 OFFSET 1", ()))[0][0]
+    db = sqlite3.connect(store.path, timeout=30)
+    with db:
+        db.execute("UPDATE publications SET payload = x'c1c1' WHERE seq = ?", (seq,))
+    db.close()
+    sub = await lookup(publisher, "hist", "prefix")
+    events = await get_events(publisher, sub, topic="hist.public")
+    assert [e["args"][0] for e in events] == ["first", "last"]
+
+
 # -- security: what each caller may see ----------------------------------------------------
 
 

@@ -19,6 +19,7 @@ import http.server
 import json
 import random
 import socket
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -564,3 +565,194 @@ def test_bandwidth_cap_slows_the_upload_measurably(tmp_path):
         server.stop()
     assert capped >= 0.7, (capped, total)  # ~1 s less the first quarter-second burst
     assert capped > 3 * uncapped, (capped, uncapped)
+
+
+def damage_payload(db_path: Path, seq: int) -> None:
+    """What a bad sector or a torn page leaves: a payload that is no msgpack any more."""
+    db = sqlite3.connect(db_path)
+    with db:
+        db.execute("UPDATE publications SET payload = x'c1c1' WHERE seq = ?", (seq,))
+    db.close()
+
+
+def test_a_damaged_history_row_ships_as_a_gap_and_sync_goes_on(tmp_path):
+    """It used to crash `cairn sync` on every run, while its status file said "ok"."""
+    data_dir = tmp_path / "data"
+    seqs = fill_store(data_dir, 30)
+    damage_payload(data_dir / "cairn.db", seqs[10])
+    uploader = uploader_for(data_dir, DirectorySink(tmp_path / "landing"))
+    assert uploader.once() == 29
+    manifests, rows = landed(tmp_path / "landing")
+    assert sorted(r["seq"] for r in rows) == [s for s in seqs if s != seqs[10]]
+    [gap] = [g for m in manifests for g in m["gaps"]]
+    assert (gap["first_seq"], gap["last_seq"]) == (seqs[10], seqs[10])
+    assert gap["reason"].startswith("damaged: ")
+    status = status_of(data_dir)
+    assert status["synced_seq"] == seqs[-1] and status["damaged_rows"] == 1
+    assert status["last_damaged"]["first_seq"] == seqs[10]
+
+
+def test_damaged_rows_at_the_end_of_the_backlog_wait_for_the_next_good_row(tmp_path):
+    data_dir = tmp_path / "data"
+    seqs = fill_store(data_dir, 10)
+    damage_payload(data_dir / "cairn.db", seqs[-1])
+    uploader = uploader_for(data_dir, DirectorySink(tmp_path / "landing"))
+    assert uploader.once() == 9
+    assert uploader.reader.synced_seq() == seqs[-2]
+    more = fill_store(data_dir, 1, first_index=10)
+    assert uploader.once() == 1
+    manifests, _ = landed(tmp_path / "landing")
+    assert [g["first_seq"] for m in manifests for g in m["gaps"]] == [seqs[-1]]
+    assert uploader.reader.synced_seq() == more[-1]
+
+
+# -- hostile or broken HTTP sinks (issue 19) -------------------------------------------------
+
+
+@dataclass
+class ScriptedServer:
+    """An HTTP server in a thread that answers every PUT with ``answer(handler)`` and keeps
+    what it was sent: (path, Authorization header)."""
+
+    answer: Any
+    requests: list[tuple[str, str | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_PUT(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                server.requests.append((self.path, self.headers.get("Authorization")))
+                server.answer(self)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def stored(handler: http.server.BaseHTTPRequestHandler) -> None:
+    handler.send_response(201)
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+def redirect_to(url: str):
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.send_response(307)
+        handler.send_header("Location", url + handler.path)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+    return answer
+
+
+def test_a_redirect_to_another_host_gets_neither_the_token_nor_the_batch(tmp_path):
+    """The attack: the sink (or whoever answers for it) redirected each PUT elsewhere; the
+    bearer token followed, and the watermark advanced on what the other host answered."""
+    fill_store(tmp_path / "data", 20)
+    elsewhere = ScriptedServer(stored)
+    sink_server = ScriptedServer(redirect_to(elsewhere.url.replace("127.0.0.1", "localhost")))
+    try:
+        uploader = uploader_for(tmp_path / "data", HttpSink(sink_server.url + "/landing",
+                                                            token="s3cret", timeout=5))
+        with pytest.raises(SinkError, match="not the sink's host: refused"):
+            uploader.once()
+    finally:
+        sink_server.close()
+        elsewhere.close()
+    assert elsewhere.requests == []
+    assert uploader.reader.synced_seq() == 0
+    assert "sync.redirect_hosts" in status_of(tmp_path / "data")["last_error"]
+
+
+def test_a_redirect_to_a_listed_host_delivers_the_batch_without_the_token(tmp_path):
+    """WebHDFS: the namenode hands a CREATE to a datanode with a 307."""
+    seqs = fill_store(tmp_path / "data", 20)
+    datanode = ScriptedServer(stored)
+    namenode = ScriptedServer(redirect_to(datanode.url.replace("127.0.0.1", "localhost")))
+    try:
+        uploader = uploader_for(tmp_path / "data", HttpSink(
+            namenode.url + "/landing", token="s3cret", timeout=5,
+            redirect_hosts=("localhost",)))
+        assert uploader.once() == len(seqs)
+    finally:
+        namenode.close()
+        datanode.close()
+    assert {auth for _, auth in namenode.requests} == {"Bearer s3cret"}
+    assert datanode.requests and {auth for _, auth in datanode.requests} == {None}
+
+
+def test_a_redirect_from_https_to_http_is_refused():
+    sink = HttpSink("https://sink.example/landing/{name}", token="s3cret",
+                    redirect_hosts=("sink.example",))
+    with pytest.raises(SinkError, match="from https to http://sink.example/x: refused"):
+        sink._follow("https://sink.example/landing/b1", "http://sink.example/x", "b1")
+
+
+def test_a_sink_answering_a_byte_at_a_time_is_cut_at_the_timeout(tmp_path):
+    """The attack: a slow-drip answer held each PUT 40 s at timeout = 5 (a timeout per read)."""
+    def drip(handler: http.server.BaseHTTPRequestHandler) -> None:
+        with contextlib.suppress(OSError):
+            for byte in b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n":
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+                time.sleep(0.3)  # 44 bytes: 13 s in all
+
+    fill_store(tmp_path / "data", 20)
+    server = ScriptedServer(drip)
+    try:
+        uploader = uploader_for(tmp_path / "data", HttpSink(server.url, timeout=1))
+        started = time.monotonic()
+        with pytest.raises(SinkError, match="no answer within 1 s"):
+            uploader.once()
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert took < 4, f"the PUT was held {took:.1f} s at timeout = 1"
+    assert uploader.reader.synced_seq() == 0
+
+
+def test_the_sink_url_is_shown_and_logged_without_its_credentials(tmp_path, caplog):
+    fill_store(tmp_path / "data", 20)
+    server = ScriptedServer(lambda handler: handler.send_error(503, "busy"))
+    url = server.url.replace("http://", "http://edge:pa55@") + "/landing?sig=abc123&x"
+    try:
+        uploader = uploader_for(tmp_path / "data", HttpSink(url, timeout=5))
+        with pytest.raises(SinkError, match="503"):
+            uploader.once()
+    finally:
+        server.close()
+    status = status_of(tmp_path / "data")
+    assert status["sink"] == server.url.replace("http://", "http://***@") + \
+        "/landing?sig=***&x"
+    text = json.dumps(status) + caplog.text
+    assert "pa55" not in text and "abc123" not in text
+
+
+async def test_the_router_status_shows_the_redacted_sink_to_any_caller(tmp_path):
+    data_dir = tmp_path / "data"
+    await _fill(data_dir / "cairn.db", 5, 0, 0)
+    uploader = uploader_for(data_dir, HttpSink("https://edge:pa55@hdfs.example/in?token=abc123"))
+    uploader._write_status(force=True)
+    uploader.reader.close()
+    node = await start_router(REALM_CONFIG.format(unix_path=tmp_path / "wamp.sock",
+                                                  data_dir=data_dir))
+    try:
+        session = await connect(RunningRouter(node, str(tmp_path / "wamp.sock")))
+        status = await session.call("cairn.router.status")
+        await session.leave()
+    finally:
+        await node.stop()
+    assert status["sync"]["sink"] == "https://***@hdfs.example/in?token=***"
+    assert "pa55" not in json.dumps(status) and "abc123" not in json.dumps(status)
