@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.clock import rfc3339
-from sync.uploader import build_batch, encode_rows, manifest_name
+from sync.batch_format import encode_rows, manifest_name
+from sync.uploader import build_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark.json"
 T0_MS = 1_795_000_000_000
@@ -117,7 +118,7 @@ def check_template() -> None:
     for row in rows:
         del row["gateway_id"], row["timestamp"]
     if encode_rows("gw-x", rows) != data:
-        raise AssertionError("the generator's lines differ from sync.uploader.encode_rows")
+        raise AssertionError("the generator's lines differ from sync.batch_format.encode_rows")
 
 
 def generate(landing: Path, rows: int, gateways: int, batch_events: int,

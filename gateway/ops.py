@@ -19,11 +19,10 @@ from typing import Any
 
 from gateway import clock, wear
 from gateway.config import Config, ConfigError, load, read_document
+from gateway.data_dir import DB_NAME, lock_path
 from gateway.store import SCHEMA_VERSION
 from sync.sinks import redact_url
 
-DB_NAME = "cairn.db"
-LOCK_NAME = "cairn.lock"
 MIN_FREE_BYTES = 64 * 1024 * 1024
 
 
@@ -36,7 +35,7 @@ def data_dir_lock(data_dir: Path) -> Iterator[None]:
     """Held by the router for as long as it runs: a second router (or a restore) on the
     same data directory is refused instead of corrupting it."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock_path(data_dir), os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

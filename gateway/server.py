@@ -12,7 +12,6 @@ import errno
 import functools
 import gc
 import hmac
-import json
 import logging
 import os
 import re
@@ -43,6 +42,7 @@ from gateway.core import (
     Task,
     Timer,
 )
+from gateway.data_dir import db_path, read_sync_status
 from gateway.flow_control import StoreBackpressure, WriteBatcher
 from gateway.limits import LimitHits
 from gateway.metrics import MessageCounters
@@ -272,11 +272,7 @@ class Node:
         return 401, "text/plain", b"a bearer token is needed (router.status_token_file)\n"
 
     def _sync_status(self) -> dict[str, Any] | None:
-        """What the uploader last wrote to sync-status.json, if it is there and readable."""
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            sync = json.loads((self.config.router.data_dir / "sync-status.json").read_text())
-            return sync if isinstance(sync, dict) else None
-        return None
+        return read_sync_status(self.config.router.data_dir)
 
     def _shipped_seq(self) -> int:
         seq = (self._sync_status() or {}).get("synced_seq")
@@ -361,7 +357,7 @@ class Node:
             lock = data_dir_lock(self.config.router.data_dir)
             lock.__enter__()  # released in stop(); refuses a second router on this dir
             self._lock = lock
-        path = self.config.router.data_dir / "cairn.db"
+        path = db_path(self.config.router.data_dir)
         # a store lost or emptied (a 0-byte file) must not hand out seqs shipped already:
         # the central dedupe would drop the new readings as duplicates
         store = await Store.open(path, seq_floor=self._shipped_seq())

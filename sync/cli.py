@@ -32,6 +32,7 @@ from typing import Any
 
 from gateway import config as gateway_config
 from gateway.config import ConfigError, _Validator, read_document
+from gateway.data_dir import db_path, sync_status_path
 from gateway.store import HistoryReader
 from sync.sinks import DirectorySink, HttpSink, SinkError
 from sync.uploader import Uploader
@@ -189,12 +190,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"cairn: bad config: {e}", file=sys.stderr)
         return 2
     try:
-        reader = HistoryReader(config.data_dir / "cairn.db")
+        reader = HistoryReader(db_path(config.data_dir))
     except (FileNotFoundError, OSError) as e:
         log.error("cannot open the store: %s", e)
         return 1
     uploader = Uploader(config.gateway_id, reader, make_sink(config),
-                        config.data_dir / "sync-status.json", config.batch_events,
+                        sync_status_path(config.data_dir), config.batch_events,
                         config.batch_bytes)
     log.info("syncing %s (gateway %s) to %s from seq %d", config.data_dir, config.gateway_id,
              uploader.sink.describe(), uploader.status.synced_seq)

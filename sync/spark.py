@@ -51,11 +51,10 @@ from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX, ManifestError, parse_manifest
+
 log = logging.getLogger("cairn.spark")
 
-MANIFEST_SCHEMA = 1
-DATA_SUFFIX = ".jsonl.gz"
-MANIFEST_SUFFIX = ".manifest.json"
 ROWS_PER_FILE = 2_000_000     # aim for Parquet files of about this many rows
 BROADCAST_KEYS = 2_000_000    # existing keys up to this many are broadcast for the anti-join
 NOT_LANDED = "not landed"
@@ -330,34 +329,6 @@ def _with_event_time(rows: DataFrame, refs: DataFrame) -> DataFrame:
 
 
 # -- checking batches ----------------------------------------------------------------------
-
-class ManifestError(ValueError):
-    pass
-
-
-def parse_manifest(text: str) -> dict[str, Any]:
-    try:
-        m = json.loads(text)
-    except ValueError as e:
-        raise ManifestError(f"manifest is not JSON ({e})") from None
-    if not isinstance(m, dict):
-        raise ManifestError("manifest is not a JSON object")
-    schema = m.get("schema")
-    if schema != MANIFEST_SCHEMA:
-        raise ManifestError(f"manifest schema {schema!r}; this job reads {MANIFEST_SCHEMA}")
-    for key, kind in (("gateway_id", str), ("file", str), ("sha256", str), ("first_seq", int),
-                      ("last_seq", int), ("count", int), ("bytes", int)):
-        if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
-            raise ManifestError(f"manifest field {key!r} missing or not a {kind.__name__}")
-    if m.get("after_seq") is not None and not isinstance(m["after_seq"], int):
-        raise ManifestError("manifest field 'after_seq' is not an integer")
-    for key in ("anchors", "gaps"):
-        if not isinstance(m.get(key, []), list):
-            raise ManifestError(f"manifest field {key!r} is not a list")
-    if m["first_seq"] > m["last_seq"] or m["count"] < 1:
-        raise ManifestError("manifest seq range or count makes no sense")
-    return m
-
 
 def _check_content(content: bytes, expected: tuple[str, str, int, int, int]) -> str | None:
     """Runs on the executors: None when the batch file is what its manifest says."""

@@ -20,12 +20,9 @@ from numbers that were never meant to arrive.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import hashlib
 import json
 import logging
-import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,13 +30,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gateway.clock import rfc3339
+from gateway.data_dir import AGING, SyncStatus, write_sync_status
 from gateway.store import HistoryReader
+from sync.batch_format import SCHEMA_VERSION, data_name, encode_rows, manifest_name
 from sync.sinks import SinkError
 
 log = logging.getLogger("cairn.sync")
-
-SCHEMA_VERSION = 1
-
 
 class Sink(Protocol):
     def describe(self) -> str: ...
@@ -57,45 +53,6 @@ class Batch:
     @property
     def name(self) -> str:
         return self.manifest["file"]
-
-
-@dataclass
-class SyncStatus:
-    gateway_id: str
-    sink: str
-    state: str = "starting"  # ok | retrying | idle
-    synced_seq: int = 0
-    backlog: int = 0
-    last_success: str | None = None
-    last_attempt: str | None = None
-    last_error: str | None = None
-    rate_events_per_s: float | None = None
-    batches: int = 0
-    events: int = 0
-    damaged_rows: int = 0  # history rows that could not be read, shipped as gaps
-    last_damaged: dict[str, Any] | None = None
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return {"$bytes": base64.b64encode(value).decode("ascii")}
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
-def encode_rows(gateway_id: str, rows: list[dict[str, Any]]) -> bytes:
-    """JSON Lines, gzip (mtime 0, so the same rows always give the same bytes)."""
-    encode = json.JSONEncoder(default=_json_default, separators=(",", ":")).encode
-    lines = []
-    second, prefix = None, ""
-    for row in rows:
-        ms = row["wall_ms"]
-        if ms // 1000 != second:  # rfc3339(ms), formatting each second once
-            second = ms // 1000
-            prefix = rfc3339(second * 1000)[:-5]
-        lines.append(encode({"gateway_id": gateway_id,
-                             "timestamp": f"{prefix}.{ms % 1000:03d}Z", **row}))
-    lines.append("")
-    return gzip.compress("\n".join(lines).encode(), compresslevel=6, mtime=0)
 
 
 def _damaged_gap(row: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +73,7 @@ def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
         data = encode_rows(gateway_id, rows)
     first, last = rows[0]["seq"], rows[-1]["seq"]
     boots = {row["boot_id"] for row in rows}
-    name = f"{gateway_id}/{first:012d}-{last:012d}.jsonl.gz"
+    name = data_name(gateway_id, first, last)
     manifest = {
         "schema": SCHEMA_VERSION,
         "gateway_id": gateway_id,
@@ -281,26 +238,16 @@ class Uploader:
         only the times moved (an idle check every minute) is rewritten at most every
         ``status_interval``: its ``last_success`` may be that old."""
         status = asdict(self.status)
-        lasting = {k: v for k, v in status.items() if k not in _AGING}
+        lasting = {k: v for k, v in status.items() if k not in AGING}
         if not force and self._written is not None and self._written[0] == lasting and \
                 time.monotonic() - self._written[1] < self.status_interval:
             return
-        temp = self.status_file.with_suffix(".tmp")
         try:
-            temp.write_text(json.dumps(status, indent=1))
-            os.replace(temp, self.status_file)
+            write_sync_status(self.status_file, self.status)
         except OSError as e:
             log.warning("cannot write %s: %s", self.status_file, e)
             return
         self._written = lasting, time.monotonic()
-
-
-_AGING = ("last_success", "last_attempt", "rate_events_per_s")  # what changes when idle
-
-
-def manifest_name(data_name: str) -> str:
-    """``gw/000000000001-000000000100.jsonl.gz`` -> ``gw/...-000000000100.manifest.json``"""
-    return data_name.removesuffix(".jsonl.gz") + ".manifest.json"
 
 
 def _duration(seconds: float) -> str:

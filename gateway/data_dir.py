@@ -1,0 +1,70 @@
+"""The data directory: the names of what lives in it, and the one file two programs share.
+
+The router (status, /metrics, the seq floor of a lost store), ``cairn sync`` and the ops
+commands (backup, restore, doctor) name these files only through here:
+
+- ``cairn.db`` (and its ``-wal``/``-shm``): the store, written by the router alone;
+- ``cairn.lock``: held by the running router, so a second one (or a restore) is refused;
+- ``sync-status.json``: written by ``cairn sync`` (:class:`SyncStatus`), read by the router.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DB_NAME = "cairn.db"
+LOCK_NAME = "cairn.lock"
+SYNC_STATUS_NAME = "sync-status.json"
+
+
+def db_path(data_dir: Path) -> Path:
+    return data_dir / DB_NAME
+
+
+def lock_path(data_dir: Path) -> Path:
+    return data_dir / LOCK_NAME
+
+
+def sync_status_path(data_dir: Path) -> Path:
+    return data_dir / SYNC_STATUS_NAME
+
+
+@dataclass
+class SyncStatus:
+    gateway_id: str
+    sink: str
+    state: str = "starting"  # ok | retrying | idle
+    synced_seq: int = 0
+    backlog: int = 0
+    last_success: str | None = None
+    last_attempt: str | None = None
+    last_error: str | None = None
+    rate_events_per_s: float | None = None
+    batches: int = 0
+    events: int = 0
+    damaged_rows: int = 0  # history rows that could not be read, shipped as gaps
+    last_damaged: dict[str, Any] | None = None
+
+
+AGING = ("last_success", "last_attempt", "rate_events_per_s")  # what changes when idle
+
+
+def write_sync_status(path: Path, status: SyncStatus) -> None:
+    """Replace the file whole (a reader never sees half of it); OSError if it cannot."""
+    temp = path.with_suffix(".tmp")
+    temp.write_text(json.dumps(asdict(status), indent=1))
+    os.replace(temp, path)
+
+
+def read_sync_status(data_dir: Path) -> dict[str, Any] | None:
+    """What ``cairn sync`` last wrote, or None (not there, unreadable, not an object). A
+    mapping rather than a SyncStatus: an older or newer uploader may write other fields."""
+    try:
+        status = json.loads(sync_status_path(data_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None
