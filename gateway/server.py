@@ -11,10 +11,8 @@ import contextlib
 import errno
 import functools
 import gc
-import hmac
 import logging
 import os
-import re
 import resource
 import signal
 import sqlite3
@@ -26,7 +24,6 @@ from typing import Any
 from autobahn.wamp import message as m
 
 from gateway.admission import Admission
-from gateway.clock import rfc3339
 from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
 from gateway.core import (
     ClockStep,
@@ -46,7 +43,6 @@ from gateway.data_dir import db_path, read_sync_status
 from gateway.flow_control import StoreBackpressure, WriteBatcher
 from gateway.limits import LimitHits
 from gateway.metrics import MessageCounters
-from gateway.metrics import render as render_metrics
 from gateway.notify import keep_watchdog_fed, notify
 from gateway.ops import data_dir_lock
 from gateway.origins import BrowserGuard
@@ -55,40 +51,9 @@ from gateway.router import Realm, Router
 from gateway.store import PruneRule, Store
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
 from gateway.wear import WearMeter, disk_of
+from gateway.web import Web
 
 log = logging.getLogger("cairn.server")
-
-DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
-_CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                  ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml",
-                  ".png": "image/png", ".txt": "text/plain; charset=utf-8"}
-_ASSET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9]+)+")  # no "/", no ".."
-
-
-class StaticFiles:
-    """The dashboard's files (package data of ``gateway``), read once and served from memory.
-
-    Only plain file names directly in the directory, with a known extension, are served: no
-    sub-directories (so not ``node_modules``), no dot files, nothing outside it. A file that is
-    missing is looked for again on the next request (the build may add it later)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._cache: dict[str, tuple[str, bytes]] = {}
-
-    def get(self, name: str) -> tuple[str, bytes] | None:
-        if name in self._cache:
-            return self._cache[name]
-        content_type = _CONTENT_TYPES.get(os.path.splitext(name)[1])
-        if content_type is None or not _ASSET_NAME.fullmatch(name):
-            return None
-        try:
-            body = (self.directory / name).read_bytes()
-        except OSError:  # missing, a directory, unreadable
-            return None
-        self._cache[name] = content_type, body
-        return content_type, body
-
 
 class Node:
     def __init__(self, config: Config) -> None:
@@ -112,7 +77,7 @@ class Node:
         self._lock: contextlib.AbstractContextManager | None = None
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
-        self.dashboard = StaticFiles(DASHBOARD_DIR)
+        self.web = Web(self)
         self.admission = Admission(config.router.limits, self.limit_hits)
         self.backpressure = StoreBackpressure(self.limit_hits)
 
@@ -221,56 +186,6 @@ class Node:
             log.exception("internal error in a background task")
         self.flush(out)
 
-    # -- HTTP routes on the main port ----------------------------------------------------
-
-    async def http(self, method: str, path: str, headers: dict[str, str],
-                   local: bool = True) -> tuple[int, str, bytes]:
-        """The dashboard at ``/`` (its files under ``/dashboard/``), a plain-text status at
-        ``/status``; WAMP itself is the WebSocket upgrade on ``/ws``. GET and HEAD only."""
-        if method not in ("GET", "HEAD"):
-            return 405, "text/plain", b"method not allowed\n"
-        route = path.split("?")[0]
-        if route == "/ws":
-            return 426, "text/plain", b"this endpoint speaks WAMP over WebSocket\n"
-        if route in ("/status", "/metrics") and not local:
-            refused = self._status_refused(headers.get("authorization", ""))
-            if refused is not None:
-                return refused
-        if route == "/status":
-            return 200, "text/plain; charset=utf-8", self._status_text().encode()
-        if route == "/metrics":
-            return 200, "text/plain; version=0.0.4; charset=utf-8", \
-                (await self.metrics()).encode()
-        if route in ("/", "/index.html"):
-            name = "index.html"
-        elif route.startswith("/dashboard/"):
-            name = route.removeprefix("/dashboard/")
-        else:
-            return 404, "text/plain", b"not found\n"
-        found = self.dashboard.get(name)
-        if found is None:
-            if name == "autobahn.min.js":
-                return 404, "text/plain", (b"the dashboard's WAMP client is not built: run "
-                                           b"scripts/setup.sh (it needs npm)\n")
-            return 404, "text/plain", b"not found\n"
-        return 200, *found
-
-    def _status_refused(self, authorization: str) -> tuple[int, str, bytes] | None:
-        """/status and /metrics from another host: only with the bearer token of
-        ``router.status_token_file`` (what they tell helps an attacker on the LAN)."""
-        token = self.config.router.status_token
-        if token is None:
-            return 403, "text/plain", (b"/status and /metrics answer the device itself; for "
-                                       b"other hosts set router.status_token_file and send "
-                                       b"Authorization: Bearer <token>\n")
-        scheme, _, given = authorization.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
-                                                               token.encode()):
-            return None
-        self.limit_hits.hit("status_token", "a request for /status or /metrics from another "
-                                            "host without the right token")
-        return 401, "text/plain", b"a bearer token is needed (router.status_token_file)\n"
-
     def _sync_status(self) -> dict[str, Any] | None:
         return read_sync_status(self.config.router.data_dir)
 
@@ -280,50 +195,8 @@ class Node:
 
     def _status_procedure(self, realm: Realm):
         async def status(caller: Session, args: list, kwargs: dict) -> dict:
-            return await self.status(realm)
+            return await self.web.status(realm)
         return status
-
-    async def status(self, realm: Realm) -> dict[str, Any]:
-        """What the dashboard's status strip and ``cairn doctor`` show."""
-        reading, _ = self.router.clock.read()
-        store: dict[str, Any] = {}
-        if self.store is not None:
-            store = await self.store.summary(realm.name)
-        sync = self._sync_status()
-        return {
-            "uptime_s": round(time.monotonic() - self.started, 1),
-            "sessions": len(realm.sessions),
-            "realm": realm.name,
-            "store": store,
-            "store_error": self.store_error,
-            "retained_topics": len(realm.retention),
-            "retained_slots": realm.retention.count,
-            "retained_bytes": realm.retention.bytes,
-            "clock": {"synchronized": reading.synced, "boot_id": self.router.clock.boot_id,
-                      "now": rfc3339(reading.wall_ms)},
-            "sync": sync,
-            "slow_consumers": self.slow_consumers,
-            "wear": self.wear.report() if self.wear is not None else None,
-            "connections": {"network": self.admission.network, "local": self.admission.local,
-                            "pending": self.admission.pending},
-            "limit_hits": dict(self.limit_hits.counts),
-        }
-
-    async def metrics(self) -> str:
-        realms = list(self.router.realms.values())
-        status = await self.status(realms[0])
-        status["sessions_by_realm"] = {r.name: len(r.sessions) for r in realms}
-        status["protocol_violations"] = self.protocol_violations
-        status["failed_writes"] = self.store.failed_writes if self.store else 0
-        status["store_queued_bytes"] = self.store.queued_bytes if self.store else 0
-        latencies = self.store.commit_latencies if self.store else []
-        return render_metrics(status, self.counters, latencies)
-
-    def _status_text(self) -> str:
-        realms = ", ".join(self.router.realms)
-        return (f"Cairn router\nrealms: {realms}\nsessions: {len(self.router.sessions)}\n"
-                f"uptime: {time.monotonic() - self.started:.0f} s\n"
-                f"WAMP endpoints: {' '.join(self.urls)}\n")
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -425,9 +298,9 @@ class Node:
         cfg = self.config.router
         listen = cfg.listen
         guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
-        server = await loop.create_server(lambda: HttpFront(self._ws, self.http, self.admission,
-                                                            guard),
-                                          listen.host, listen.port, ssl=self._tls(listen))
+        server = await loop.create_server(
+            lambda: HttpFront(self._ws, self.web.route, self.admission, guard),
+            listen.host, listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
         ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"
         self._ws = websocket_factory(self, ws_url)

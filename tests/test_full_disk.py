@@ -138,7 +138,7 @@ async def test_a_router_started_on_a_full_disk_routes_and_stores_once_space_retu
     node = await start_router(config_on(small_disk))
     try:
         received, refused = await live_and_refused(node)
-        status = await node.status(node.router.realms["realm1"])
+        status = await node.web.status(node.router.realms["realm1"])
         (small_disk / "filler").unlink()
         for _ in range(100):
             if node.store is not None:
@@ -166,7 +166,7 @@ async def test_a_router_started_on_a_read_only_data_directory_routes_without_sto
     node = await start_router(config_on(small_disk))
     try:
         received, refused = await live_and_refused(node)
-        status = await node.status(node.router.realms["realm1"])
+        status = await node.web.status(node.router.realms["realm1"])
     finally:
         await node.stop()
     assert received == [21.0]
@@ -184,8 +184,8 @@ async def test_a_damaged_store_is_reported_not_replaced_and_routing_goes_on(tmp_
     node = await start_router(config_on(data))
     try:
         received, refused = await live_and_refused(node)
-        status = await node.status(node.router.realms["realm1"])
-        metrics = await node.metrics()
+        status = await node.web.status(node.router.realms["realm1"])
+        metrics = await node.web.metrics()
     finally:
         await node.stop()
     assert received == [21.0]
