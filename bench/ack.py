@@ -20,14 +20,16 @@ Cairn's ``cairn_history_events`` (``/metrics``) grew by at least the number ackn
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import time
 import urllib.request
 from typing import Any
 
 from bench.compare import LoadMeter, running_server
-from bench.pubsub import SubscriberGroup, check, percentile, wait_delivered
+from bench.pubsub import SubscriberGroup, check, wait_delivered
 from bench.wire import TOPIC, Publisher
+from gateway.metrics import quantile
 
 CASES = [("rawsocket", "msgpack", 0), ("rawsocket", "msgpack", 1),
          ("websocket", "json", 0), ("websocket", "json", 1)]
@@ -85,8 +87,8 @@ def ack_case(server: Any, transport: str, serializer: str, subscribers: int, rat
         out["load"] = meter.stop()
         values = sorted(rtts)
         out.update(published=n, rate=round(achieved),
-                   p50_ms=round(percentile(values, 0.5) * 1e3, 3),
-                   p99_ms=round(percentile(values, 0.99) * 1e3, 3),
+                   p50_ms=round(quantile(values, 0.5, math.nan) * 1e3, 3),
+                   p99_ms=round(quantile(values, 0.99, math.nan) * 1e3, 3),
                    max_ms=round(values[-1] * 1e3, 3))
         stored1 = cairn_history_events(server)
         if server.name == "cairn" and (stored0 is None or stored1 is None
@@ -98,8 +100,8 @@ def ack_case(server: Any, transport: str, serializer: str, subscribers: int, rat
             stats = group.command("stop")
             out["problems"] += check(stats, n, 1)
             events = sorted(stats.latencies)
-            out.update(event_p50_ms=round(percentile(events, 0.5) / 1e6, 3),
-                       event_p99_ms=round(percentile(events, 0.99) / 1e6, 3))
+            out.update(event_p50_ms=round(quantile(events, 0.5, math.nan) / 1e6, 3),
+                       event_p99_ms=round(quantile(events, 0.99, math.nan) / 1e6, 3))
     except Exception as e:
         out["problems"].append(f"failed: {type(e).__name__}: {e}")
     finally:

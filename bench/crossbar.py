@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import LoggedProcess, free_port, process_cpu_seconds, wait_for_ports
+from bench.pubsub import LoggedProcess, process_cpu_seconds, wait_for_ports
+from harness.process import free_port
 
 CACHE_DIR = Path(os.environ.get("CAIRN_BENCH_CACHE",
                                 Path.home() / ".cache" / "cairn-bench"))

@@ -38,9 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import free_port, machine, process_cpu_seconds, wait_for_ports
+from bench.pubsub import machine, process_cpu_seconds, wait_for_ports
 from drivers.modbus import ModbusError, ModbusMaster, frame_gap
 from drivers.serial_port import SerialPort
+from harness.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 BITS = 11

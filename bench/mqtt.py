@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import free_port, machine, process_cpu_seconds, source_version, wait_for_ports
+from bench.pubsub import machine, process_cpu_seconds, source_version, wait_for_ports
+from harness.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "mqtt.json"

@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import multiprocessing as mp
 import os
 import platform
@@ -58,6 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.wire import TOPIC, Publisher, SubscriberSession, serve_fake_broker
+from gateway.metrics import quantile
+from harness.process import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
@@ -89,12 +92,6 @@ HISTORY_TOML = """
 
 
 # -- processes under test ----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -469,12 +466,6 @@ def drive_paced(pub: Publisher, group: SubscriberGroup, rate: float, duration: f
             "publisher_cpu": publisher_cpu}
 
 
-def percentile(sorted_values: list[int], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
 def check(stats: PhaseStats, sent: int, nsubs: int) -> list[str]:
     problems = []
     short = [c for c in stats.counts if c != sent]
@@ -635,9 +626,9 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
             "lat_rate_target": round(rate),
             "lat_rate": round(lat["rate"]),
             "lat_samples": len(values),
-            "p50_ms": round(percentile(values, 0.50) / 1e6, 3),
-            "p99_ms": round(percentile(values, 0.99) / 1e6, 3),
-            "p999_ms": round(percentile(values, 0.999) / 1e6, 3),
+            "p50_ms": round(quantile(values, 0.50, math.nan) / 1e6, 3),
+            "p99_ms": round(quantile(values, 0.99, math.nan) / 1e6, 3),
+            "p999_ms": round(quantile(values, 0.999, math.nan) / 1e6, 3),
             "max_ms": round(values[-1] / 1e6, 3) if values else None,
             "lat_other_cpu_pct": round(100 * max(0.0, others) / wall),
         })

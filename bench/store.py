@@ -15,7 +15,7 @@ What it does, in order:
    events/s of wall time (so 1,000,000 events span ~28 hours), kwargs
    ``{temperature, humidity}``, rule 0; and ``--retained`` retained-only rows on
    ``state.dev00000`` .. (no history rule covers ``state``).
-2. the router (``python -m gateway.cli router``, via ``tests.router_process.RouterProcess``)
+2. the router (``python -m gateway.cli router``, via ``harness.process.RouterProcess``)
    starts on that data dir with one realm whose history rule is prefix ``sensor`` (its
    ``max_events`` is raised so that pruning never deletes rows during the run). Every
    measurement below goes through it, with lean RawSocket/msgpack WAMP clients in this
@@ -68,7 +68,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import shutil
@@ -103,9 +102,11 @@ from bench.wire import check_rs_reply, rs_frame, rs_handshake, split_rs
 from gateway.clock import rfc3339
 from gateway.config import Limits
 from gateway.history import EventsQuery, history_query
+from gateway.metrics import quantile
 from gateway.patterns import wildcard_matches
 from gateway.store import Store, StoredPublication, eligible
-from tests.router_process import RouterProcess
+from harness.process import RouterProcess
+from harness.wamp import ABORT, CALL, ERROR, GOODBYE, HELLO, RESULT, WELCOME
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -140,10 +141,8 @@ TARGET_RETAINED_MS = 100.0
 TARGET_DURABLE_PER_S = 20_000  # with 16 publishers (issue 9)
 PHASES = ("get_events", "retained", "publish", "bytes")
 
-HELLO, WELCOME, ABORT, GOODBYE, ERROR = 1, 2, 3, 6, 8
 PUBLISH, PUBLISHED, SUBSCRIBE, SUBSCRIBED, UNSUBSCRIBE, UNSUBSCRIBED, EVENT = \
     16, 17, 32, 33, 34, 35, 36
-CALL, RESULT = 48, 50
 
 
 def device_topic(k: int) -> str:
@@ -297,17 +296,9 @@ class WampClient(asyncio.Protocol):
 # -- measuring helpers ------------------------------------------------------------------------
 
 
-def pct(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of unsorted values."""
-    if not values:
-        return None
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
-
-
 def latency_summary(ns: list[int]) -> dict[str, Any]:
     ms = [v / 1e6 for v in ns]
-    return {"n": len(ms), "p50_ms": _r(pct(ms, 0.50)), "p99_ms": _r(pct(ms, 0.99)),
+    return {"n": len(ms), "p50_ms": _r(quantile(ms, 0.50)), "p99_ms": _r(quantile(ms, 0.99)),
             "max_ms": _r(max(ms) if ms else None),
             "mean_ms": _r(sum(ms) / len(ms) if ms else None)}
 
@@ -664,7 +655,7 @@ async def bench_retained(client: WampClient, expected: int, repeats: int,
             first_event_lat.append(state["first_at"] - t0)
     summary = latency_summary(lat)
     return {"retained": expected, **summary,
-            "first_event_p50_ms": _r(pct([v / 1e6 for v in first_event_lat], 0.5)),
+            "first_event_p50_ms": _r(quantile([v / 1e6 for v in first_event_lat], 0.5)),
             "problems": problems[:5], "ok": not problems}
 
 

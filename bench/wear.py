@@ -43,6 +43,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -55,7 +56,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import REPO, RESULTS_DIR, free_port, machine, percentile, source_version
+from bench.pubsub import REPO, RESULTS_DIR, machine, source_version
+from gateway.metrics import quantile
+from harness.process import free_port
 
 IMAGE_MIB = 512
 SECTOR = 512
@@ -363,8 +366,8 @@ def summarize(sensors: int, policy: str, opts: argparse.Namespace, latencies: li
         "router_write_bytes": written,
         "router_write_bytes_per_reading": round(written / readings) if readings else None,
         "router_cpu_percent": round(100 * cpu_s / seconds, 2),
-        "published_p50_ms": round(1000 * percentile(ordered, 0.5), 1),
-        "published_p99_ms": round(1000 * percentile(ordered, 0.99), 1),
+        "published_p50_ms": round(1000 * quantile(ordered, 0.5, math.nan), 1),
+        "published_p99_ms": round(1000 * quantile(ordered, 0.99, math.nan), 1),
         "gb_per_year": round(per_year / 1e9, 1),
         "card_years": {f"{tb}TB": round(tb * 1e12 / per_year, 1) for tb in CARDS_TB},
     }

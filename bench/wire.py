@@ -31,13 +31,24 @@ from typing import Any
 
 import msgpack
 
+from harness.wamp import (
+    ABORT,
+    ERROR,
+    EVENT,
+    GOODBYE,
+    HELLO,
+    PUBLISH,
+    PUBLISHED,
+    SUBSCRIBE,
+    SUBSCRIBED,
+    WELCOME,
+)
+
 TOPIC = "bench.pubsub"
 RAWSOCKET_SERIALIZER_IDS = {"json": 1, "msgpack": 2}
 WS_SUBPROTOCOLS = {"json": "wamp.2.json", "msgpack": "wamp.2.msgpack"}
 _WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 
-HELLO, WELCOME, ABORT, GOODBYE = 1, 2, 3, 6
-ERROR, PUBLISH, PUBLISHED, SUBSCRIBE, SUBSCRIBED, EVENT = 8, 16, 17, 32, 33, 36
 
 
 class Codec:

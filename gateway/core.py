@@ -116,6 +116,10 @@ class Session:
     authextra: dict[str, Any] = field(default_factory=dict)
     roles: dict[str, Any] = field(default_factory=dict)
     state: SessionState = SessionState.OPENING
+    # mirrors of ``state`` that to() keeps, read on every message sent: attributes, not
+    # properties (a property costs a call per EVENT)
+    established: bool = False
+    closed: bool = False
     # what the authenticator keeps between HELLO and AUTHENTICATE (state CHALLENGED)
     pending_auth: Any = None
     subscriptions: int = 0  # held now, bounded by router.limits
@@ -125,14 +129,8 @@ class Session:
         if state not in TRANSITIONS[self.state]:
             raise IllegalTransition(f"session {self.id}: {self.state.value} -> {state.value}")
         self.state = state
-
-    @property
-    def established(self) -> bool:
-        return self.state is SessionState.ESTABLISHED
-
-    @property
-    def closed(self) -> bool:
-        return self.state is SessionState.CLOSED
+        self.established = state is SessionState.ESTABLISHED
+        self.closed = state is SessionState.CLOSED
 
     def supports(self, role: str, feature: str) -> bool:
         features = self.roles.get(role)

@@ -10,8 +10,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from gateway.limits import LimitHits
@@ -127,16 +126,8 @@ class StoreBackpressure:
         self.store = store
         store.on_drained = self.resume_all
 
-    @contextlib.contextmanager
-    def reading(self, connection: Readable) -> Iterator[None]:
-        """Around the handling of what ``connection`` sent: counts what it queued."""
-        store = self.store
-        queued = store.queued_bytes if store is not None else 0
-        yield
-        if store is not None and store.queued_bytes > queued:  # (commits end in callbacks)
-            self._added(connection, store.queued_bytes - queued)
-
-    def _added(self, connection: Readable, size: int) -> None:
+    def added(self, connection: Readable, size: int) -> None:
+        """``connection``'s messages put ``size`` more bytes in the store's queue."""
         share = self.shares.get(connection, 0) + size
         self.shares[connection] = share
         if self.store.congested and share > self.store.max_queue_bytes // 8:

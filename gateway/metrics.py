@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -181,7 +182,16 @@ def _epoch(rfc3339_text: str | None) -> float | None:
         return None
 
 
+def quantile(values: Iterable[float], q: float, empty: Any = None) -> Any:
+    """The nearest-rank quantile: the smallest of ``values`` with at least a share ``q`` of
+    them at or below it (``empty`` when there are none). The one definition that /metrics
+    and the benchmarks share."""
+    ordered = sorted(values)
+    if not ordered:
+        return empty
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return round(values[min(len(values) - 1, int(q * len(values)))], 6)
+    found = quantile(values, q)
+    return None if found is None else round(found, 6)

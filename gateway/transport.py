@@ -294,9 +294,12 @@ class Connection:
         except ProtocolError as e:
             self.violation(str(e))
             return
-        with self.node.backpressure.reading(self):
-            for msg, extra in messages:
-                self.node.receive(self.session, msg, extra)
+        store = self.node.backpressure.store
+        queued = store.queued_bytes if store is not None else 0
+        for msg, extra in messages:
+            self.node.receive(self.session, msg, extra)
+        if store is not None and store.queued_bytes > queued:  # (commits end in callbacks)
+            self.node.backpressure.added(self, store.queued_bytes - queued)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import msgpack
 from autobahn.wamp.exception import ApplicationError
 
+from harness.process import RouterProcess
 from soak.knobs import ROOT
 from soak.load import Problems, leave, sleep_or_stop
-from tests.router_process import RouterProcess
 from tests.wamp_client import Client, connect
 
 HANDSHAKE_TIMEOUT = 2.0  # the soak router's router.limits.handshake_timeout

@@ -20,8 +20,8 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from gateway.clock import parse_rfc3339
+from harness.process import RouterProcess
 from soak.knobs import ROOT
-from tests.router_process import RouterProcess
 from tests.wamp_client import Client, connect
 
 HZ = 10

@@ -29,14 +29,14 @@ from hypothesis import strategies as st
 from gateway.core import WampError
 from gateway.history import EventsQuery
 from gateway.transport import decode
+from harness.process import RouterProcess
+from harness.wamp import SUBSCRIBED
 from soak import fuzz
 from soak.knobs import FUZZ_EXAMPLES, LIVE_FUZZ_EXAMPLES
 from soak.load import log_errors
-from tests.router_process import RouterProcess
 from tests.test_bad_input import HELLO, PROBE, WELCOME, WsPeer, _answered_or_aborted
 from tests.wamp_client import Client, RawSocketPeer, connect, raw_websocket
 
-SUBSCRIBED = 33
 SERIALIZERS = fuzz.SERIALIZERS
 FUZZ_SETTINGS = settings(
     max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=False,

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.process import RouterProcess
 from soak import procstat
 from soak.hostile import (
     HANDSHAKE_TIMEOUT,
@@ -33,7 +34,6 @@ from soak.load import (
     log_errors,
     sleep_or_stop,
 )
-from tests.router_process import RouterProcess
 from tests.test_sync import landed
 from tests.wamp_client import Client
 

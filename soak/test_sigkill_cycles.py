@@ -20,8 +20,8 @@ from pathlib import Path
 import msgpack
 from autobahn.wamp.types import PublishOptions
 
+from harness.process import RouterProcess
 from soak.knobs import KILL_CYCLES
-from tests.router_process import RouterProcess
 from tests.test_durability import REALM, _retained
 from tests.wamp_client import Client, connect
 

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -31,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from bench.wear import MOUNT_OPTIONS as WEAR_MOUNT_OPTIONS
+from harness.process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "systemd"
@@ -324,7 +324,7 @@ async def test_router_serves_under_memory_deny_write_execute(tmp_path):
 
     from tests.wamp_client import Client
 
-    port = _free_port()
+    port = free_port()
     sock = tmp_path / "run" / "wamp.sock"
     config = tmp_path / "cairn.toml"
     config.write_text(
@@ -361,12 +361,6 @@ async def test_router_serves_under_memory_deny_write_execute(tmp_path):
         code = proc.wait(15)
         log.close()
     assert code == 0, (tmp_path / "router.log").read_text()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the payload -----------------------------------------------------------------------------

@@ -37,15 +37,15 @@ from autobahn.wamp.types import PublishOptions
 
 from gateway import config as cfg
 from gateway.auth import AuthThrottle, Peer
+from harness.process import ROOT, RouterProcess
+from harness.wamp import ABORT, AUTHENTICATE, CHALLENGE, HELLO, WELCOME
 from tests.conftest import RunningRouter, start_router
-from tests.router_process import ROOT, RouterProcess
 from tests.test_hostile_clients import lan_address
 from tests.wamp_client import Client, RawSocketPeer, connect
 
 TIMEOUT = 5
 
 # WAMP message codes for the hand-made handshakes
-HELLO, WELCOME, ABORT, CHALLENGE, AUTHENTICATE = 1, 2, 3, 4, 5
 
 AUTH_FAILED = "wamp.error.authentication_failed"
 

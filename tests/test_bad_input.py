@@ -22,9 +22,9 @@ from autobahn.wamp.types import PublishOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.wamp import ABORT, ERROR, GOODBYE, RESULT, WELCOME
 from tests.wamp_client import RawSocketPeer, raw_websocket
 
-ABORT, WELCOME, GOODBYE, ERROR, RESULT = 3, 2, 6, 8, 50
 PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
 HELLO = [1, "realm1", {"roles": {"publisher": {}, "subscriber": {}, "caller": {},
                                   "callee": {}}}]

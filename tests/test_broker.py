@@ -17,6 +17,18 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import EventDetails, PublishOptions, SubscribeOptions
 
+from harness.wamp import (
+    ERROR,
+    EVENT,
+    HELLO,
+    PUBLISH,
+    PUBLISHED,
+    SUBSCRIBE,
+    SUBSCRIBED,
+    UNSUBSCRIBE,
+    UNSUBSCRIBED,
+    WELCOME,
+)
 from tests.conftest import RunningRouter, start_router
 from tests.wamp_client import SERIALIZERS, TRANSPORTS, Client, RawSocketPeer, connect
 
@@ -24,8 +36,6 @@ TIMEOUT = 2
 SENTINEL = "--sentinel--"
 
 # WAMP message codes for the raw-protocol tests
-HELLO, WELCOME, ERROR, PUBLISH, PUBLISHED = 1, 2, 8, 16, 17
-SUBSCRIBE, SUBSCRIBED, UNSUBSCRIBE, UNSUBSCRIBED, EVENT = 32, 33, 34, 35, 36
 
 
 @dataclass

@@ -16,7 +16,7 @@ from autobahn.wamp.types import PublishOptions
 
 from gateway import wear
 from gateway.wear import WearMeter, disk_of
-from tests.router_process import ROOT, RouterProcess
+from harness.process import ROOT, RouterProcess
 from tests.test_ops import REALM, cairn, doctor_lines, parse_prometheus
 from tests.wamp_client import connect
 

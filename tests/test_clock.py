@@ -11,7 +11,7 @@ import pytest
 from autobahn.wamp.types import PublishOptions
 
 from gateway.clock import parse_rfc3339
-from tests.router_process import ROOT, RouterProcess
+from harness.process import ROOT, RouterProcess
 from tests.test_durability import REALM
 from tests.wamp_client import connect
 

@@ -26,7 +26,7 @@ import pytest
 import pytest_asyncio
 from autobahn.wamp.types import PublishOptions
 
-from tests.router_process import ROOT, RouterProcess
+from harness.process import ROOT, RouterProcess
 from tests.wamp_client import connect
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -20,13 +20,13 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, CallResult, RegisterOptions
 
+from harness.wamp import ERROR, HELLO, WELCOME
 from tests.conftest import RunningRouter, start_router
 from tests.wamp_client import TRANSPORTS, RawSocketPeer, connect
 
 SERIALIZERS = ("json", "msgpack", "cbor")
 
 # WAMP message codes, for the raw peers
-HELLO, WELCOME, ERROR = 1, 2, 8
 CALL, CANCEL, RESULT = 48, 49, 50
 REGISTER, REGISTERED, UNREGISTER = 64, 65, 66
 INVOCATION, INTERRUPT, YIELD = 68, 69, 70

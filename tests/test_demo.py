@@ -10,7 +10,7 @@ import sys
 import pytest
 from autobahn.wamp.types import SubscribeOptions
 
-from tests.router_process import ROOT, RouterProcess
+from harness.process import ROOT, RouterProcess
 from tests.test_durability import REALM
 from tests.wamp_client import connect
 

@@ -15,7 +15,7 @@ import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from gateway.store import PruneRule, StorageError, Store, StoredPublication
-from tests.router_process import RouterProcess
+from harness.process import RouterProcess
 from tests.wamp_client import connect
 
 pytestmark = pytest.mark.slow

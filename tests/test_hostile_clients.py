@@ -21,7 +21,7 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 
-from tests.router_process import RouterProcess
+from harness.process import RouterProcess
 from tests.test_ops import parse_prometheus
 from tests.wamp_client import RawSocketPeer, connect
 

@@ -5,7 +5,6 @@ simulated sensor."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -25,6 +24,7 @@ from drivers.line import (
 )
 from drivers.serial_port import SerialPort
 from drivers.simulator import Simulator
+from harness.waiting import until
 
 GOOD = ths_sentence("shed", 7, 21.5, 48.3)
 
@@ -195,12 +195,6 @@ def test_several_sensors_on_one_port_get_their_own_sentences():
 
 
 # --- over a pty -------------------------------------------------------------------------------
-
-async def until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

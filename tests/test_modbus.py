@@ -30,6 +30,7 @@ from drivers.modbus import (
 )
 from drivers.serial_port import PortError, SerialPort
 from drivers.simulator import Simulator
+from harness.waiting import until
 
 BAUD = 115200
 
@@ -270,12 +271,6 @@ class Recorder:
     def error(self, key: str, reason: str) -> None:
         self.errors.append((key, reason))
 
-
-async def until(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
 
 
 async def run_bus(sim, targets, seconds: float | None = None, until_=None) -> Recorder:

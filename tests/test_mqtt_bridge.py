@@ -18,9 +18,8 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import aiomqtt
 import pytest
@@ -29,7 +28,8 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 from drivers import mqtt_cli
 from drivers.mqtt_bridge import MapRule, MqttBridge, load
 from drivers.runtime import open_session
-from tests.router_process import ROOT, RouterProcess, free_port
+from harness.process import ROOT, RouterProcess, free_port
+from harness.waiting import until
 from tests.test_durability import REALM
 
 
@@ -77,13 +77,6 @@ def router(tmp_path_factory):
     yield process
     process.stop()
 
-
-async def until(condition: Callable[[], Any], timeout: float = 10) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition not met")
-        await asyncio.sleep(0.02)
 
 
 @contextlib.asynccontextmanager

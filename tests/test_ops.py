@@ -23,7 +23,7 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from gateway import ops
 from gateway.store import SCHEMA_VERSION, Store, StoredPublication
-from tests.router_process import ROOT, RouterProcess, free_port
+from harness.process import ROOT, RouterProcess, free_port
 from tests.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")

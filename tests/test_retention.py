@@ -18,13 +18,12 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
+from harness.wamp import EVENT, HELLO, PUBLISH, PUBLISHED, SUBSCRIBE, SUBSCRIBED, WELCOME
 from tests.conftest import RunningRouter, start_router
 from tests.test_broker import SENTINEL, TIMEOUT, Inbox, Received, session_id
 from tests.wamp_client import Client, RawSocketPeer, connect
 
 # WAMP message codes for the raw-protocol tests
-HELLO, WELCOME, PUBLISH, PUBLISHED = 1, 2, 16, 17
-SUBSCRIBE, SUBSCRIBED, EVENT = 32, 33, 36
 
 SENTINEL_TOPIC = "test.sentinel"
 HELLO_ROLES = {"publisher": {}, "subscriber": {}, "caller": {}}

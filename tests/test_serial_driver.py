@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import tomllib
 from itertools import count
 from pathlib import Path
@@ -16,7 +15,8 @@ from autobahn.wamp.types import SubscribeOptions
 from drivers import serial_config
 from drivers.serial_driver import SerialDriver
 from drivers.simulator import Simulator
-from tests.router_process import RouterProcess
+from harness.process import RouterProcess
+from harness.waiting import until
 from tests.test_durability import REALM
 from tests.wamp_client import connect
 
@@ -42,12 +42,6 @@ class Seen:
         return [(kw["status"], kw["reason"]) for topic, kw, _ in self.events
                 if topic == f"gateway.device.{device}.status"]
 
-
-async def until(condition, timeout: float = 8.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture

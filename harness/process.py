@@ -1,5 +1,5 @@
-"""The router as a real process (``python -m gateway.cli router``), for tests that kill,
-restart or re-clock it."""
+"""The router as a real process (``python -m gateway.cli router``), for tests and soak runs
+that kill, restart or re-clock it, and the free TCP port every harness asks for."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
