@@ -17,7 +17,7 @@ import json
 import logging
 import struct
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cbor2
 from autobahn.asyncio.rawsocket import WampRawSocketServerFactory, WampRawSocketServerProtocol
@@ -41,7 +41,28 @@ from gateway.flow_control import WriteBatcher
 from gateway.origins import BrowserGuard
 
 if TYPE_CHECKING:
-    from gateway.server import Node
+    from gateway.config import Config
+    from gateway.flow_control import StoreBackpressure
+    from gateway.metrics import MessageCounters
+
+
+class Pump(Protocol):
+    """What the transport needs of the shell that runs the core (gateway.server.Node):
+    where to hand what arrives, and the shared state of connections."""
+
+    config: Config
+    admission: Admission
+    backpressure: StoreBackpressure
+    writes: WriteBatcher
+    counters: MessageCounters
+    connections: set[Any]
+    slow_consumers: int
+
+    def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None: ...
+
+    def violation(self, session: Session, reason: str) -> None: ...
+
+    def lost(self, session: Session) -> None: ...
 
 log = logging.getLogger("cairn.transport")
 
@@ -248,7 +269,7 @@ def _options(cls: type, raw: list[Any]) -> dict[str, Any]:
 class Connection:
     """One transport's link to the core; autobahn calls it as the 'session' of the transport."""
 
-    def __init__(self, node: Node, kind: str) -> None:
+    def __init__(self, node: Pump, kind: str) -> None:
         self.node = node
         self.kind = kind
         self.transport: Any = None  # the autobahn protocol instance
@@ -581,7 +602,7 @@ class WebSocketFactory(WampWebSocketServerFactory):
         return framed[1]
 
 
-def websocket_factory(node: Node, url: str) -> WampWebSocketServerFactory:
+def websocket_factory(node: Pump, url: str) -> WampWebSocketServerFactory:
     factory = WebSocketFactory(lambda: Connection(node, "websocket"), url=url,
                                serializers=serializers())
     factory.protocol = WebSocketProtocol
@@ -607,7 +628,7 @@ class RawSocketFactory(WampRawSocketServerFactory):
         return framed[1]
 
 
-def rawsocket_factory(node: Node) -> WampRawSocketServerFactory:
+def rawsocket_factory(node: Pump) -> WampRawSocketServerFactory:
     factory = RawSocketFactory(lambda: Connection(node, "rawsocket"), serializers=serializers())
     factory.protocol = RawSocketProtocol
     factory.writes = node.writes

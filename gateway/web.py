@@ -9,15 +9,37 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.clock import rfc3339
 from gateway.data_dir import read_sync_status
 from gateway.metrics import render as render_metrics
 
 if TYPE_CHECKING:
-    from gateway.router import Realm
-    from gateway.server import Node
+    from gateway.admission import Admission
+    from gateway.config import Config
+    from gateway.limits import LimitHits
+    from gateway.metrics import MessageCounters
+    from gateway.router import Realm, Router
+    from gateway.store import Store
+    from gateway.wear import WearMeter
+
+
+class Running(Protocol):
+    """What the pages read of the running router (gateway.server.Node)."""
+
+    config: Config
+    router: Router
+    store: Store | None
+    store_error: str | None
+    wear: WearMeter | None
+    admission: Admission
+    limit_hits: LimitHits
+    counters: MessageCounters
+    slow_consumers: int
+    protocol_violations: int
+    started: float
+    urls: list[str]
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -52,7 +74,7 @@ class StaticFiles:
 
 
 class Web:
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Running) -> None:
         self.node = node
         self.dashboard = StaticFiles(DASHBOARD_DIR)
 
