@@ -44,6 +44,11 @@ class Authorizer:
     """Answers "may role R do action A on URI U?" and caches the answers per realm config."""
 
     def __init__(self, config: RealmConfig) -> None:
+        self.update(config)
+
+    def update(self, config: RealmConfig) -> None:
+        """New roles and permissions (SIGHUP): the broker and dealer, which hold this
+        authorizer, decide by them from the next message on, with a fresh cache."""
         self._permissions = {
             role.name: sorted(role.permissions, key=_specificity, reverse=True)
             for role in config.roles

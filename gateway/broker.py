@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autobahn.wamp import message as m
 
+from gateway.auth import Authorizer
+from gateway.clock import StepDetector
+from gateway.config import Limits
 from gateway.core import (
     LIMIT_REACHED,
     ClockStep,
@@ -26,18 +29,18 @@ from gateway.core import (
     KeepSubscription,
     Outbox,
     Persist,
+    Sequence,
     Session,
     WampError,
     global_id,
     limit_reached,
     publication_id,
 )
+from gateway.history_rules import HistoryRules
+from gateway.limits import LimitHits
 from gateway.patterns import PatternMap
 from gateway.publication import StoredPublication
-from gateway.retention import RetainedEvent
-
-if TYPE_CHECKING:
-    from gateway.router import Realm
+from gateway.retention import RetainedEvent, Retention
 
 
 def utc_now() -> str:
@@ -91,8 +94,16 @@ def _audience_filter(publish: m.Publish):
 
 
 class Broker:
-    def __init__(self, realm: Realm) -> None:
+    """One realm's broker. What it works with is given to it, nothing more: the realm's
+    name, who may do what, which topics keep history, the retained slots, the clock and the
+    receive order, and the limits (with their hit counter)."""
+
+    def __init__(self, realm: str, authorizer: Authorizer, history: HistoryRules,
+                 retention: Retention, clock: StepDetector, sequence: Sequence,
+                 limits: Limits, hits: LimitHits) -> None:
         self.realm = realm
+        self.authorizer, self.history, self.retention = authorizer, history, retention
+        self.clock, self.sequence, self.limits, self.hits = clock, sequence, limits, hits
         self.subscriptions = PatternMap[Subscription]()
         self.by_id: dict[int, Subscription] = {}
         # kept subscriptions that are no history rule's own, oldest first: bounded
@@ -102,12 +113,11 @@ class Broker:
 
     def subscribe(self, session: Session, msg: m.Subscribe, out: Outbox) -> None:
         match = msg.match or "exact"
-        realm = self.realm
-        realm.authorizer.require(session, msg.topic, "subscribe")
+        self.authorizer.require(session, msg.topic, "subscribe")
         sub = self.subscriptions.get(msg.topic, match)
         already = sub is not None and session in sub.subscribers
-        if not already and session.subscriptions >= realm.limits.max_subscriptions_per_session:
-            raise limit_reached(realm.hits, "max_subscriptions_per_session",
+        if not already and session.subscriptions >= self.limits.max_subscriptions_per_session:
+            raise limit_reached(self.hits, "max_subscriptions_per_session",
                                 f"session {session.id} holds {session.subscriptions} "
                                 f"subscriptions")
         created = sub is None
@@ -120,9 +130,9 @@ class Broker:
         if msg.get_retained:
             self._send_retained(session, sub, out)
         if created:
-            self.realm.meta_event("wamp.subscription.on_create", [session.id, sub.details()], out)
+            self.publish_internal("wamp.subscription.on_create", [session.id, sub.details()], out)
         if not already:
-            self.realm.meta_event("wamp.subscription.on_subscribe", [session.id, sub.id], out)
+            self.publish_internal("wamp.subscription.on_subscribe", [session.id, sub.id], out)
 
     def create_subscription(self, uri: str, match: str, out: Outbox, sub_id: int | None = None,
                             created: str | None = None) -> Subscription:
@@ -130,18 +140,17 @@ class Broker:
         kept without subscribers, with an id that is stable across restarts: a history
         rule's own always, others up to ``max_history_subscriptions``, the one made
         longest ago without a subscriber forgotten for a new one."""
-        realm = self.realm
         if sub_id is None:
             sub_id = global_id()
             while sub_id in self.by_id:
                 sub_id = global_id()
         sub = Subscription(sub_id, uri, match, created=created or utc_now())
-        rule = realm.history.is_rule(uri, match)
-        sub.kept = realm.history.covers(uri, match) and (rule or self._room_to_keep(out))
+        rule = self.history.is_rule(uri, match)
+        sub.kept = self.history.covers(uri, match) and (rule or self._room_to_keep(out))
         if sub.kept and not rule:
             self._kept[sub.id] = sub
         if sub.kept and created is None:
-            out.store(KeepSubscription(sub.id, realm.name, uri, match, sub.created))
+            out.store(KeepSubscription(sub.id, self.realm, uri, match, sub.created))
         self.subscriptions.add(uri, match, sub)
         self.by_id[sub.id] = sub
         return sub
@@ -150,12 +159,11 @@ class Broker:
         """Room for one more kept subscription that is no rule's: forget the oldest one
         without subscribers if need be (its id then names nothing; subscribing again to its
         topic gives a new one)."""
-        realm = self.realm
-        if len(self._kept) < realm.limits.max_history_subscriptions:
+        if len(self._kept) < self.limits.max_history_subscriptions:
             return True
         idle = next((s for s in self._kept.values() if not s.subscribers), None)
         if idle is None:
-            realm.hits.hit("max_history_subscriptions",
+            self.hits.hit("max_history_subscriptions",
                            f"{len(self._kept)} subscriptions with history are held: a new "
                            f"one is not kept beyond its subscribers")
             return False
@@ -169,7 +177,7 @@ class Broker:
             out.store(ForgetSubscription(sub.id))
 
     def _send_retained(self, session: Session, sub: Subscription, out: Outbox) -> None:
-        for pub in self.realm.retention.for_subscriber(sub.uri, sub.match, session):
+        for pub in self.retention.for_subscriber(sub.uri, sub.match, session):
             if sub.match != "exact" and not self.may_receive(session, pub.topic):
                 continue
             out.send(session, RetainedEvent(sub.id, pub, sub.match != "exact"))
@@ -185,14 +193,14 @@ class Broker:
     def _remove_subscriber(self, session: Session, sub: Subscription, out: Outbox) -> None:
         del sub.subscribers[session]
         session.subscriptions -= 1
-        self.realm.meta_event("wamp.subscription.on_unsubscribe", [session.id, sub.id], out)
+        self.publish_internal("wamp.subscription.on_unsubscribe", [session.id, sub.id], out)
         if not sub.subscribers and not sub.kept:
             self._forget(sub, out)
-            self.realm.meta_event("wamp.subscription.on_delete", [session.id, sub.id], out)
+            self.publish_internal("wamp.subscription.on_delete", [session.id, sub.id], out)
 
     def revoke_unauthorized(self, out: Outbox) -> None:
         """After a reload: drop subscribers whose role may no longer subscribe."""
-        allowed = self.realm.authorizer.allowed
+        allowed = self.authorizer.allowed
         for sub in list(self.by_id.values()):
             for session in [s for s in sub.subscribers
                             if allowed(s.authrole, sub.uri, "subscribe") is None]:
@@ -210,7 +218,7 @@ class Broker:
             if msg.topic.startswith("wamp."):
                 raise WampError("wamp.error.not_authorized",
                                 f"topics under 'wamp.' are reserved for the router: {msg.topic!r}")
-            rule = self.realm.authorizer.require(session, msg.topic, "publish")
+            rule = self.authorizer.require(session, msg.topic, "publish")
         except WampError:
             if msg.acknowledge:
                 raise
@@ -254,32 +262,31 @@ class Broker:
         retained slot updated (None when neither keeps it), and, when a bound refused to
         retain it, which and why. Publications addressed by session ids are never stored:
         session ids do not survive a restart."""
-        realm = self.realm
         if msg.exclude or msg.eligible is not None:
             return None, None
-        rule = realm.history.rule_for(msg.topic)
+        rule = self.history.rule_for(msg.topic)
         if rule is None and not msg.retain:
             return None, None
-        reading, anchor = realm.clock.read()
+        reading, anchor = self.clock.read()
         if anchor is not None:
-            out.store(ClockStep(anchor, realm.sequence.next_seq - 1))
+            out.store(ClockStep(anchor, self.sequence.next_seq - 1))
         audience = {name: list(getattr(msg, name)) for name in _AUDIENCE_OPTIONS
                     if getattr(msg, name) is not None} or None
         details: dict[str, Any] = {"topic": msg.topic}
         if disclose:
             details.update(publisher=session.id, publisher_authid=session.authid,
                            publisher_authrole=session.authrole)
-        seq, publication = realm.sequence.assign()
+        seq, publication = self.sequence.assign()
         pub = StoredPublication(
-            seq=seq, publication=publication, realm=realm.name, topic=msg.topic,
+            seq=seq, publication=publication, realm=self.realm, topic=msg.topic,
             args=msg.args, kwargs=msg.kwargs, wall_ms=reading.wall_ms,
-            boot_id=realm.clock.boot_id, boottime_ns=reading.boottime_ns,
+            boot_id=self.clock.boot_id, boottime_ns=reading.boottime_ns,
             clock_synced=reading.synced, authid=session.authid, authrole=session.authrole,
             audience=audience, details=details, history_rule=rule, retain=bool(msg.retain))
-        refused = realm.retention.put(pub) if msg.retain else None
+        refused = self.retention.put(pub) if msg.retain else None
         if refused is not None:
             limit, _, why = refused.partition(": ")
-            realm.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
+            self.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
             pub.retain = False
         return pub, refused
 
@@ -287,7 +294,7 @@ class Broker:
         """How long the publication may wait for its group commit: its history rule's
         commit window; without one, none when the publisher waits for PUBLISHED, and the
         store's default otherwise."""
-        window = self.realm.history.rules[rule].commit_window if rule is not None else 0.0
+        window = self.history.rules[rule].commit_window if rule is not None else 0.0
         return window if window or acknowledge else None
 
     def dispatch(self, msg: m.Publish, publication: int, out: Outbox,
@@ -320,7 +327,7 @@ class Broker:
                 out.send(receiver, event)
 
     def may_receive(self, session: Session, topic: str) -> bool:
-        return self.realm.authorizer.allowed(session.authrole, topic, "subscribe") is not None
+        return self.authorizer.allowed(session.authrole, topic, "subscribe") is not None
 
     def publish_internal(self, topic: str, args: list[Any], out: Outbox) -> None:
         """A publication from the router itself (meta events)."""

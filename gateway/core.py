@@ -23,7 +23,6 @@ from gateway.publication_ids import PublicationIds
 
 if TYPE_CHECKING:
     from gateway.clock import Anchor
-    from gateway.router import Realm
 
 
 def global_id() -> int:
@@ -108,7 +107,8 @@ class Session:
     link: Any = None
     transport: dict[str, Any] = field(default_factory=dict)
     id: int = 0
-    realm: Realm | None = None
+    # its gateway.router.Realm once HELLO named one (not imported: router imports this module)
+    realm: Any = None
     authid: str | None = None
     authrole: str | None = None
     authmethod: str | None = None

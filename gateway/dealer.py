@@ -14,16 +14,16 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autobahn.wamp import message as m
 
+from gateway.auth import Authorizer
 from gateway.broker import utc_now
+from gateway.config import Limits
 from gateway.core import Outbox, Read, Session, WampError, global_id, limit_reached
+from gateway.limits import LimitHits
 from gateway.patterns import PatternMap
-
-if TYPE_CHECKING:
-    from gateway.router import Realm
 
 log = logging.getLogger("cairn.dealer")
 
@@ -34,6 +34,7 @@ CANCEL_MODES = ("skip", "kill", "killnowait")
 # needs a read of the store, or (procedures of the shell) an awaitable of a result. A result
 # is a value (sent as args=[value]) or a MetaResult for full control.
 MetaProcedure = Callable[[Session, list[Any], dict[str, Any]], Any]
+MetaEvent = Callable[[str, list[Any], Outbox], None]
 
 
 @dataclass
@@ -93,8 +94,11 @@ class PendingCall:
 
 
 class Dealer:
-    def __init__(self, realm: Realm) -> None:
-        self.realm = realm
+    def __init__(self, authorizer: Authorizer, limits: Limits, hits: LimitHits,
+                 meta_event: MetaEvent) -> None:
+        """``meta_event(topic, args, out)`` publishes a registration meta event."""
+        self.authorizer, self.limits, self.hits = authorizer, limits, hits
+        self.meta_event = meta_event
         self.registrations = PatternMap[Registration]()
         self.by_id: dict[int, Registration] = {}
         self.meta_procedures: dict[str, MetaProcedure] = {}
@@ -111,10 +115,9 @@ class Dealer:
             raise WampError("wamp.error.invalid_uri",
                             f"procedures under 'wamp.' are reserved for the router: "
                             f"{msg.procedure!r}")
-        realm = self.realm
-        realm.authorizer.require(session, msg.procedure, "register")
-        if session.registrations >= realm.limits.max_registrations_per_session:
-            raise limit_reached(realm.hits, "max_registrations_per_session",
+        self.authorizer.require(session, msg.procedure, "register")
+        if session.registrations >= self.limits.max_registrations_per_session:
+            raise limit_reached(self.hits, "max_registrations_per_session",
                                 f"session {session.id} holds {session.registrations} "
                                 f"registrations")
         reg = self.registrations.get(msg.procedure, match)
@@ -135,8 +138,8 @@ class Dealer:
         session.registrations += 1
         out.send(session, m.Registered(msg.request, reg.id))
         if created:
-            self.realm.meta_event("wamp.registration.on_create", [session.id, reg.details()], out)
-        self.realm.meta_event("wamp.registration.on_register", [session.id, reg.id], out)
+            self.meta_event("wamp.registration.on_create", [session.id, reg.details()], out)
+        self.meta_event("wamp.registration.on_register", [session.id, reg.id], out)
 
     def unregister(self, session: Session, msg: m.Unregister, out: Outbox) -> None:
         reg = self.by_id.get(msg.registration)
@@ -149,16 +152,16 @@ class Dealer:
     def _remove_callee(self, session: Session, reg: Registration, out: Outbox) -> None:
         reg.callees.remove(session)
         session.registrations -= 1
-        self.realm.meta_event("wamp.registration.on_unregister", [session.id, reg.id], out)
+        self.meta_event("wamp.registration.on_unregister", [session.id, reg.id], out)
         if not reg.callees:
             self.registrations.remove(reg.uri, reg.match)
             del self.by_id[reg.id]
-            self.realm.meta_event("wamp.registration.on_delete", [session.id, reg.id], out)
+            self.meta_event("wamp.registration.on_delete", [session.id, reg.id], out)
 
     # -- CALL ----------------------------------------------------------------------------
 
     def call(self, caller: Session, msg: m.Call, out: Outbox, disclose_me: bool = False) -> None:
-        rule = self.realm.authorizer.require(caller, msg.procedure, "call")
+        rule = self.authorizer.require(caller, msg.procedure, "call")
         meta = self.meta_procedures.get(msg.procedure)
         if meta is not None:
             self._call_meta(caller, msg, meta, out)
@@ -193,12 +196,12 @@ class Dealer:
     def _may_serve(self, procedure: str) -> Callable[[Session], bool]:
         """A pattern registration was authorized on its pattern; the concrete procedure must
         be one the callee's role may register as well."""
-        allowed = self.realm.authorizer.allowed
+        allowed = self.authorizer.allowed
         return lambda s: allowed(s.authrole, procedure, "register") is not None
 
     def revoke_unauthorized(self, out: Outbox) -> None:
         """After a reload: drop callees whose role may no longer register the procedure."""
-        allowed = self.realm.authorizer.allowed
+        allowed = self.authorizer.allowed
         for reg in list(self.by_id.values()):
             for session in [s for s in reg.callees
                             if allowed(s.authrole, reg.uri, "register") is None]:

@@ -12,15 +12,13 @@ import functools
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
 from gateway.clock import parse_rfc3339, rfc3339
-from gateway.config import HistoryRule
 from gateway.core import Session, WampError, brief, limit_reached
 from gateway.dealer import MetaResult, Query
-from gateway.patterns import matches
 from gateway.publication import (
     HistoryRead,
     ReadAbandoned,
@@ -30,8 +28,22 @@ from gateway.publication import (
 )
 
 if TYPE_CHECKING:
-    from gateway.broker import Subscription
-    from gateway.router import Realm
+    from gateway.auth import Authorizer
+    from gateway.broker import Broker, Subscription
+    from gateway.config import Limits
+    from gateway.history_rules import HistoryRules
+    from gateway.limits import LimitHits
+
+
+class Realm(Protocol):
+    """What get_events needs of its realm (gateway.router.Realm)."""
+
+    name: str
+    broker: Broker
+    authorizer: Authorizer
+    history: HistoryRules
+    limits: Limits
+    hits: LimitHits
 
 log = logging.getLogger("cairn.history")
 
@@ -41,52 +53,6 @@ _PUBLICATION_ARGS = {"from_publication": ">=", "after_publication": ">",
                      "before_publication": "<", "until_publication": "<="}
 _KNOWN_ARGS = {"reverse", "limit", "topic", *_TIME_ARGS, *_PUBLICATION_ARGS}
 _MAX_ID = 2**53  # WAMP ids are integers in [1, 2**53]
-
-
-class HistoryRules:
-    def __init__(self, rules: tuple[HistoryRule, ...]) -> None:
-        self.rules = rules
-        self._cache: dict[str, int | None] = {}
-
-    def rule_for(self, topic: str) -> int | None:
-        """Index of the rule that stores publications to ``topic``, or None."""
-        try:
-            return self._cache[topic]
-        except KeyError:
-            pass
-        found = next((i for i, r in enumerate(self.rules) if matches(r.uri, r.match, topic)),
-                     None)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[topic] = found
-        return found
-
-    def is_rule(self, uri: str, match: str) -> bool:
-        return any((rule.uri, rule.match) == (uri, match) for rule in self.rules)
-
-    def covers(self, uri: str, match: str) -> bool:
-        """Does some rule store every publication a subscription (uri, match) can match?"""
-        for rule in self.rules:
-            if (rule.uri, rule.match) == (uri, match):
-                return True
-            if match == "exact":
-                if matches(rule.uri, rule.match, uri):
-                    return True
-            elif rule.match == "prefix" and _fixed_start(uri, match).startswith(rule.uri):
-                return True
-        return False
-
-
-def _fixed_start(uri: str, match: str) -> str:
-    """The text every topic matched by a pattern subscription starts with."""
-    if match == "prefix":
-        return uri
-    fixed = []
-    for part in uri.split("."):
-        if not part:
-            break
-        fixed.append(part)
-    return ".".join(fixed)
 
 
 @dataclass

@@ -4,13 +4,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.core import Session, WampError
 from gateway.dealer import MetaProcedure
 
 if TYPE_CHECKING:
-    from gateway.router import Realm
+    from gateway.broker import Broker
+    from gateway.dealer import Dealer
+
+
+class Realm(Protocol):
+    """What the meta procedures read of their realm (gateway.router.Realm)."""
+
+    sessions: dict[int, Session]
+    broker: Broker
+    dealer: Dealer
 
 
 def _int_arg(args: list[Any], index: int, name: str) -> int:

@@ -29,7 +29,8 @@ from gateway.core import (
     global_id,
 )
 from gateway.dealer import Dealer
-from gateway.history import DEFAULT_PAGE_CAP, HistoryRules, get_events_procedure
+from gateway.history import DEFAULT_PAGE_CAP, get_events_procedure
+from gateway.history_rules import HistoryRules
 from gateway.limits import LimitHits
 from gateway.meta import meta_procedures
 from gateway.publication import StoredPublication
@@ -77,8 +78,10 @@ class Realm:
         self.authorizer = Authorizer(config)
         self.history = HistoryRules(config.history)
         self.retention = Retention(self.limits)
-        self.broker = Broker(self)
-        self.dealer = Dealer(self)
+        self.broker = Broker(self.name, self.authorizer, self.history, self.retention,
+                             self.clock, self.sequence, self.limits, self.hits)
+        self.dealer = Dealer(self.authorizer, self.limits, self.hits,
+                             meta_event=self.broker.publish_internal)
         self.dealer.meta_procedures.update(meta_procedures(self))
         self.dealer.meta_procedures["wamp.subscription.get_events"] = \
             get_events_procedure(self, page_cap)
@@ -206,7 +209,7 @@ class Router:
                 continue
             realm.config = rc
             realm.authenticator = Authenticator(rc)
-            realm.authorizer = Authorizer(rc)  # a fresh decision cache
+            realm.authorizer.update(rc)  # the broker's and dealer's too; a fresh cache
             realm.broker.revoke_unauthorized(out)
             realm.dealer.revoke_unauthorized(out)
             roles = {r.name for r in rc.roles}
