@@ -323,69 +323,8 @@ async def test_a_session_that_leaves_is_removed_from_its_subscriptions(client):
     assert await staying.call("wamp.subscription.count_subscribers", subscription.id) == 1
 
 
-# -- publisher exclusion ----------------------------------------------------------------
-
-
-async def test_publisher_does_not_receive_its_own_event_by_default(client):
-    pub = await client()
-    inbox = await listen(pub, "com.self")
-    pub.publish("com.self", "mine")
-    pub.publish("com.self", SENTINEL, options=PublishOptions(exclude_me=False))
-    assert await inbox.args_before_sentinel() == []
-
-
-async def test_publisher_receives_its_own_event_with_exclude_me_false(client):
-    pub = await client()
-    inbox = await listen(pub, "com.self")
-    pub.publish("com.self", "mine", options=PublishOptions(exclude_me=False))
-    pub.publish("com.self", SENTINEL, options=PublishOptions(exclude_me=False))
-    assert await inbox.args_before_sentinel() == [("mine",)]
-
-
-# -- subscriber black- and whitelisting -------------------------------------------------
-
-
-async def _two_subscribers(client, topic: str, **kwargs: Any):
-    a = await client(authid=kwargs.get("authid_a"))
-    b = await client(authid=kwargs.get("authid_b"))
-    return a, b, await listen(a, topic), await listen(b, topic)
-
-
-async def test_exclude_drops_the_listed_sessions(client):
-    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
-    pub = await client()
-    pub.publish("com.bw", "x", options=PublishOptions(exclude=[session_id(a)]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox_a.args_before_sentinel() == []
-    assert await inbox_b.args_before_sentinel() == [("x",)]
-
-
-async def test_eligible_delivers_only_to_the_listed_sessions(client):
-    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
-    pub = await client()
-    pub.publish("com.bw", "x", options=PublishOptions(eligible=[session_id(a)]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox_a.args_before_sentinel() == [("x",)]
-    assert await inbox_b.args_before_sentinel() == []
-
-
-async def test_an_empty_eligible_list_delivers_to_nobody(client):
-    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
-    pub = await client()
-    pub.publish("com.bw", "x", options=PublishOptions(eligible=[]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox_a.args_before_sentinel() == []
-    assert await inbox_b.args_before_sentinel() == []
-
-
-async def test_exclude_takes_precedence_over_eligible(client):
-    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw")
-    pub = await client()
-    pub.publish("com.bw", "x", options=PublishOptions(eligible=[session_id(a), session_id(b)],
-                                                      exclude=[session_id(b)]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox_a.args_before_sentinel() == [("x",)]
-    assert await inbox_b.args_before_sentinel() == []
+# -- publisher exclusion and black/white lists: tests/test_core.py (in memory); here, that the
+# options arrive from every transport and serializer ------------------------------------------
 
 
 async def test_hello_authid_is_kept_as_the_anonymous_sessions_authid(client):
@@ -394,53 +333,25 @@ async def test_hello_authid_is_kept_as_the_anonymous_sessions_authid(client):
     assert session.welcome_details.authrole == "anonymous"
 
 
-async def test_exclude_authid_drops_sessions_with_a_listed_authid(client):
-    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw", authid_a="alice",
-                                                    authid_b="bob")
-    pub = await client()
-    pub.publish("com.bw", "x", options=PublishOptions(exclude_authid=["alice", "carol"]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox_a.args_before_sentinel() == []
-    assert await inbox_b.args_before_sentinel() == [("x",)]
-
-
-async def test_eligible_authid_delivers_only_to_sessions_with_a_listed_authid(client):
-    a, b, inbox_a, inbox_b = await _two_subscribers(client, "com.bw", authid_a="alice",
-                                                    authid_b="bob")
-    pub = await client()
-    pub.publish("com.bw", "x", options=PublishOptions(eligible_authid=["alice", "carol"]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox_a.args_before_sentinel() == [("x",)]
-    assert await inbox_b.args_before_sentinel() == []
-
-
-async def test_exclude_authrole_drops_only_sessions_with_a_listed_authrole(client):
-    # every session here is "anonymous": one publication excludes that role, one a role
-    # nobody has
-    sub, pub = await client(), await client()
-    inbox = await listen(sub, "com.bw")
-    pub.publish("com.bw", "mine excluded", options=PublishOptions(exclude_authrole=["anonymous"]))
-    pub.publish("com.bw", "other excluded", options=PublishOptions(exclude_authrole=["admin"]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox.args_before_sentinel() == [("other excluded",)]
-
-
-async def test_eligible_authrole_delivers_only_to_sessions_with_a_listed_authrole(client):
-    sub, pub = await client(), await client()
-    inbox = await listen(sub, "com.bw")
-    pub.publish("com.bw", "mine eligible",
-                options=PublishOptions(eligible_authrole=["anonymous", "admin"]))
-    pub.publish("com.bw", "other eligible", options=PublishOptions(eligible_authrole=["admin"]))
-    pub.publish("com.bw", SENTINEL)
-    assert await inbox.args_before_sentinel() == [("mine eligible",)]
-
-
-async def test_eligible_does_not_override_publisher_exclusion(client):
-    pub = await client()
-    inbox = await listen(pub, "com.self")
-    pub.publish("com.self", "x", options=PublishOptions(eligible=[session_id(pub)]))
-    pub.publish("com.self", SENTINEL, options=PublishOptions(exclude_me=False))
-    assert await inbox.args_before_sentinel() == []
+@pytest.mark.parametrize("serializer", list(SERIALIZERS))
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_black_and_white_lists_arrive_from_every_transport_and_serializer(
+        client, transport, serializer):
+    a = await client(transport, serializer, authid="alice")
+    b = await client(transport, serializer, authid="bob")
+    pub = await client(transport, serializer)
+    inbox_a, inbox_b, own = await listen(a, "com.bw"), await listen(b, "com.bw"), \
+        await listen(pub, "com.bw")
+    lists = [PublishOptions(exclude=[session_id(a)]), PublishOptions(eligible=[session_id(a)]),
+             PublishOptions(exclude_authid=["alice"]), PublishOptions(eligible_authid=["alice"]),
+             PublishOptions(exclude_authrole=["anonymous"]),
+             PublishOptions(eligible_authrole=["anonymous"], exclude_me=False)]
+    for n, options in enumerate(lists):
+        pub.publish("com.bw", n, options=options)
+    pub.publish("com.bw", SENTINEL, options=PublishOptions(exclude_me=False))
+    assert await inbox_a.args_before_sentinel() == [(1,), (3,), (5,)]
+    assert await inbox_b.args_before_sentinel() == [(0,), (2,), (5,)]
+    assert await own.args_before_sentinel() == [(5,)]
 
 
 # -- acknowledge ------------------------------------------------------------------------

@@ -178,3 +178,96 @@ def test_a_closed_session_cannot_be_moved_anywhere():
     for state in SessionState:
         with pytest.raises(IllegalTransition):
             session.to(state)
+
+
+# -- publisher exclusion and black/white lists (WAMP "Subscriber Black- and Whitelisting",
+#    "Publisher Exclusion"); tests/test_broker.py sends the same options over every wire ----
+
+
+def subscribed(core: CoreRouter, topic: str = "com.bw", **hello: object) -> Peer:
+    peer = core.connect(**hello)
+    peer.send(m.Subscribe(1, topic))
+    return peer
+
+
+def delivered(peer: Peer) -> list:
+    """The first argument of each EVENT the peer has received, in order."""
+    return [msg.args[0] for msg in of_type(peer.inbox, m.Event)]
+
+
+def publish_each(publisher: Peer, *options: dict) -> None:
+    for n, extra in enumerate(options):
+        publisher.send(m.Publish(100 + n, "com.bw", args=[n], **extra))
+
+
+def test_the_publisher_does_not_receive_its_own_event_by_default():
+    core = CoreRouter(CONFIG)
+    publisher = subscribed(core)
+    publish_each(publisher, {}, {"exclude_me": False})
+    assert delivered(publisher) == [1]
+
+
+def test_exclude_drops_the_listed_sessions():
+    core = CoreRouter(CONFIG)
+    a, b, publisher = subscribed(core), subscribed(core), core.connect()
+    publish_each(publisher, {"exclude": [a.session.id]})
+    assert (delivered(a), delivered(b)) == ([], [0])
+
+
+def test_eligible_delivers_only_to_the_listed_sessions():
+    core = CoreRouter(CONFIG)
+    a, b, publisher = subscribed(core), subscribed(core), core.connect()
+    publish_each(publisher, {"eligible": [a.session.id]})
+    assert (delivered(a), delivered(b)) == ([0], [])
+
+
+def test_an_empty_eligible_list_delivers_to_nobody():
+    core = CoreRouter(CONFIG)
+    a, b, publisher = subscribed(core), subscribed(core), core.connect()
+    publish_each(publisher, {"eligible": []})
+    assert (delivered(a), delivered(b)) == ([], [])
+
+
+def test_exclude_takes_precedence_over_eligible():
+    core = CoreRouter(CONFIG)
+    a, b, publisher = subscribed(core), subscribed(core), core.connect()
+    publish_each(publisher, {"eligible": [a.session.id, b.session.id],
+                             "exclude": [b.session.id]})
+    assert (delivered(a), delivered(b)) == ([0], [])
+
+
+def test_exclude_authid_drops_sessions_with_a_listed_authid():
+    core = CoreRouter(CONFIG)
+    alice, bob = subscribed(core, authid="alice"), subscribed(core, authid="bob")
+    publish_each(core.connect(), {"exclude_authid": ["alice", "carol"]})
+    assert (delivered(alice), delivered(bob)) == ([], [0])
+
+
+def test_eligible_authid_delivers_only_to_sessions_with_a_listed_authid():
+    core = CoreRouter(CONFIG)
+    alice, bob = subscribed(core, authid="alice"), subscribed(core, authid="bob")
+    publish_each(core.connect(), {"eligible_authid": ["alice", "carol"]})
+    assert (delivered(alice), delivered(bob)) == ([0], [])
+
+
+def test_exclude_authrole_drops_only_sessions_with_a_listed_authrole():
+    core = CoreRouter(CONFIG)
+    subscriber = subscribed(core)  # anonymous sessions have the role "anonymous"
+    publish_each(core.connect(), {"exclude_authrole": ["anonymous"]},
+                 {"exclude_authrole": ["admin"]})
+    assert delivered(subscriber) == [1]
+
+
+def test_eligible_authrole_delivers_only_to_sessions_with_a_listed_authrole():
+    core = CoreRouter(CONFIG)
+    subscriber = subscribed(core)
+    publish_each(core.connect(), {"eligible_authrole": ["anonymous", "admin"]},
+                 {"eligible_authrole": ["admin"]})
+    assert delivered(subscriber) == [0]
+
+
+def test_eligible_does_not_override_publisher_exclusion():
+    core = CoreRouter(CONFIG)
+    publisher = subscribed(core)
+    publish_each(publisher, {"eligible": [publisher.session.id]})
+    assert delivered(publisher) == []
