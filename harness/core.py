@@ -5,6 +5,7 @@ publications are durable the moment the core asks, unless a test holds them back
 
 from __future__ import annotations
 
+import itertools
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,8 @@ from gateway.router import Router
 
 CLIENT_ROLES = {"publisher": role.RolePublisherFeatures(), "subscriber":
                 role.RoleSubscriberFeatures(), "caller": role.RoleCallerFeatures(),
-                "callee": role.RoleCalleeFeatures()}
+                "callee": role.RoleCalleeFeatures(call_canceling=True,
+                                                  progressive_call_results=True)}
 
 
 @dataclass(eq=False)
@@ -53,6 +55,8 @@ class CoreRouter:
         self.held: list[Persist] = []
         self.reads: list[Read] = []
         self.timers: list[tuple[float, Timer]] = []
+        self.peers: list[Peer] = []  # every session connected, in order
+        self.requests = itertools.count(1000)  # request ids for tests that need fresh ones
         out = Outbox()
         self.router.restore(1, PublicationIds(new_key()), [], [], out)
         self.flush(out)
@@ -61,6 +65,7 @@ class CoreRouter:
         """A session that sent HELLO (anonymous unless ``hello`` says otherwise)."""
         peer = Peer(self, Session(transport={"type": "memory", "peer": "memory"}))
         peer.session.link = peer
+        self.peers.append(peer)
         peer.send(m.Hello(realm, CLIENT_ROLES, **hello))
         return peer
 
@@ -85,6 +90,14 @@ class CoreRouter:
         for persist in held:
             out = Outbox()
             persist.then(error, out)
+            self.flush(out)
+
+    def fire_timers(self) -> None:
+        """Time passes: every timer the core started fires, the shortest first."""
+        timers, self.timers = sorted(self.timers, key=lambda timer: timer[0]), []
+        for _, timer in timers:
+            out = Outbox()
+            timer(out)
             self.flush(out)
 
     def answer_read(self, outcome: Any) -> None:

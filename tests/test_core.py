@@ -271,3 +271,115 @@ def test_eligible_does_not_override_publisher_exclusion():
     publisher = subscribed(core)
     publish_each(publisher, {"eligible": [publisher.session.id]})
     assert delivered(publisher) == []
+
+
+# -- which registration a CALL goes to (WAMP "Pattern-based Registration", "Shared
+#    Registration"); tests/test_dealer.py calls over every wire -------------------------------
+
+
+def registered(core: CoreRouter, procedure: str, **options: object) -> Peer:
+    callee = core.connect()
+    [ack] = callee.send(m.Register(1, procedure, **options))
+    assert isinstance(ack, m.Registered), ack
+    return callee
+
+
+def called(core: CoreRouter, caller: Peer, procedure: str, **options: object) -> Peer | None:
+    """Which callee got the INVOCATION of a CALL (answered at once, so it is not pending)."""
+    before = {id(p): len(p.inbox) for p in core.peers}
+    caller.send(m.Call(next(core.requests), procedure, **options))
+    for peer in core.peers:
+        new = of_type(peer.inbox[before.get(id(peer), 0):], m.Invocation)
+        if new:
+            peer.send(m.Yield(new[0].request, args=["done"]))
+            return peer
+    return None
+
+
+def test_an_exact_registration_beats_a_prefix_one():
+    core = CoreRouter(CONFIG)
+    prefix, exact = registered(core, "com.app", match="prefix"), registered(core, "com.app.run")
+    caller = core.connect()
+    assert called(core, caller, "com.app.run") is exact
+    assert called(core, caller, "com.app.stop") is prefix
+
+
+def test_a_longer_prefix_beats_a_shorter_one():
+    core = CoreRouter(CONFIG)
+    short = registered(core, "com.app", match="prefix")
+    long = registered(core, "com.app.admin", match="prefix")
+    caller = core.connect()
+    assert called(core, caller, "com.app.admin.reset") is long
+    assert called(core, caller, "com.app.user.reset") is short
+
+
+def test_a_prefix_registration_beats_a_wildcard_one():
+    core = CoreRouter(CONFIG)
+    wildcard = registered(core, "com..reset", match="wildcard")
+    prefix = registered(core, "com.app", match="prefix")
+    caller = core.connect()
+    assert called(core, caller, "com.app.reset") is prefix
+    assert called(core, caller, "com.other.reset") is wildcard
+
+
+def shared(core: CoreRouter, invoke: str, count: int = 3) -> list[Peer]:
+    return [registered(core, "com.shared", invoke=invoke) for _ in range(count)]
+
+
+def test_roundrobin_alternates_among_the_callees():
+    core = CoreRouter(CONFIG)
+    callees, caller = shared(core, "roundrobin"), core.connect()
+    picks = [called(core, caller, "com.shared") for _ in range(7)]
+    assert [callees.index(p) for p in picks] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_invoke_first_and_last_always_pick_the_first_and_last_registered_callee():
+    core = CoreRouter(CONFIG)
+    firsts, caller = shared(core, "first"), core.connect()
+    assert {called(core, caller, "com.shared") for _ in range(4)} == {firsts[0]}
+    core = CoreRouter(CONFIG)
+    lasts, caller = shared(core, "last"), core.connect()
+    assert {called(core, caller, "com.shared") for _ in range(4)} == {lasts[-1]}
+
+
+def test_joining_a_shared_registration_with_another_policy_is_refused():
+    core = CoreRouter(CONFIG)
+    registered(core, "com.shared", invoke="roundrobin")
+    [error] = core.connect().send(m.Register(2, "com.shared", invoke="first"))
+    assert error.error == "wamp.error.procedure_already_exists"
+
+
+def test_calls_go_to_the_remaining_callee_when_a_shared_callee_leaves():
+    core = CoreRouter(CONFIG)
+    leaving, staying = shared(core, "roundrobin", 2)
+    leaving.send(m.Goodbye())
+    caller = core.connect()
+    assert {called(core, caller, "com.shared") for _ in range(3)} == {staying}
+
+
+# -- call timeout: the core's timer, fired by hand ---------------------------------------------
+
+
+def test_a_call_timeout_interrupts_the_callee_and_answers_the_caller_with_timeout():
+    core = CoreRouter(CONFIG)
+    callee, caller = registered(core, "com.slow"), core.connect()
+    caller.send(m.Call(7, "com.slow", timeout=200))
+    [invocation] = of_type(callee.inbox, m.Invocation)
+    core.fire_timers()
+    [interrupt] = of_type(callee.inbox, m.Interrupt)
+    assert (interrupt.request, interrupt.mode) == (invocation.request, "killnowait")
+    [error] = of_type(caller.inbox, m.Error)
+    assert (error.request, error.error) == (7, "wamp.error.timeout")
+    assert callee.send(m.Yield(invocation.request, args=["too late"])) == []
+    assert of_type(caller.inbox, m.Result) == []
+
+
+def test_a_call_answered_before_its_timeout_is_not_interrupted():
+    core = CoreRouter(CONFIG)
+    callee, caller = registered(core, "com.quick"), core.connect()
+    caller.send(m.Call(7, "com.quick", timeout=100))
+    [invocation] = of_type(callee.inbox, m.Invocation)
+    callee.send(m.Yield(invocation.request, args=["quick"]))
+    core.fire_timers()
+    assert of_type(callee.inbox, m.Interrupt) == []
+    assert [r.args for r in of_type(caller.inbox, m.Result)] == [["quick"]]

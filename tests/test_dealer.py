@@ -259,81 +259,7 @@ async def test_wildcard_registration_receives_calls_and_sees_the_called_procedur
     assert error.error == "wamp.error.no_such_procedure"
 
 
-async def test_exact_registration_beats_prefix(client):
-    callee = await client()
-    caller = await client()
-    await callee.register(lambda: "prefix", "com.app", options=RegisterOptions(match="prefix"))
-    await callee.register(lambda: "exact", "com.app.run")
-    assert await wait(caller.call("com.app.run")) == "exact"
-    assert await wait(caller.call("com.app.stop")) == "prefix"
-
-
-async def test_longer_prefix_beats_shorter_prefix(client):
-    callee = await client()
-    caller = await client()
-    await callee.register(lambda: "short", "com.app", options=RegisterOptions(match="prefix"))
-    await callee.register(lambda: "long", "com.app.admin",
-                          options=RegisterOptions(match="prefix"))
-    assert await wait(caller.call("com.app.admin.reset")) == "long"
-    assert await wait(caller.call("com.app.user.reset")) == "short"
-
-
-async def test_prefix_beats_wildcard(client):
-    callee = await client()
-    caller = await client()
-    await callee.register(lambda: "wildcard", "com..reset",
-                          options=RegisterOptions(match="wildcard"))
-    await callee.register(lambda: "prefix", "com.app", options=RegisterOptions(match="prefix"))
-    assert await wait(caller.call("com.app.reset")) == "prefix"
-    assert await wait(caller.call("com.other.reset")) == "wildcard"
-
-
-# -- shared registrations --------------------------------------------------------------------
-
-
-async def shared_callees(client, invoke: str, count: int, procedure: str) -> None:
-    for i in range(count):
-        callee = await client()
-        await callee.register(lambda i=i: i, procedure, options=RegisterOptions(invoke=invoke))
-
-
-async def test_roundrobin_alternates_among_callees(client):
-    await shared_callees(client, "roundrobin", 3, "com.shared.rr")
-    caller = await client()
-    answers = [await wait(caller.call("com.shared.rr")) for _ in range(7)]
-    assert answers == [0, 1, 2, 0, 1, 2, 0]
-
-
-async def test_invoke_first_always_picks_the_first_registered_callee(client):
-    await shared_callees(client, "first", 3, "com.shared.first")
-    caller = await client()
-    assert [await wait(caller.call("com.shared.first")) for _ in range(4)] == [0, 0, 0, 0]
-
-
-async def test_invoke_last_always_picks_the_last_registered_callee(client):
-    await shared_callees(client, "last", 3, "com.shared.last")
-    caller = await client()
-    assert [await wait(caller.call("com.shared.last")) for _ in range(4)] == [2, 2, 2, 2]
-
-
-async def test_mismatched_invoke_policy_gets_procedure_already_exists(client):
-    first = await client()
-    second = await client()
-    await first.register(lambda: 1, "com.shared.mix", options=RegisterOptions(invoke="roundrobin"))
-    error = await call_error(second.register(lambda: 2, "com.shared.mix",
-                                             options=RegisterOptions(invoke="first")))
-    assert error.error == "wamp.error.procedure_already_exists"
-
-
-async def test_calls_go_to_the_remaining_callee_when_a_shared_callee_leaves(client):
-    leaving = await client()
-    staying = await client()
-    caller = await client()
-    options = RegisterOptions(invoke="roundrobin")
-    await leaving.register(lambda: "leaving", "com.shared.leave", options=options)
-    await staying.register(lambda: "staying", "com.shared.leave", options=options)
-    await wait(leaving.leave())
-    assert [await wait(caller.call("com.shared.leave")) for _ in range(3)] == ["staying"] * 3
+# -- shared registrations and which registration wins: tests/test_core.py (in memory) ------
 
 
 # -- caller identification and authorization (a router with a custom config) ---------------
@@ -483,16 +409,6 @@ async def test_call_timeout_gives_the_caller_wamp_error_timeout_quickly(client):
     assert 0.25 < time.monotonic() - started < 1.5
 
 
-async def test_call_timeout_interrupts_the_callee(client):
-    callee = await client()
-    caller = await client()
-    slow = Cancellable()
-    await callee.register(slow, "com.slow")
-    with pytest.raises(ApplicationError):
-        await wait(caller.call("com.slow", options=CallOptions(timeout=200)))
-    assert await wait(slow.cancelled) is True
-
-
 async def test_call_timeout_sends_killnowait_interrupt_and_drops_the_late_answer(raw):
     callee = await raw(CALLEE_ROLES)
     await raw_register(callee, "com.slow.raw")
@@ -505,15 +421,6 @@ async def test_call_timeout_sends_killnowait_interrupt_and_drops_the_late_answer
     assert (await caller.receive(2))[:5] == [ERROR, CALL, 1, {}, "wamp.error.timeout"]
     callee.send([YIELD, invocation[1], {}, ["too late"]])
     assert await nothing_more(caller)
-
-
-async def test_call_answered_before_the_timeout_is_not_interrupted(client):
-    callee = await client()
-    caller = await client()
-    await callee.register(lambda: "quick", "com.quick")
-    assert await wait(caller.call("com.quick", options=CallOptions(timeout=100))) == "quick"
-    await asyncio.sleep(0.2)  # let the timer fire: it must find nothing to do
-    assert await wait(caller.call("com.quick")) == "quick"
 
 
 # -- call cancel -----------------------------------------------------------------------------
