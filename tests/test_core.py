@@ -296,30 +296,19 @@ def called(core: CoreRouter, caller: Peer, procedure: str, **options: object) ->
     return None
 
 
-def test_an_exact_registration_beats_a_prefix_one():
+@pytest.mark.parametrize(("registrations", "calls"), [
+    ([("com.app", "prefix"), ("com.app.run", "exact")],
+     {"com.app.run": 1, "com.app.stop": 0}),
+    ([("com.app", "prefix"), ("com.app.admin", "prefix")],
+     {"com.app.admin.reset": 1, "com.app.user.reset": 0}),
+    ([("com..reset", "wildcard"), ("com.app", "prefix")],
+     {"com.app.reset": 1, "com.other.reset": 0}),
+], ids=["exact-beats-prefix", "longer-prefix-beats-shorter", "prefix-beats-wildcard"])
+def test_the_most_specific_registration_gets_the_call(registrations, calls):
     core = CoreRouter(CONFIG)
-    prefix, exact = registered(core, "com.app", match="prefix"), registered(core, "com.app.run")
+    callees = [registered(core, uri, match=match) for uri, match in registrations]
     caller = core.connect()
-    assert called(core, caller, "com.app.run") is exact
-    assert called(core, caller, "com.app.stop") is prefix
-
-
-def test_a_longer_prefix_beats_a_shorter_one():
-    core = CoreRouter(CONFIG)
-    short = registered(core, "com.app", match="prefix")
-    long = registered(core, "com.app.admin", match="prefix")
-    caller = core.connect()
-    assert called(core, caller, "com.app.admin.reset") is long
-    assert called(core, caller, "com.app.user.reset") is short
-
-
-def test_a_prefix_registration_beats_a_wildcard_one():
-    core = CoreRouter(CONFIG)
-    wildcard = registered(core, "com..reset", match="wildcard")
-    prefix = registered(core, "com.app", match="prefix")
-    caller = core.connect()
-    assert called(core, caller, "com.app.reset") is prefix
-    assert called(core, caller, "com.other.reset") is wildcard
+    assert {p: callees.index(called(core, caller, p)) for p in calls} == calls
 
 
 def shared(core: CoreRouter, invoke: str, count: int = 3) -> list[Peer]:
