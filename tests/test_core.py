@@ -372,3 +372,110 @@ def test_a_call_answered_before_its_timeout_is_not_interrupted():
     core.fire_timers()
     assert of_type(callee.inbox, m.Interrupt) == []
     assert [r.args for r in of_type(caller.inbox, m.Result)] == [["quick"]]
+
+
+# -- subscriptions: matching, identity, unsubscribe (WAMP "Pattern-based Subscription") -------
+
+
+def events_of(core: CoreRouter, topic: str, match: str, published: list[str]) -> list[str]:
+    """Which of ``published`` (each published to itself as topic) a subscription gets."""
+    subscriber = core.connect()
+    subscriber.send(m.Subscribe(1, topic, match=match))
+    publisher = core.connect()
+    for n, name in enumerate(published):
+        publisher.send(m.Publish(n + 1, name, args=[name]))
+    return delivered(subscriber)
+
+
+def test_an_exact_subscription_receives_only_its_own_topic():
+    core = CoreRouter(CONFIG)
+    got = events_of(core, "com.app.temp", "exact", ["com.app.temp.sub", "com.app.tem",
+                                                    "com.app.temp"])
+    assert got == ["com.app.temp"]
+
+
+def test_a_prefix_subscription_matches_by_string_prefix():
+    core = CoreRouter(CONFIG)
+    got = events_of(core, "com.app", "prefix", ["com.app", "com.app.x", "com.apple", "com.ap",
+                                                "org.com.app", "com.ap.p"])
+    assert got == ["com.app", "com.app.x", "com.apple"]
+
+
+def test_a_wildcard_subscription_matches_any_single_component():
+    core = CoreRouter(CONFIG)
+    got = events_of(core, "sensor..temp", "wildcard", [
+        "sensor.kitchen.temp", "sensor.attic.temp", "sensor.kitchen.humidity",
+        "sensor.kitchen.extra.temp", "sensor.temp", "other.kitchen.temp"])
+    assert got == ["sensor.kitchen.temp", "sensor.attic.temp"]
+
+
+def test_a_session_receives_one_event_per_matching_subscription_of_one_publication():
+    core = CoreRouter(CONFIG)
+    subscriber = core.connect()
+    for n, (topic, match) in enumerate([("com.a.b", "exact"), ("com.a", "prefix"),
+                                        ("com..b", "wildcard")]):
+        subscriber.send(m.Subscribe(n + 1, topic, match=match))
+    core.connect().send(m.Publish(9, "com.a.b", args=["once"]))
+    events = of_type(subscriber.inbox, m.Event)
+    assert [e.args for e in events] == [["once"]] * 3
+    assert len({e.subscription for e in events}) == 3 and len({e.publication for e in events}) == 1
+
+
+def subscription_of(peer: Peer, topic: str, match: str = "exact") -> int:
+    [ack] = of_type(peer.send(m.Subscribe(next(peer.core.requests), topic, match=match)),
+                    m.Subscribed)
+    return ack.subscription
+
+
+def test_sessions_subscribing_to_one_topic_and_match_share_one_subscription():
+    core = CoreRouter(CONFIG)
+    a, b = core.connect(), core.connect()
+    assert subscription_of(a, "com.shared") == subscription_of(b, "com.shared")
+    assert subscription_of(a, "com.shared", "prefix") != subscription_of(b, "com.shared")
+
+
+def test_subscribing_twice_from_one_session_gives_the_same_subscription_and_one_event():
+    core = CoreRouter(CONFIG)
+    peer = core.connect()
+    assert subscription_of(peer, "com.twice") == subscription_of(peer, "com.twice")
+    core.connect().send(m.Publish(1, "com.twice", args=["x"]))
+    assert delivered(peer) == ["x"]
+
+
+def test_unsubscribe_stops_events_and_keeps_the_other_subscribers():
+    core = CoreRouter(CONFIG)
+    leaving, staying = core.connect(), core.connect()
+    sub = subscription_of(leaving, "com.t")
+    subscription_of(staying, "com.t")
+    [ack] = leaving.send(m.Unsubscribe(5, sub))
+    assert isinstance(ack, m.Unsubscribed) and ack.request == 5
+    core.connect().send(m.Publish(1, "com.t", args=["after"]))
+    assert (delivered(leaving), delivered(staying)) == ([], ["after"])
+
+
+def test_unsubscribing_what_the_session_does_not_hold_gives_no_such_subscription():
+    core = CoreRouter(CONFIG)
+    owner, other = core.connect(), core.connect()
+    sub = subscription_of(owner, "com.owned")
+    refused = [other.send(m.Unsubscribe(3, 123456789)), other.send(m.Unsubscribe(4, sub))]
+    owner.send(m.Unsubscribe(5, sub))
+    refused.append(owner.send(m.Unsubscribe(6, sub)))  # twice
+    assert [(e.request, e.error) for [e] in refused] == \
+        [(n, "wamp.error.no_such_subscription") for n in (3, 4, 6)]
+
+
+def test_a_session_that_leaves_is_removed_from_its_subscriptions():
+    core = CoreRouter(CONFIG)
+    leaving, staying = core.connect(), core.connect()
+    sub = subscription_of(staying, "com.t")
+    subscription_of(leaving, "com.t")
+
+    def count() -> int:
+        [result] = of_type(staying.send(m.Call(next(core.requests),
+                                               "wamp.subscription.count_subscribers",
+                                               args=[sub])), m.Result)
+        return result.args[0]
+
+    assert count() == 2
+    leaving.send(m.Goodbye())
+    assert count() == 1
