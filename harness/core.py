@@ -61,12 +61,14 @@ class CoreRouter:
         self.router.restore(1, PublicationIds(new_key()), [], [], out)
         self.flush(out)
 
-    def connect(self, realm: str = "realm1", **hello: Any) -> Peer:
-        """A session that sent HELLO (anonymous unless ``hello`` says otherwise)."""
+    def connect(self, realm: str = "realm1", roles: dict[str, Any] | None = None,
+                **hello: Any) -> Peer:
+        """A session that sent HELLO (anonymous unless ``hello`` says otherwise) with the
+        roles autobahn announces, or ``roles``."""
         peer = Peer(self, Session(transport={"type": "memory", "peer": "memory"}))
         peer.session.link = peer
         self.peers.append(peer)
-        peer.send(m.Hello(realm, CLIENT_ROLES, **hello))
+        peer.send(m.Hello(realm, roles or CLIENT_ROLES, **hello))
         return peer
 
     def flush(self, out: Outbox) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from autobahn.wamp import message as m
+from autobahn.wamp import role
 
 from gateway.core import (
     ClockStep,
@@ -479,3 +480,82 @@ def test_a_session_that_leaves_is_removed_from_its_subscriptions():
     assert count() == 2
     leaving.send(m.Goodbye())
     assert count() == 1
+
+
+# -- CANCEL (WAMP "Call Canceling"): what each mode does, with nothing to wait for ------------
+
+
+def call_in_progress(core: CoreRouter, callee_can_cancel: bool = True
+                     ) -> tuple[Peer, Peer, m.Invocation]:
+    roles = None if callee_can_cancel else {"callee": role.RoleCalleeFeatures()}
+    callee = core.connect(roles=roles)
+    callee.send(m.Register(1, "com.slow"))
+    caller = core.connect()
+    caller.send(m.Call(1, "com.slow", args=["x"]))
+    [invocation] = of_type(callee.inbox, m.Invocation)
+    return caller, callee, invocation
+
+
+def canceled(peer: Peer) -> list[tuple[int, str]]:
+    return [(e.request, e.error) for e in of_type(peer.inbox, m.Error)]
+
+
+def test_cancel_skip_answers_the_caller_at_once_and_drops_the_callees_late_answer():
+    core = CoreRouter(CONFIG)
+    caller, callee, invocation = call_in_progress(core)
+    caller.send(m.Cancel(1, mode="skip"))
+    assert canceled(caller) == [(1, "wamp.error.canceled")]
+    assert of_type(callee.inbox, m.Interrupt) == []
+    callee.send(m.Yield(invocation.request, args=["late"]))
+    assert of_type(caller.inbox, m.Result) == []
+
+
+def test_cancel_kill_interrupts_the_callee_and_forwards_its_answer():
+    core = CoreRouter(CONFIG)
+    caller, callee, invocation = call_in_progress(core)
+    caller.send(m.Cancel(1, mode="kill"))
+    [interrupt] = of_type(callee.inbox, m.Interrupt)
+    assert (interrupt.request, interrupt.mode, interrupt.reason) == \
+        (invocation.request, "kill", "wamp.error.canceled")
+    assert canceled(caller) == []  # kill: the caller waits for the callee
+    callee.send(m.Error(m.Invocation.MESSAGE_TYPE, invocation.request, "wamp.error.canceled",
+                        args=["stopped"]))
+    [error] = of_type(caller.inbox, m.Error)
+    assert (error.request, error.error, error.args) == (1, "wamp.error.canceled", ["stopped"])
+
+
+def test_cancel_killnowait_answers_the_caller_at_once_and_interrupts_the_callee():
+    core = CoreRouter(CONFIG)
+    caller, callee, invocation = call_in_progress(core)
+    caller.send(m.Cancel(1, mode="killnowait"))
+    [interrupt] = of_type(callee.inbox, m.Interrupt)
+    assert interrupt.mode == "killnowait"
+    assert canceled(caller) == [(1, "wamp.error.canceled")]
+    callee.send(m.Error(m.Invocation.MESSAGE_TYPE, invocation.request, "wamp.error.canceled"))
+    assert canceled(caller) == [(1, "wamp.error.canceled")]  # the callee's answer is dropped
+
+
+def test_cancel_without_a_mode_is_killnowait():
+    core = CoreRouter(CONFIG)
+    caller, callee, _ = call_in_progress(core)
+    caller.send(m.Cancel(1))
+    assert [i.mode for i in of_type(callee.inbox, m.Interrupt)] == ["killnowait"]
+    assert canceled(caller) == [(1, "wamp.error.canceled")]
+
+
+def test_cancel_falls_back_to_skip_for_a_callee_without_call_canceling():
+    core = CoreRouter(CONFIG)
+    caller, callee, invocation = call_in_progress(core, callee_can_cancel=False)
+    caller.send(m.Cancel(1, mode="kill"))  # kill would wait for the callee's answer
+    assert canceled(caller) == [(1, "wamp.error.canceled")]
+    assert of_type(callee.inbox, m.Interrupt) == []
+    callee.send(m.Yield(invocation.request, args=["late"]))
+    assert of_type(caller.inbox, m.Result) == []
+
+
+def test_cancel_after_the_result_is_ignored():
+    core = CoreRouter(CONFIG)
+    caller, callee, invocation = call_in_progress(core)
+    callee.send(m.Yield(invocation.request, args=["done"]))
+    assert caller.send(m.Cancel(1, mode="kill")) == []
+    assert of_type(callee.inbox, m.Interrupt) == []
