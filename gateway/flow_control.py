@@ -114,11 +114,11 @@ class Readable(Protocol):
 class StoreBackpressure:
     """While the store's queue is over its bound, the connections that put more than an
     eighth of it there since it last drained are paused; a sensor's few readings never are.
-    All resume when the store drains. ``store`` is None while the router runs without one."""
+    All resume when the store drains."""
 
-    def __init__(self, hits: LimitHits) -> None:
+    def __init__(self, hits: LimitHits, store: Any) -> None:
         self.hits = hits
-        self.store: Any = None  # gateway.store.Store: queued_bytes, congested, on_drained
+        self.store: Any = store  # gateway.store.Store: queued_bytes, congested, on_drained
         self.paused: set[Readable] = set()
         self.shares: dict[Readable, int] = {}  # bytes each connection queued since it drained
 

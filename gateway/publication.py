@@ -14,6 +14,8 @@ from typing import Any
 
 import msgpack
 
+from gateway.publication_ids import PublicationIds
+
 Slot = tuple[str, str, str]  # a retained slot: realm, topic, audience key
 
 
@@ -85,6 +87,19 @@ class StoredPublication:
                    boottime_ns or 0, bool(synced), authid, authrole,
                    json.loads(audience) if audience else None,
                    json.loads(details) if details else {}, packed=payload, **extra)
+
+
+@dataclass(eq=False)
+class Restored:
+    """What the store kept, for the router to continue from: its receive order (the next
+    seq, and the key of the publication ids that go with seqs), the kept subscriptions
+    (id, realm, uri, match, created) and the retained publications in receive order.
+    Empty for a router that starts without its store: seqs from 1, random ids."""
+
+    next_seq: int = 1
+    ids: PublicationIds | None = None
+    subscriptions: list[tuple[int, str, str, str, str]] = field(default_factory=list)
+    retained: list[StoredPublication] = field(default_factory=list)
 
 
 @dataclass(frozen=True, eq=False)

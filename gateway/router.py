@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from autobahn.wamp import message as m
@@ -20,6 +21,8 @@ from gateway.clock import StepDetector
 from gateway.config import Config, Limits, RealmConfig
 from gateway.core import (
     ForgetRetained,
+    ForgetSubscription,
+    KeepSubscription,
     Outbox,
     ProtocolViolation,
     Sequence,
@@ -28,16 +31,17 @@ from gateway.core import (
     WampError,
     global_id,
 )
-from gateway.dealer import Dealer
+from gateway.dealer import Dealer, MetaProcedure
 from gateway.history import DEFAULT_PAGE_CAP, get_events_procedure
 from gateway.history_rules import HistoryRules
 from gateway.limits import LimitHits
 from gateway.meta import meta_procedures
-from gateway.publication import StoredPublication
-from gateway.publication_ids import PublicationIds
+from gateway.publication import Restored
 from gateway.retention import Retention
 
 log = logging.getLogger("cairn.router")
+
+ProcedureFactory = Callable[["Realm"], MetaProcedure]  # a realm's own meta procedure
 
 BROKER_FEATURES = role.RoleBrokerFeatures(
     publisher_identification=True,
@@ -66,7 +70,8 @@ DEALER_FEATURES = role.RoleDealerFeatures(
 class Realm:
     def __init__(self, config: RealmConfig, sequence: Sequence | None = None,
                  clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP,
-                 limits: Limits | None = None, hits: LimitHits | None = None) -> None:
+                 limits: Limits | None = None, hits: LimitHits | None = None,
+                 procedures: Mapping[str, ProcedureFactory] | None = None) -> None:
         self.config = config
         self.name = config.name
         self.sequence = sequence or Sequence()
@@ -85,15 +90,28 @@ class Realm:
         self.dealer.meta_procedures.update(meta_procedures(self))
         self.dealer.meta_procedures["wamp.subscription.get_events"] = \
             get_events_procedure(self, page_cap)
+        for uri, make in (procedures or {}).items():
+            self.dealer.meta_procedures[uri] = make(self)
 
-    def restore(self, subscriptions: list[tuple[int, str, str, str, str]],
-                retained: list[StoredPublication], out: Outbox) -> None:
+    def restore(self, restored: Restored, out: Outbox) -> None:
         """Bring back what the store kept: subscriptions with history (same ids as before the
-        restart) and retained events; then pre-create the subscriptions of history rules."""
-        for sub_id, realm, uri, match, created in subscriptions:
-            if realm == self.name and self.broker.subscriptions.get(uri, match) is None:
+        restart) and retained events; then pre-create the subscriptions of history rules.
+        What this realm made while the store could not open stands, and is stored now."""
+        stored = set()
+        for sub_id, realm, uri, match, created in restored.subscriptions:
+            if realm != self.name:
+                continue
+            live = self.broker.subscriptions.get(uri, match)
+            if live is None:
                 self.broker.create_subscription(uri, match, out, sub_id, created)
-        ours = [pub for pub in retained if pub.realm == self.name]
+            elif live.id != sub_id:  # clients know the live one's id by now
+                out.store(ForgetSubscription(sub_id))
+                continue
+            stored.add(sub_id)
+        for sub in self.broker.by_id.values():
+            if sub.kept and sub.id not in stored:
+                out.store(KeepSubscription(sub.id, self.name, sub.uri, sub.match, sub.created))
+        ours = [pub for pub in restored.retained if pub.realm == self.name]
         for pub in reversed(ours):  # newest first: the oldest go if the bounds were lowered
             if self.retention.holds(pub):  # newer: published while the store could not open
                 continue
@@ -145,27 +163,34 @@ def _is_loopback(host: str) -> bool:
 
 
 class Router:
-    def __init__(self, config: Config, hits: LimitHits | None = None) -> None:
+    """Built from the configuration and what the store kept (``restored``); the effects of
+    bringing that back (bounds lowered, history rules added) are written to ``out``.
+    ``procedures``: more meta procedures, made per realm (the shell's own)."""
+
+    def __init__(self, config: Config, restored: Restored, out: Outbox,
+                 hits: LimitHits | None = None,
+                 procedures: Mapping[str, ProcedureFactory] | None = None) -> None:
         self.config = config
         self.clock = StepDetector()
         self.hits = hits or LimitHits()
-        self.sequence = Sequence()  # one receive order for all realms, as in the store
+        # one receive order for all realms, as in the store
+        self.sequence = Sequence(restored.next_seq, restored.ids)
         self.realms = {rc.name: Realm(rc, self.sequence, self.clock,
                                       config.router.history_page_cap, config.router.limits,
-                                      self.hits)
+                                      self.hits, procedures)
                        for rc in config.realms}
         self.sessions: dict[int, Session] = {}
         self.stopping = False  # after shutdown(): no new sessions
         self.throttle = AuthThrottle()
-
-    def restore(self, next_seq: int, ids: PublicationIds,
-                subscriptions: list[tuple[int, str, str, str, str]],
-                retained: list[StoredPublication], out: Outbox) -> None:
-        """Continue from what the store kept, once it is open: its receive order, the
-        subscriptions with history and the retained events."""
-        self.sequence.resume(next_seq, ids)
         for realm in self.realms.values():
-            realm.restore(subscriptions, retained, out)
+            realm.restore(restored, out)
+
+    def resume(self, restored: Restored, out: Outbox) -> None:
+        """The store opened late (it could not when the router started): continue after
+        its receive order and bring back what it kept."""
+        self.sequence.resume(restored.next_seq, restored.ids)
+        for realm in self.realms.values():
+            realm.restore(restored, out)
 
     # -- the entry points ----------------------------------------------------------------
 

@@ -46,9 +46,9 @@ from gateway.metrics import MessageCounters
 from gateway.notify import keep_watchdog_fed, notify
 from gateway.ops import data_dir_lock
 from gateway.origins import BrowserGuard
-from gateway.publication import StorageError
+from gateway.publication import Restored
 from gateway.router import Realm, Router
-from gateway.store import PruneRule, Store
+from gateway.store import PruneRule, Store, UnavailableStore
 from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
 from gateway.wear import WearMeter, disk_of
 from gateway.web import Web
@@ -59,7 +59,7 @@ class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.limit_hits = LimitHits()
-        self.router = Router(config, hits=self.limit_hits)
+        self.router: Router  # built in start(), once the store is open
         self.started = time.monotonic()
         self.slow_consumers = 0
         self.protocol_violations = 0
@@ -67,19 +67,18 @@ class Node:
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.urls: list[str] = []
-        self.store: Store | None = None
+        self.store: Store | UnavailableStore = UnavailableStore("not open yet")
         self.wear: WearMeter | None = None
         self.connections: set = set()  # open transports (gateway.transport.Connection)
         self.writes = WriteBatcher()
         self._maintenance: asyncio.Task | None = None
         self._reopening: asyncio.Task | None = None
-        self.store_error: str | None = None  # why the store could not be opened
         self._lock: contextlib.AbstractContextManager | None = None
         self.maintenance_interval = 60.0
         self.rawsocket_ports: list[int] = []
         self.web = Web(self)
         self.admission = Admission(config.router.limits, self.limit_hits)
-        self.backpressure = StoreBackpressure(self.limit_hits)
+        self.backpressure = StoreBackpressure(self.limit_hits, self.store)
 
     # -- the outbox pump -----------------------------------------------------------------
 
@@ -131,18 +130,11 @@ class Node:
     def _carry_out(self, effect: Effect, out: Outbox) -> None:
         store = self.store
         if isinstance(effect, Persist):
-            if store is None:  # routing without a store: say so to whoever waits for it
-                if effect.then is not None:
-                    effect.then(StorageError(f"the store is unavailable: "
-                                             f"{self.store_error or 'not open yet'}"), out)
-                return
             durable = store.append(effect.pub, effect.within)
             if effect.then is not None:
                 durable.add_done_callback(functools.partial(self._stored, effect.then))
         elif isinstance(effect, Read):
             out.spawn(functools.partial(self._read, effect))
-        elif store is None:
-            return  # what the store would keep is kept in memory only, until it opens
         elif isinstance(effect, KeepSubscription):
             store.add_subscription(effect.id, effect.realm, effect.uri, effect.match,
                                    effect.created)
@@ -165,9 +157,6 @@ class Node:
 
     async def _read(self, effect: Read, out: Outbox) -> None:
         try:
-            if self.store is None:
-                raise StorageError(f"the store is unavailable: "
-                                   f"{self.store_error or 'not open yet'}")
             outcome: Any = await self.store.read_history(effect.request)
         except Exception as e:  # the core turns it into the caller's error
             outcome = e
@@ -200,8 +189,20 @@ class Node:
 
     # -- lifecycle -----------------------------------------------------------------------
 
+    @property
+    def store_error(self) -> str | None:
+        """Why the store could not be opened (None while it is open)."""
+        return self.store.unavailable
+
     async def start(self) -> None:
-        await self._open_store()
+        restored = await self._open_store()
+        out = Outbox()
+        self.router = Router(self.config, restored, out, self.limit_hits,
+                             {"cairn.router.status": self._status_procedure})
+        self.flush(out)
+        self.wear = WearMeter(disk_of(self.config.router.data_dir),
+                              self.config.router.card_endurance_tb)
+        self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
         try:
             await self._listen()
         except BaseException:
@@ -210,22 +211,20 @@ class Node:
 
     store_retry_interval = 30.0  # s between attempts to open a store that failed to open
 
-    async def _open_store(self) -> None:
-        for realm in self.router.realms.values():
-            realm.dealer.meta_procedures["cairn.router.status"] = self._status_procedure(realm)
+    async def _open_store(self) -> Restored:
+        """The store, and what it kept; if it cannot be opened for want of storage, the
+        router starts without it (and tries again)."""
         try:
-            await self._attach_store()
+            return await self._attach_store()
         except (OSError, sqlite3.Error) as e:
             if not _storage_trouble(e):
                 raise  # a data_dir that cannot be: a configuration mistake, said at once
             self._store_unavailable(e)  # full, read-only, damaged: route without it
             self._reopening = asyncio.get_running_loop().create_task(self._reopen_store())
-        self.wear = WearMeter(disk_of(self.config.router.data_dir),
-                              self.config.router.card_endurance_tb)
-        self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
+            return Restored()
 
-    async def _attach_store(self) -> None:
-        """Lock the data directory, open the store and bring back what it kept."""
+    async def _attach_store(self) -> Restored:
+        """Lock the data directory, open the store and read back what it kept."""
         if self._lock is None:
             lock = data_dir_lock(self.config.router.data_dir)
             lock.__enter__()  # released in stop(); refuses a second router on this dir
@@ -237,18 +236,15 @@ class Node:
         store.max_queue_bytes = self.config.router.limits.max_store_queue_bytes
         store.bounds = self.prune_rules(), self.config.router.max_store_bytes
         try:
-            subscriptions = await store.load_subscriptions()
-            retained = await store.load_retained()
+            restored = await store.restored()
         except BaseException:
             await store.close()  # the next attempt opens it again
             raise
-        self.store, self.store_error = store, None
+        self.store = store
         self.backpressure.attach(store)
-        out = Outbox()
-        self.router.restore(store.next_seq, store.publication_ids, subscriptions, retained, out)
-        self.flush(out)
         log.info("store %s: %d retained events, %d subscriptions with history, next seq %d",
-                 path, len(retained), len(subscriptions), store.next_seq)
+                 path, len(restored.retained), len(restored.subscriptions), store.next_seq)
+        return restored
 
     def _store_unavailable(self, error: Exception) -> None:
         reason = f"{error}" or type(error).__name__
@@ -257,16 +253,19 @@ class Node:
                       "history; retained values in memory only; acknowledged publishes that "
                       "would be stored get cairn.error.storage_failed); trying again every %g s",
                       self.config.router.data_dir, reason, self.store_retry_interval)
-        self.store_error = reason
+        self.store = UnavailableStore(reason)
 
     async def _reopen_store(self) -> None:
-        while self.store is None:
+        while self.store_error:
             await asyncio.sleep(self.store_retry_interval)
             try:
-                await self._attach_store()
+                restored = await self._attach_store()
             except (OSError, sqlite3.Error) as e:
                 self._store_unavailable(e)
             else:
+                out = Outbox()
+                self.router.resume(restored, out)
+                self.flush(out)
                 log.warning("the store in %s is open again: storing resumes",
                             self.config.router.data_dir)
 
@@ -277,8 +276,6 @@ class Node:
 
     async def prune(self) -> None:
         """Keep history within its bounds (per rule and overall); drops become gap records."""
-        if self.store is None:
-            return
         reading, _ = self.router.clock.read()
         await self.store.prune(self.prune_rules(), self.config.router.max_store_bytes,
                                reading.wall_ms, reading.synced)
@@ -381,9 +378,8 @@ class Node:
         for task in (self._maintenance, self._reopening):
             if task is not None:
                 task.cancel()
-        if self.store is not None:
-            await self.store.close()
-            self.store = None
+        await self.store.close()
+        self.store = UnavailableStore("closed")
         if self._lock is not None:
             self._lock.__exit__(None, None, None)
             self._lock = None

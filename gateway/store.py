@@ -58,6 +58,7 @@ from gateway.publication import (
     HistoryRead,
     ReadAbandoned,
     ReadTimeout,
+    Restored,
     Slot,
     StorageError,
     StoredPublication,
@@ -401,6 +402,7 @@ class _WriterThread:
 
 
 class Store:
+    unavailable: str | None = None  # why not, for the store that could not open (below)
     flush_interval = 0.05  # the bound on what a power cut may take without acknowledge
     write_back_interval = 300.0  # seconds between write-backs of _State...
     write_back_rows = 20_000  # ...or rows: what start-up reads again after a power cut
@@ -965,6 +967,11 @@ class Store:
 
     # -- reading -------------------------------------------------------------------------
 
+    async def restored(self) -> Restored:
+        """What the router continues from when it is built on this store."""
+        return Restored(self.next_seq, self.publication_ids, await self.load_subscriptions(),
+                        await self.load_retained())
+
     async def load_subscriptions(self) -> list[tuple[int, str, str, str, str]]:
         async with self._reader.execute(
                 "SELECT id, realm, uri, match, created FROM subscriptions"
@@ -1102,6 +1109,59 @@ class Store:
 
 
 # -- the writer thread's side: plain sqlite3 on the writing connection ------------------------
+
+
+class UnavailableStore:
+    """In the place of the store while it cannot be opened (disk full, read-only, damaged):
+    the router routes without it. Nothing is stored (an acknowledged publication that would
+    be gets StorageError), history cannot be read, what would be kept stays in memory."""
+
+    congested = False
+    queued_bytes = 0
+    failed_writes = 0
+    commit_latencies: tuple[float, ...] = ()
+    on_drained: Callable[[], None] | None = None
+
+    def __init__(self, reason: str) -> None:
+        self.unavailable = reason
+
+    def _error(self) -> StorageError:
+        return StorageError(f"the store is unavailable: {self.unavailable}")
+
+    async def restored(self) -> Restored:
+        return Restored()
+
+    def append(self, pub: StoredPublication, within: float | None = None) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        future.set_exception(self._error())
+        future.exception()  # nobody may wait for it (no acknowledge): not worth a warning
+        return future
+
+    async def read_history(self, read: HistoryRead) -> list[tuple[Any, ...]]:
+        raise self._error()
+
+    def add_subscription(self, sub_id: int, realm: str, uri: str, match: str,
+                         created: str) -> None:
+        """Kept in memory: the router stores it when the store opens."""
+
+    def remove_subscription(self, sub_id: int) -> None:
+        pass
+
+    def forget_retained(self, pub: StoredPublication) -> None:
+        pass
+
+    def add_anchor(self, anchor: Anchor, after_seq: int | None = None) -> None:
+        pass  # no publication is stored that it would date
+
+    async def prune(self, rules: list[PruneRule], max_bytes: int, now_ms: int,
+                    clock_synced: bool) -> list[Gap]:
+        return []
+
+    async def summary(self, realm: str) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        pass
 
 
 def _open_writer(writer: _WriterThread, path: Path,

@@ -316,10 +316,10 @@ class Connection:
             self.violation(str(e))
             return
         store = self.node.backpressure.store
-        queued = store.queued_bytes if store is not None else 0
+        queued = store.queued_bytes
         for msg, extra in messages:
             self.node.receive(self.session, msg, extra)
-        if store is not None and store.queued_bytes > queued:  # (commits end in callbacks)
+        if store.queued_bytes > queued:  # (commits end in callbacks)
             self.node.backpressure.added(self, store.queued_bytes - queued)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies

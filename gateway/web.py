@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from gateway.limits import LimitHits
     from gateway.metrics import MessageCounters
     from gateway.router import Realm, Router
-    from gateway.store import Store
+    from gateway.store import Store, UnavailableStore
     from gateway.wear import WearMeter
 
 
@@ -30,7 +30,7 @@ class Running(Protocol):
 
     config: Config
     router: Router
-    store: Store | None
+    store: Store | UnavailableStore
     store_error: str | None
     wear: WearMeter | None
     admission: Admission
@@ -131,7 +131,7 @@ class Web:
         """What the dashboard's status strip and ``cairn doctor`` show."""
         node = self.node
         reading, _ = node.router.clock.read()
-        store = await node.store.summary(realm.name) if node.store is not None else {}
+        store = await node.store.summary(realm.name)
         return {
             "uptime_s": round(time.monotonic() - node.started, 1),
             "sessions": len(realm.sessions),
@@ -157,10 +157,9 @@ class Web:
         status = await self.status(realms[0])
         status["sessions_by_realm"] = {r.name: len(r.sessions) for r in realms}
         status["protocol_violations"] = node.protocol_violations
-        status["failed_writes"] = node.store.failed_writes if node.store else 0
-        status["store_queued_bytes"] = node.store.queued_bytes if node.store else 0
-        latencies = node.store.commit_latencies if node.store else []
-        return render_metrics(status, node.counters, latencies)
+        status["failed_writes"] = node.store.failed_writes
+        status["store_queued_bytes"] = node.store.queued_bytes
+        return render_metrics(status, node.counters, node.store.commit_latencies)
 
     def _status_text(self) -> str:
         node = self.node

@@ -15,6 +15,7 @@ from autobahn.wamp import role
 
 from gateway import config as cfg
 from gateway.core import Effect, Outbox, Persist, Read, Session, Timer
+from gateway.publication import Restored
 from gateway.publication_ids import PublicationIds, new_key
 from gateway.router import Router
 
@@ -49,7 +50,9 @@ class CoreRouter:
     """A router built from TOML text, with the store's state it would restore."""
 
     def __init__(self, toml: str, hold_writes: bool = False) -> None:
-        self.router = Router(cfg.parse(tomllib.loads(toml), "harness.toml"))
+        out = Outbox()
+        self.router = Router(cfg.parse(tomllib.loads(toml), "harness.toml"),
+                             Restored(1, PublicationIds(new_key())), out)
         self.hold_writes = hold_writes  # True: Persist waits for complete_writes()
         self.effects: list[Effect] = []  # every effect on the store, in order
         self.held: list[Persist] = []
@@ -57,8 +60,6 @@ class CoreRouter:
         self.timers: list[tuple[float, Timer]] = []
         self.peers: list[Peer] = []  # every session connected, in order
         self.requests = itertools.count(1000)  # request ids for tests that need fresh ones
-        out = Outbox()
-        self.router.restore(1, PublicationIds(new_key()), [], [], out)
         self.flush(out)
 
     def connect(self, realm: str = "realm1", roles: dict[str, Any] | None = None,

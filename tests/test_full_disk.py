@@ -141,7 +141,7 @@ async def test_a_router_started_on_a_full_disk_routes_and_stores_once_space_retu
         status = await node.web.status(node.router.realms["realm1"])
         (small_disk / "filler").unlink()
         for _ in range(100):
-            if node.store is not None:
+            if node.store_error is None:
                 break
             await asyncio.sleep(0.05)
         publisher = await connect(RunningRouter(node, ""))
@@ -157,6 +157,33 @@ async def test_a_router_started_on_a_full_disk_routes_and_stores_once_space_retu
     assert "store is unavailable" in refused.args[0]
     assert status["store_error"]
     assert history == [first, later.id]
+
+
+async def test_a_subscription_with_history_made_without_the_store_keeps_its_id_after_a_restart(
+        small_disk, quick_retry):
+    """It was kept in memory only: once the store opened it was never written, and after a
+    restart its id named nothing."""
+    await stored_once(small_disk)
+    fill(small_disk / "filler")
+    node = await start_router(config_on(small_disk))
+    try:
+        subscriber = await connect(RunningRouter(node, ""))
+        made = (await subscriber.subscribe(lambda *a: None, "sensor.new")).id
+        (small_disk / "filler").unlink()
+        for _ in range(100):
+            if node.store_error is None:
+                break
+            await asyncio.sleep(0.05)
+        await subscriber.leave()
+    finally:
+        await node.stop()
+    node = await start_router(config_on(small_disk))
+    try:
+        looker = await connect(RunningRouter(node, ""))
+        after_restart = await looker.call("wamp.subscription.lookup", "sensor.new")
+    finally:
+        await node.stop()
+    assert after_restart == made
 
 
 async def test_a_router_started_on_a_read_only_data_directory_routes_without_storing(
