@@ -17,8 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gateway.config import ConfigError
-
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+from gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -89,12 +88,6 @@ def main(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
-def _setup_logging(level: str) -> None:
-    from gateway.cli import setup_logging  # here, not at the top: gateway.cli imports us
-
-    setup_logging(level)
-
-
 async def _until_signal(work: Callable[[], Awaitable[object]]) -> None:
     """Run ``work()`` until it ends or SIGTERM/SIGINT arrives, then cancel it and let it
     clean up."""
@@ -123,7 +116,7 @@ def run_driver(config_path: str, log_level: str = "info") -> int:
     except ConfigError as e:
         print(f"cairn: bad config: {e}", file=sys.stderr)
         return EXIT_USAGE
-    _setup_logging(log_level)
+    setup_logging(log_level)
     try:
         asyncio.run(_until_signal(SerialDriver(config).run))
     except Exception as e:  # a bug: say so, exit 1

@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Any
 
-EXIT_OK, EXIT_USAGE = 0, 2
+from gateway.console import EXIT_OK, EXIT_USAGE, setup_logging
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +36,6 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from drivers import mqtt_bridge
     from drivers.config import read_toml
-    from gateway.cli import setup_logging
     from gateway.config import ConfigError
 
     try:

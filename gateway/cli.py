@@ -7,25 +7,15 @@ import asyncio
 import logging
 import sys
 
-import txaio
-
+from drivers import cli as sensor_cli
+from drivers import demo, mqtt_cli
 from gateway import config as cfg
+from gateway import ops
+from gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
+from sync import cli as sync_cli
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-def setup_logging(level: str) -> None:
-    """One line per event, no timestamps (journald adds them), level and component first."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-        force=True,
-    )
-    txaio.use_asyncio()
-    txaio.set_global_log_level("warn")
-    for noisy in ("autobahn", "txaio", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+# the other components' commands, each adding its subcommands to ``cairn``
+COMPONENTS = (ops, demo, sensor_cli, mqtt_cli, sync_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,26 +35,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Validate a config file: exit 0 if it is good, "
                                             "2 with a message naming the key if not.")
     check.add_argument("config", metavar="FILE", nargs="?")
-    for module in _component_clis():
+    for module in COMPONENTS:
         before = set(commands.choices)
         module.add_commands(commands)
         for name in set(commands.choices) - before:
             commands.choices[name].set_defaults(handler=module.main)
     return parser
-
-
-def _component_clis() -> list:
-    """The other components' commands (sync, and the drivers once they are installed)."""
-    import importlib
-
-    modules = []
-    for name in ("gateway.ops", "drivers.demo", "drivers.cli", "drivers.mqtt_cli", "sync.cli"):
-        try:
-            modules.append(importlib.import_module(name))
-        except ModuleNotFoundError as e:
-            if e.name != name:
-                raise
-    return modules
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,14 +69,13 @@ def main(argv: list[str] | None = None) -> int:
 def run_router(config: cfg.Config, log_level: str | None) -> int:
     import sqlite3
 
-    from gateway.ops import DataDirBusy
     from gateway.server import serve
     from gateway.store import SchemaTooNew
 
     setup_logging(log_level or config.router.log_level)
     try:
         asyncio.run(serve(config))
-    except (OSError, SchemaTooNew, sqlite3.DatabaseError, DataDirBusy) as e:
+    except (OSError, SchemaTooNew, sqlite3.DatabaseError, ops.DataDirBusy) as e:
         logging.getLogger("cairn").error("cannot start: %s", e)
         return EXIT_FAILURE
     return EXIT_OK
