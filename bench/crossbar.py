@@ -32,8 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import LoggedProcess, process_cpu_seconds, wait_for_ports
-from harness.process import free_port
+from harness.process import LoggedProcess, free_port, process_cpu_seconds, wait_for_ports
 
 CACHE_DIR = Path(os.environ.get("CAIRN_BENCH_CACHE",
                                 Path.home() / ".cache" / "cairn-bench"))

@@ -38,10 +38,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import machine, process_cpu_seconds, wait_for_ports
+from bench.pubsub import machine
 from drivers.modbus import ModbusError, ModbusMaster, frame_gap
 from drivers.serial_port import SerialPort
-from harness.process import free_port
+from harness.config import history_rule, open_realm, router_table
+from harness.process import free_port, process_cpu_seconds, wait_for_ports
 
 REPO = Path(__file__).resolve().parent.parent
 BITS = 11
@@ -122,29 +123,6 @@ async def measure_throughput(link: Path, baudrate: int, duration: float) -> dict
             "master_cpu_us_per_tx": round(cpu / max(ok, 1) * 1e6, 1)}
 
 
-ROUTER_CONFIG = """
-[router]
-listen = "127.0.0.1:{port}"
-rawsocket = ["127.0.0.1:{rawsocket}"]
-data_dir = "{data}"
-log_level = "warning"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
-
-
 async def count_readings(url: str, seconds: float) -> int:
     from autobahn.wamp.types import SubscribeOptions
 
@@ -167,8 +145,9 @@ def measure_cpu(workdir: Path, devices: int, baudrate: int, duration: float,
                 warmup: float = 4.0) -> dict[str, Any]:
     port, rawsocket = free_port(), free_port()
     router_toml = workdir / "router.toml"
-    router_toml.write_text(ROUTER_CONFIG.format(port=port, rawsocket=rawsocket,
-                                                data=workdir / "data"))
+    router_toml.write_text(router_table(workdir / "data", f"127.0.0.1:{port}",
+                                        [f"127.0.0.1:{rawsocket}"], "warning")
+                           + open_realm(history=[history_rule("sensor")]))
     router = Proc(["-m", "gateway.cli", "router", "--config", str(router_toml)],
                   workdir / "router.log")
     sim = driver = None

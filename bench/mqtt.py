@@ -39,33 +39,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import machine, process_cpu_seconds, source_version, wait_for_ports
-from harness.process import free_port
+from bench.pubsub import machine, source_version
+from harness.config import history_rule, open_realm, router_table
+from harness.process import free_port, process_cpu_seconds, wait_for_ports
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "mqtt.json"
-
-ROUTER_TOML = """\
-[router]
-listen = "127.0.0.1:{ws_port}"
-rawsocket = ["unix:{dir}/wamp.sock", "127.0.0.1:{rs_port}"]
-data_dir = "{dir}/data"
-log_level = "warning"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
 
 BRIDGE_TOML = """\
 [driver]
@@ -167,8 +146,10 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
     workdir = Path(tempfile.mkdtemp(prefix="cairn-bench-mqtt-"))
     ws_port, rs_port = free_port(), free_port()
     mosquitto, mqtt_port = start_mosquitto(workdir)
-    (workdir / "router.toml").write_text(ROUTER_TOML.format(ws_port=ws_port, rs_port=rs_port,
-                                                            dir=workdir))
+    (workdir / "router.toml").write_text(
+        router_table(workdir / "data", f"127.0.0.1:{ws_port}",
+                     [f"unix:{workdir}/wamp.sock", f"127.0.0.1:{rs_port}"], "warning")
+        + open_realm(history=[history_rule("sensor")]))
     (workdir / "bridge.toml").write_text(BRIDGE_TOML.format(dir=workdir, backlog=backlog,
                                                             mqtt_port=mqtt_port))
     router = Process("router", [sys.executable, "-m", "gateway.cli", "router", "--config",

@@ -47,7 +47,6 @@ import platform
 import resource
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,45 +59,20 @@ from typing import Any
 
 from bench.wire import TOPIC, Publisher, SubscriberSession, serve_fake_broker
 from gateway.metrics import quantile
-from harness.process import free_port
+from harness.config import history_rule, open_realm
+from harness.process import (
+    CLK_TCK,
+    free_port,
+    process_cpu_seconds,
+    wait_for_ports,
+)
+from harness.process import RouterProcess as HarnessRouterProcess
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "bench" / "results"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 CTX = mp.get_context("fork")
 
-ROUTER_TOML = """\
-[router]
-listen = "127.0.0.1:{ws_port}"
-rawsocket = ["127.0.0.1:{rs_port}"]
-data_dir = "{data_dir}"
-log_level = "warning"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe"] }},
-  ]
-"""
-HISTORY_TOML = """
-  [[realms.history]]
-  uri = "{uri}"
-  match = "{match}"
-"""
-
-
 # -- processes under test ----------------------------------------------------------------------
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def machine_busy_seconds() -> tuple[float, float]:
@@ -110,79 +84,30 @@ def machine_busy_seconds() -> tuple[float, float]:
     return (user + nice + system + steal) / CLK_TCK, (irq + softirq) / CLK_TCK
 
 
-def wait_for_ports(ports: list[int], alive: Any, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    for port in ports:
-        while True:
-            if not alive():
-                raise RuntimeError("the server process exited during startup")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"nothing listening on 127.0.0.1:{port}") from None
-                time.sleep(0.05)
-
-
-class LoggedProcess:
-    """A server process whose output goes to ``log_path``."""
-
-    log_path: Path
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def log_lines(self) -> list[str]:
-        try:
-            return self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return []
-
-
-class RouterProcess(LoggedProcess):
-    """``cairn router --config FILE`` on free loopback ports, stderr to a log file."""
+class RouterProcess(HarnessRouterProcess):
+    """``cairn router`` as benchmarked: the installed entry point (or ``command``), warnings
+    only in its log, optionally a history rule or a traced garbage collector."""
 
     name = "cairn"
 
     def __init__(self, workdir: Path, command: str | None = None,
                  trace_gc: bool = False, history: tuple[str, str] | None = None) -> None:
         """``history``: (uri, match) of a history rule, so those topics are stored."""
-        self.ws_port, self.rs_port = free_port(), free_port()
-        self.config = workdir / "bench.toml"
-        toml = ROUTER_TOML.format(ws_port=self.ws_port, rs_port=self.rs_port,
-                                  data_dir=workdir / "data")
-        if history is not None:
-            toml += HISTORY_TOML.format(uri=history[0], match=history[1])
-        self.config.write_text(toml)
-        self.log_path = workdir / "router.log"
+        realm = open_realm(allow=("publish", "subscribe"),
+                           history=[history_rule(*history)] if history is not None else [])
         cairn = Path(sys.executable).parent / "cairn"
         cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "gateway.cli"]
-        env = dict(os.environ)
+        env: dict[str, str] = {}
         self.gc_log: Path | None = None
         if trace_gc:
             self.gc_log = workdir / "gc.log"
             cmd = [sys.executable, "-m", "bench.traced_router"]
             env["BENCH_GC_LOG"] = str(self.gc_log)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         if command:
             cmd = shlex.split(command)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen([*cmd, "router", "--config", str(self.config)],
-                                     stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env)
-        self.pid = self.proc.pid
-        try:
-            wait_for_ports([self.ws_port, self.rs_port], lambda: self.proc.poll() is None)
-        except Exception:
-            self.stop()
-            raise RuntimeError(f"router did not start:\n{self.log_tail()}") from None
-
-    def cpu_seconds(self) -> float:
-        return process_cpu_seconds(self.pid)
+        super().__init__(workdir, realm, env=env, log_level="warning", command=cmd)
+        self.start()
+        self.ws_port, self.rs_port = self.port, self.rawsocket_port
 
     def gc_pauses(self, start: float, end: float) -> list[float] | None:
         """GC pauses (ms) between two time.monotonic() readings, when traced."""
@@ -195,17 +120,6 @@ class RouterProcess(LoggedProcess):
                 if start <= float(when) <= end:
                     pauses.append(float(ms))
         return pauses
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log.close()
-        return self.proc.returncode
 
 
 def _fake_broker_main(ws_port: int, rs_port: int, batched: bool) -> None:

@@ -47,8 +47,8 @@ import msgpack
 from bench.compare import LoadMeter, running_server
 from bench.crossbar import tree_rss
 from bench.mqtt import start_mosquitto
-from bench.pubsub import wait_for_ports
 from bench.store import WampClient, latency_summary
+from harness.process import wait_for_ports
 
 PREFIX = "bench.retained"
 MQTT_PREFIX = "bench/retained"

@@ -89,13 +89,11 @@ from typing import Any
 import msgpack
 
 from bench.pubsub import (
-    CLK_TCK,
     CTX,
     FakeBrokerProcess,
     Profiler,
     machine,
     machine_busy_seconds,
-    process_cpu_seconds,
     source_version,
 )
 from bench.wire import check_rs_reply, rs_frame, rs_handshake, split_rs
@@ -105,28 +103,14 @@ from gateway.history import EventsQuery, history_query
 from gateway.metrics import quantile
 from gateway.patterns import wildcard_matches
 from gateway.store import Store, StoredPublication, eligible
-from harness.process import RouterProcess
+from harness.config import history_rule, open_realm
+from harness.process import CLK_TCK, RouterProcess, process_cpu_seconds
 from harness.wamp import ABORT, CALL, ERROR, GOODBYE, HELLO, RESULT, WELCOME
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
-REALM = """
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-  # above the default (1,000,000) so that the minute's pruning never deletes rows mid-run
-  max_events = 100000000
-"""
+# max_events above the default (1,000,000): the minute's pruning never deletes rows mid-run
+REALM = open_realm(history=[history_rule("sensor", max_events=100_000_000)])
 
 HISTORY_PREFIX = "sensor"
 DEVICES = 100

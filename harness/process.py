@@ -1,18 +1,26 @@
-"""The router as a real process (``python -m gateway.cli router``), for tests and soak runs
-that kill, restart or re-clock it, and the free TCP port every harness asks for."""
+"""Servers as real processes, for tests, benchmarks and soak runs: the router
+(``python -m gateway.cli router``, or another command that takes the same arguments) that
+they kill, restart or re-clock, the free TCP port every harness asks for, and the readings
+of a process's CPU time."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import resource
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from harness.config import router_table
+
 ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -22,29 +30,78 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RouterProcess:
-    """Writes a config, starts the router and waits until it listens."""
+def wait_for_ports(ports: Sequence[int], alive: Callable[[], bool], timeout: float = 15) -> None:
+    """Until something accepts connections on each port of 127.0.0.1; RuntimeError if
+    ``alive()`` turns false (the server exited) or the time runs out."""
+    deadline = time.monotonic() + timeout
+    for port in ports:
+        while True:
+            if not alive():
+                raise RuntimeError("the server process exited during startup")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nothing listening on 127.0.0.1:{port}") from None
+                time.sleep(0.05)
 
-    def __init__(self, workdir: Path, realm_toml: str, env: dict[str, str] | None = None,
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+class LoggedProcess:
+    """A server process whose output goes to ``log_path``."""
+
+    log_path: Path
+
+    def log_lines(self) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_lines()[-lines:])
+
+
+class RouterProcess(LoggedProcess):
+    """Writes a config on free loopback ports (or takes ``config``, a file of the caller's),
+    starts the router with its log in ``router.log`` and waits until it listens."""
+
+    def __init__(self, workdir: Path, realm_toml: str = "", env: dict[str, str] | None = None,
                  router_toml: str = "", host: str = "127.0.0.1", unix: bool = False,
-                 nofile: int | None = None) -> None:
+                 nofile: int | None = None, log_level: str = "info",
+                 command: Sequence[str] | None = None, config: Path | None = None) -> None:
         """``host``: what the TCP listeners bind; ``unix``: a Unix socket listener too
-        (``unix_path``); ``nofile``: the router's file descriptor limit (soft and hard)."""
+        (``unix_path``); ``nofile``: the router's file descriptor limit (soft and hard);
+        ``command``: what runs instead of ``python -m gateway.cli`` (an installed ``cairn``,
+        another build's)."""
         self.workdir = workdir
-        self.port = free_port()
-        self.rawsocket_port = free_port()
-        self.config = workdir / "cairn.toml"
         self.data_dir = workdir / "data"
         self.unix_path = workdir / "wamp.sock"
-        unix_listener = f', "unix:{self.unix_path}"' if unix else ""
-        self.config.write_text(
-            f'[router]\nlisten = "{host}:{self.port}"\n'
-            f'rawsocket = ["{host}:{self.rawsocket_port}"{unix_listener}]\n'
-            f'data_dir = "{self.data_dir}"\nlog_level = "info"\n{router_toml}\n{realm_toml}')
+        self.port: int | None = None  # of a config the caller wrote: unknown, see its log
+        self.rawsocket_port: int | None = None
+        if config is None:
+            config = workdir / "cairn.toml"
+            self.port, self.rawsocket_port = free_port(), free_port()
+            rawsocket = [f"{host}:{self.rawsocket_port}"] + \
+                ([f"unix:{self.unix_path}"] if unix else [])
+            config.write_text(router_table(self.data_dir, f"{host}:{self.port}", rawsocket,
+                                           log_level, router_toml) + f"\n{realm_toml}")
+        self.config = config
         self.nofile = nofile
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        # PYTHONPATH as given first: a benchmark of another build's tree sets it
+        path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
+        self.env = {**os.environ, "PYTHONPATH": path, **(env or {})}
+        self.command = list(command or [sys.executable, "-m", "gateway.cli"])
         self.proc: subprocess.Popen | None = None
-        self.log = workdir / "router.log"
+        self.log_path = workdir / "router.log"  # what it logs (stderr)
+        self.stdout_path = workdir / "router.stdout"  # nothing, as a daemon should
 
     @property
     def ws_url(self) -> str:
@@ -54,25 +111,57 @@ class RouterProcess:
     def db_path(self) -> Path:
         return self.data_dir / "cairn.db"
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
     def start(self, timeout: float = 15) -> RouterProcess:
-        log = self.log.open("ab")
+        """Start it; wait until it listens (when its ports are known)."""
         nofile = self.nofile
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "router", "--config", str(self.config)],
-            cwd=self.workdir, env=self.env, stdout=log, stderr=log,
-            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
-            if nofile else None)
+        with self.log_path.open("ab") as log, self.stdout_path.open("ab") as stdout:
+            self.proc = subprocess.Popen(
+                [*self.command, "router", "--config", str(self.config)],
+                cwd=self.workdir, env=self.env, stdout=stdout, stderr=log,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
+                if nofile else None)
+        ports = [p for p in (self.rawsocket_port, self.port) if p is not None]
+        try:
+            wait_for_ports(ports, lambda: self.proc.poll() is None, timeout)
+        except RuntimeError as e:
+            exited = self.proc.poll()
+            self.stop()
+            why = f"router exited with {exited}" if exited is not None else \
+                f"router did not listen within {timeout:g} s ({e})"
+            raise RuntimeError(f"{why}:\n{self.log_tail(40)}") from None
+        return self
+
+    async def wait_for_line(self, pattern: str, timeout: float = 5) -> re.Match:
+        """The first line of its log that ``pattern`` matches, once there is one."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"router exited with {self.proc.returncode}:\n"
-                                   f"{self.log.read_text()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.rawsocket_port), 0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"router did not listen within {timeout}s:\n{self.log.read_text()}")
+        while True:
+            for line in self.log_lines():
+                found = re.search(pattern, line)
+                if found:
+                    return found
+            if time.monotonic() > deadline or self.proc is None or \
+                    self.proc.poll() is not None:
+                raise AssertionError(f"no line matching {pattern!r} in:\n{self.log_tail(40)}")
+            await asyncio.sleep(0.02)
+
+    async def finish(self, timeout: float) -> int:
+        """Its exit code, once it exits by itself."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the router still runs after {timeout:g} s")
+            await asyncio.sleep(0.02)
+        return self.proc.returncode
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
 
     def kill(self) -> None:
         """SIGKILL: the closest a test gets to pulling the plug."""

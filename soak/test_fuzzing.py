@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 from gateway.core import WampError
 from gateway.history import EventsQuery
 from gateway.transport import decode
+from harness.config import history_rule, open_realm
 from harness.process import RouterProcess
 from harness.wamp import SUBSCRIBED
 from soak import fuzz
@@ -157,21 +158,7 @@ def _check_both_sides(counts: dict[str, int]) -> None:
 
 # -- live: a running router fed garbage while a well-behaved client keeps going ------------
 
-REALM = """
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
+REALM = open_realm(history=[history_rule("sensor")])
 
 
 class LiveWsPeer(WsPeer):

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.config import history_rule, open_realm
 from harness.process import RouterProcess
 from soak import procstat
 from soak.hostile import (
@@ -37,28 +38,8 @@ from soak.load import (
 from tests.test_sync import landed
 from tests.wamp_client import Client
 
-REALM = f"""
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-  max_events = 1000000
-  max_age = "90d"
-
-  [[realms.history]]
-  uri = "storm"
-  match = "prefix"
-  max_events = {STORM_KEPT}
-"""
+REALM = open_realm(history=[history_rule("sensor", max_events=1_000_000, max_age="90d"),
+                            history_rule("storm", max_events=STORM_KEPT)])
 LIMITS = f'[router.limits]\nhandshake_timeout = "{HANDSHAKE_TIMEOUT:g}s"\n'
 
 WAMP_PUBLISHERS = 8        # + 6 serial sensors = 14 topics at 10 Hz

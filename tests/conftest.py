@@ -11,36 +11,15 @@ import pytest
 
 from gateway import config as cfg
 from gateway.server import Node
+from harness.config import open_realm, router_table
 from tests.wamp_client import Client, connect
 
-TEST_CONFIG = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0", "unix:{unix_path}"]
-data_dir = "{data_dir}"
-max_message_size = 65536
-send_buffer_limit = 1048576
 
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-
-[[realms]]
-name = "realm2"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-"""
+def router_config(unix_path: Path | str, data_dir: Path | str) -> str:
+    """Two open realms on ephemeral ports and a Unix socket, with small transport limits."""
+    return (router_table(data_dir, rawsocket=["127.0.0.1:0", f"unix:{unix_path}"],
+                         extra="max_message_size = 65536\nsend_buffer_limit = 1048576\n")
+            + open_realm("realm1") + open_realm("realm2"))
 
 
 @dataclass
@@ -71,7 +50,7 @@ async def start_router(toml_text: str, source: str = "test.toml") -> Node:
 
 @pytest.fixture
 async def router(tmp_path: Path):
-    text = TEST_CONFIG.format(unix_path=tmp_path / "wamp.sock", data_dir=tmp_path / "data")
+    text = router_config(tmp_path / "wamp.sock", tmp_path / "data")
     node = await start_router(text)
     yield RunningRouter(node, str(tmp_path / "wamp.sock"))
     await node.stop()

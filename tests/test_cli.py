@@ -4,7 +4,6 @@ real router that logs one line per event and says GOODBYE to its clients on SIGT
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import signal
 import socket
@@ -16,34 +15,19 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.config import open_realm, router_table
+from harness.process import RouterProcess
 from tests.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")
 COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "gateway.cli"]
 LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S")
 
-CONFIG = """
-[router]
-listen = "127.0.0.1:{port}"
-rawsocket = [{rawsocket}]
-data_dir = "{data_dir}"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-"""
-
-
-def write_config(tmp_path: Path, port: int = 0, rawsocket: str = "",
+def write_config(tmp_path: Path, port: int = 0, rawsocket: tuple[str, ...] = (),
                  name: str = "cairn.toml") -> Path:
     path = tmp_path / name
-    path.write_text(CONFIG.format(port=port, rawsocket=rawsocket, data_dir=tmp_path / "data"))
+    path.write_text(router_table(tmp_path / "data", f"127.0.0.1:{port}", rawsocket)
+                    + open_realm())
     return path
 
 
@@ -131,60 +115,23 @@ def test_check_config_rejects_a_bad_file(tmp_path):
 # -- a real router process -----------------------------------------------------------------
 
 
-class RouterProcess:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self._new_line = asyncio.Event()
-        self._reader = asyncio.ensure_future(self._read())
-
-    async def _read(self) -> None:
-        assert self.proc.stderr is not None
-        async for raw in self.proc.stderr:
-            self.lines.append(raw.decode().rstrip("\n"))
-            self._new_line.set()
-
-    async def wait_for_line(self, pattern: str, timeout: float = 5) -> re.Match:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            for line in self.lines:
-                found = re.search(pattern, line)
-                if found:
-                    return found
-            self._new_line.clear()
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0 or self.proc.returncode is not None and self._reader.done():
-                raise AssertionError(f"no line matching {pattern!r} in {self.lines}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._new_line.wait(), remaining)
-
-    async def finish(self, timeout: float) -> int:
-        code = await asyncio.wait_for(self.proc.wait(), timeout)
-        await asyncio.wait_for(self._reader, 2)
-        return code
-
-
 @pytest.fixture
-async def start_router():
+def start_router():
     started: list[RouterProcess] = []
 
     async def start(config: Path) -> RouterProcess:
-        proc = await asyncio.create_subprocess_exec(
-            *COMMAND, "router", "--config", str(config), cwd=config.parent,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        started.append(RouterProcess(proc))
+        started.append(RouterProcess(config.parent, command=COMMAND, config=config).start())
         return started[-1]
 
     yield start
     for router in started:
-        if router.proc.returncode is None:
-            router.proc.kill()
-            await router.proc.wait()
+        if router.proc.poll() is None:
+            router.kill()
 
 
 async def test_router_serves_logs_and_says_goodbye_on_sigterm(tmp_path, start_router):
     unix_path = tmp_path / "wamp.sock"
-    router = await start_router(write_config(tmp_path, rawsocket=f'"unix:{unix_path}"'))
+    router = await start_router(write_config(tmp_path, rawsocket=(f"unix:{unix_path}",)))
     found = await router.wait_for_line(r"listening: ws://127\.0\.0\.1:(\d+)/ws ")
     port = int(found.group(1))
     address = SimpleNamespace(port=port, ws_url=f"ws://127.0.0.1:{port}/ws",
@@ -208,15 +155,15 @@ async def test_router_serves_logs_and_says_goodbye_on_sigterm(tmp_path, start_ro
     assert await router.finish(timeout=3 - (time.monotonic() - sent)) == 0
     assert time.monotonic() - sent < 3
 
-    stdout = await router.proc.stdout.read()
-    assert stdout == b""
-    assert router.lines, "the router logged nothing"
-    for line in router.lines:
+    assert router.stdout_path.read_bytes() == b""
+    lines = router.log_lines()
+    assert lines, "the router logged nothing"
+    for line in lines:
         assert LOG_LINE.match(line), f"not a one-line log record: {line!r}"
-    text = "\n".join(router.lines)
+    text = "\n".join(lines)
     assert "Traceback" not in text
     assert re.search(r"stopping: saying GOODBYE to 2 sessions", text)
-    assert router.lines[-1].endswith("stopped")
+    assert lines[-1].endswith("stopped")
     assert not unix_path.exists(), "the Unix socket is left behind"
 
 
@@ -228,7 +175,7 @@ async def test_signal_right_after_listening_stops_cleanly(tmp_path, start_router
     await router.wait_for_line(r"listening: ")
     router.proc.send_signal(sig)
     assert await router.finish(timeout=3) == 0
-    assert "stopping: saying GOODBYE to 0 sessions" in "\n".join(router.lines)
+    assert "stopping: saying GOODBYE to 0 sessions" in "\n".join(router.log_lines())
 
 
 @pytest.mark.parametrize("which", ["listen", "rawsocket"])
@@ -240,7 +187,7 @@ def test_port_in_use_exits_1_with_a_clear_message(tmp_path, which):
         if which == "listen":
             config = write_config(tmp_path, port=port)
         else:
-            config = write_config(tmp_path, rawsocket=f'"127.0.0.1:{port}"')
+            config = write_config(tmp_path, rawsocket=(f"127.0.0.1:{port}",))
         result = cairn("router", "--config", str(config))
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr

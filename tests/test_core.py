@@ -18,31 +18,12 @@ from gateway.core import (
     SessionState,
 )
 from gateway.publication import HistoryRead, StorageError
+from harness.config import history_rule, open_realm, router_table
 from harness.core import CoreRouter, Peer, of_type
 
-CONFIG = """
-[router]
-data_dir = "unused"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
-  ]
-
-  [[realms.users]]
-  authid = "root"
-  role = "anonymous"
-  secret = "s3cret"
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
+CONFIG = router_table("unused") + open_realm(
+    history=[history_rule("sensor")],
+    extra='  [[realms.users]]\n  authid = "root"\n  role = "anonymous"\n  secret = "s3cret"\n')
 
 
 def published(peer, topic: str, value: object, **options: object) -> list:

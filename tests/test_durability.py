@@ -15,26 +15,13 @@ import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from gateway.store import PruneRule, StorageError, Store, StoredPublication
+from harness.config import history_rule, open_realm
 from harness.process import RouterProcess
 from tests.wamp_client import connect
 
 pytestmark = pytest.mark.slow
 
-REALM = """
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
+REALM = open_realm(history=[history_rule("sensor")])
 
 PUBLISHERS = 8
 

@@ -25,27 +25,14 @@ from gateway import ops
 from gateway.metrics import MessageCounters
 from gateway.metrics import render as render_metrics
 from gateway.store import SCHEMA_VERSION, Store, StoredPublication
+from harness.config import history_rule, open_realm
 from harness.process import ROOT, RouterProcess, free_port
 from tests.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")
 COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "gateway.cli"]
 
-REALM = """
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
+REALM = open_realm(history=[history_rule("sensor")])
 
 
 def cairn(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:

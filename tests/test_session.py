@@ -14,7 +14,7 @@ from autobahn.wamp import message
 from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 
 import gateway.router
-from tests.conftest import TEST_CONFIG, RunningRouter, start_router
+from tests.conftest import RunningRouter, router_config, start_router
 from tests.wamp_client import RawSocketPeer, connect
 
 HELLO_ROLES = {"publisher": {}, "subscriber": {}, "caller": {}, "callee": {}}
@@ -190,7 +190,7 @@ async def own_router(tmp_path: Path) -> AsyncIterator[RunningRouter]:
     """A router of the test's own, which the test stops itself (or this does, if the test
     fails first)."""
     path = tmp_path / "own.sock"
-    node = await start_router(TEST_CONFIG.format(unix_path=path, data_dir=tmp_path / "data"))
+    node = await start_router(router_config(path, tmp_path / "data"))
     try:
         yield RunningRouter(node, str(path))
     except BaseException:

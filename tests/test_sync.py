@@ -33,6 +33,7 @@ from autobahn.wamp.types import PublishOptions
 from gateway import cli
 from gateway.clock import Anchor
 from gateway.store import HistoryReader, Store, StoredPublication
+from harness.config import history_rule, open_realm, router_table
 from sync.sinks import DirectorySink, HttpSink, SinkError
 from sync.uploader import Uploader
 from tests.conftest import RunningRouter, start_router
@@ -42,26 +43,9 @@ GATEWAY = "gw-test"
 T0_MS = 1_795_000_000_000  # 2026-11-18T11:06:40Z
 BOOT = "6a1f0c1e-0000-4000-8000-000000000001"
 
-REALM_CONFIG = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0", "unix:{unix_path}"]
-data_dir = "{data_dir}"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
+def router_config(unix_path: Path, data_dir: Path) -> str:
+    return (router_table(data_dir, rawsocket=["127.0.0.1:0", f"unix:{unix_path}"])
+            + open_realm(history=[history_rule("sensor")]))
 
 
 # -- building an edge store ----------------------------------------------------------------
@@ -297,7 +281,7 @@ def test_sync_once_exit_codes(tmp_path, capsys, cairn_cli):
 async def test_router_history_lands_while_the_router_runs(tmp_path):
     """The real path: publications through the router's store, read beside it (WAL)."""
     data_dir, landing = tmp_path / "data", tmp_path / "landing"
-    node = await start_router(REALM_CONFIG.format(unix_path=tmp_path / "wamp.sock",
+    node = await start_router(router_config(unix_path=tmp_path / "wamp.sock",
                                                   data_dir=data_dir))
     router = RunningRouter(node, str(tmp_path / "wamp.sock"))
     session = await connect(router, "rawsocket-tcp", "msgpack")
@@ -746,7 +730,7 @@ async def test_the_router_status_shows_the_redacted_sink_to_any_caller(tmp_path)
     uploader = uploader_for(data_dir, HttpSink("https://edge:pa55@hdfs.example/in?token=abc123"))
     uploader._write_status(force=True)
     uploader.reader.close()
-    node = await start_router(REALM_CONFIG.format(unix_path=tmp_path / "wamp.sock",
+    node = await start_router(router_config(unix_path=tmp_path / "wamp.sock",
                                                   data_dir=data_dir))
     try:
         session = await connect(RunningRouter(node, str(tmp_path / "wamp.sock")))

@@ -1,0 +1,45 @@
+"""Router configuration for tests, benchmarks and soak runs, built instead of copied: the
+realm most of them use (anonymous sessions may do everything on every URI), its history
+rules, and the ``[router]`` table of a router on given ports."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+EVERYTHING = ("publish", "subscribe", "call", "register")
+
+
+def _value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        return f'"{value}"'
+    return "[" + ", ".join(_value(v) for v in value) + "]"  # a list or tuple
+
+
+def history_rule(uri: str, match: str = "prefix", **settings: object) -> str:
+    """A ``[[realms.history]]`` table, e.g. ``history_rule("sensor", max_events=500)``."""
+    lines = [f'  uri = "{uri}"', f'  match = "{match}"']
+    lines += [f"  {key} = {_value(value)}" for key, value in settings.items()]
+    return "\n  [[realms.history]]\n" + "\n".join(lines) + "\n"
+
+
+def open_realm(name: str = "realm1", allow: Iterable[str] = EVERYTHING,
+               history: Iterable[str] = (), extra: str = "") -> str:
+    """A realm where anonymous sessions may ``allow`` on every URI, with ``history``
+    (:func:`history_rule` tables) and ``extra`` TOML inside it (users, more roles)."""
+    return (f'\n[[realms]]\nname = "{name}"\nanonymous_role = "anonymous"\n\n'
+            f'  [[realms.roles]]\n  name = "anonymous"\n'
+            f'  permissions = [\n    {{ uri = "", match = "prefix", allow = {_value(allow)} }},\n'
+            f'  ]\n' + "".join(history) + extra)
+
+
+def router_table(data_dir: Path | str, listen: str = "127.0.0.1:0",
+                 rawsocket: Iterable[str] = (), log_level: str = "info", extra: str = "") -> str:
+    """A ``[router]`` table: WebSocket on ``listen``, RawSocket on each of ``rawsocket``
+    (``host:port`` or ``unix:PATH``), the store in ``data_dir``; ``extra`` more keys."""
+    return (f'[router]\nlisten = "{listen}"\nrawsocket = {_value(list(rawsocket))}\n'
+            f'data_dir = "{data_dir}"\nlog_level = "{log_level}"\n{extra}')
