@@ -5,7 +5,7 @@ messages. A part of ``python -m bench`` (``--only retained``).
 retained publication each (acknowledged, so all are in before measuring; payload
 ``{"k": k, "temperature": .., "humidity": ..}``, as kwargs in WAMP and as JSON in MQTT).
 Then, timed from sending SUBSCRIBE, on lean clients (RawSocket/MsgPack WAMP sessions,
-:class:`bench.store.WampClient`; a raw MQTT 3.1.1 client written here), each repeat on a
+:class:`bench.lean_wamp.WampClient`; a raw MQTT 3.1.1 client written here), each repeat on a
 new connection (connecting is not timed):
 
 - **prefix**: SUBSCRIBE(``bench.retained``, match=prefix, get_retained) -> SUBSCRIBED and
@@ -46,8 +46,9 @@ import msgpack
 
 from bench.compare import LoadMeter, running_server
 from bench.crossbar import tree_rss
+from bench.lean_wamp import WampClient
+from bench.measure import latency_summary
 from bench.mqtt import start_mosquitto
-from bench.store import WampClient, latency_summary
 from harness.process import wait_for_ports
 
 PREFIX = "bench.retained"

@@ -376,7 +376,8 @@ async def test_garbage_on_both_transports_costs_a_well_behaved_client_nothing(tm
             problems.append(f"{n - 6} garbage sessions linger")
     finally:
         exit_code = router.stop()
-        problems += [f"router log: {line}" for line in dict.fromkeys(log_errors(router.log))][:20]
+        logged = dict.fromkeys(log_errors(router.log_path))
+        problems += [f"router log: {line}" for line in logged][:20]
         if exit_code != 0:
             problems.append(f"the router exited {exit_code} on SIGTERM")
         print("\n".join(problems))

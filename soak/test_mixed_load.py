@@ -156,7 +156,7 @@ async def test_ten_minutes_of_mixed_load_shows_no_memory_or_fd_growth(tmp_path):
     load.report(trends)
 
     assert not load.problems, "\n".join(load.problems)
-    bad = log_errors(router.log)
+    bad = log_errors(router.log_path)
     assert not bad, "router log:\n" + "\n".join(bad[:20])
     assert exit_code == 0, f"the router exited {exit_code} on SIGTERM"
     assert sensor_codes == [0, 0], f"driver, simulator exit codes {sensor_codes}"

@@ -894,11 +894,11 @@ def plant_login(secret: str) -> dict[str, Any]:
 async def wait_for_log(router: RouterProcess, marker: str, timeout: float = TIMEOUT) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = router.log.read_text()
+        text = router.log_path.read_text()
         if marker in text:
             return text
         await asyncio.sleep(0.02)
-    raise AssertionError(f"{marker!r} not logged:\n{router.log.read_text()}")
+    raise AssertionError(f"{marker!r} not logged:\n{router.log_path.read_text()}")
 
 
 @dataclass

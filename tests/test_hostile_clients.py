@@ -106,7 +106,7 @@ def hits(router: RouterProcess, limit: str) -> float:
 
 
 def log_lines(router: RouterProcess, word: str) -> int:
-    return sum(word in line for line in router.log.read_text().splitlines())
+    return sum(word in line for line in router.log_path.read_text().splitlines())
 
 
 @pytest.fixture
@@ -524,7 +524,7 @@ async def test_a_rawsocket_ping_gets_a_pong_with_its_payload_and_no_traceback(tm
     assert (header[0], int.from_bytes(header[1:], "big")) == (2, 13)  # PONG
     assert payload == b"are you there"
     assert welcome[0] == 2
-    assert "Traceback" not in router.log.read_text()
+    assert "Traceback" not in router.log_path.read_text()
 
 
 async def test_an_unknown_serializer_gets_the_handshake_error_and_no_traceback(tmp_path):
@@ -539,8 +539,8 @@ async def test_an_unknown_serializer_gets_the_handshake_error_and_no_traceback(t
         router.stop()
     assert reply == bytes([0x7F, 0x10, 0, 0])  # error 1: serializer unsupported
     assert closed
-    assert "Traceback" not in router.log.read_text()
-    assert "Serializer unsupported" in router.log.read_text()
+    assert "Traceback" not in router.log_path.read_text()
+    assert "Serializer unsupported" in router.log_path.read_text()
 
 
 # -- /status and /metrics from the LAN ------------------------------------------------------
