@@ -41,8 +41,8 @@ from typing import Any
 from bench.pubsub import machine
 from drivers.modbus import ModbusError, ModbusMaster, frame_gap
 from drivers.serial_port import SerialPort
-from harness.config import history_rule, open_realm, router_table
-from harness.process import free_port, process_cpu_seconds, wait_for_ports
+from harness.config import history_rule, open_realm
+from harness.process import RouterProcess, process_cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 BITS = 11
@@ -143,16 +143,11 @@ async def count_readings(url: str, seconds: float) -> int:
 
 def measure_cpu(workdir: Path, devices: int, baudrate: int, duration: float,
                 warmup: float = 4.0) -> dict[str, Any]:
-    port, rawsocket = free_port(), free_port()
-    router_toml = workdir / "router.toml"
-    router_toml.write_text(router_table(workdir / "data", f"127.0.0.1:{port}",
-                                        [f"127.0.0.1:{rawsocket}"], "warning")
-                           + open_realm(history=[history_rule("sensor")]))
-    router = Proc(["-m", "gateway.cli", "router", "--config", str(router_toml)],
-                  workdir / "router.log")
+    router = RouterProcess(workdir, open_realm(history=[history_rule("sensor")]),
+                           log_level="warning").start()
+    rawsocket = router.rawsocket_port
     sim = driver = None
     try:
-        wait_for_ports([rawsocket], router.alive)
         sim, link = start_sim(workdir, devices, baudrate)
         sensors = [f'[driver]\nrouter = "rawsocket+tcp://127.0.0.1:{rawsocket}"\n']
         for address in range(1, devices + 1):

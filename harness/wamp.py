@@ -21,3 +21,10 @@ UNSUBSCRIBED = m.Unsubscribed.MESSAGE_TYPE
 EVENT = m.Event.MESSAGE_TYPE
 CALL = m.Call.MESSAGE_TYPE
 RESULT = m.Result.MESSAGE_TYPE
+
+# every message type of WAMP's basic and advanced profiles (autobahn also defines
+# EVENT_RECEIVED, 337, which is outside them)
+MESSAGE_TYPES = sorted(kind.MESSAGE_TYPE for kind in vars(m).values()
+                       if isinstance(kind, type) and issubclass(kind, m.Message)
+                       and isinstance(getattr(kind, "MESSAGE_TYPE", None), int)
+                       and kind.MESSAGE_TYPE < 256)

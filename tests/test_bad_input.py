@@ -22,7 +22,7 @@ from autobahn.wamp.types import PublishOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.wamp import ABORT, ERROR, GOODBYE, RESULT, WELCOME
+from harness.wamp import ABORT, ERROR, GOODBYE, MESSAGE_TYPES, RESULT, WELCOME
 from tests.wamp_client import RawSocketPeer, raw_websocket
 
 PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
@@ -426,8 +426,6 @@ async def test_rawsocket_invalid_frame_type(router, client, frame_type):
 # -- property: random and mutated messages -------------------------------------------------
 
 PROBE = 4_242_424_242  # the request id of the CALL that checks a fuzzed session still works
-MESSAGE_TYPES = [1, 2, 3, 4, 5, 6, 8, 16, 17, 32, 33, 34, 35, 36, 48, 49, 50, 64, 65, 66, 67,
-                 68, 69, 70]
 OPTION_KEYS = ["match", "acknowledge", "receive_progress", "timeout", "exclude", "eligible",
                "exclude_authid", "eligible_authrole", "disclose_me", "exclude_me", "roles",
                "authmethods", "authid", "invoke", "mode", "progress", "retain"]
