@@ -987,7 +987,13 @@ class Store:
             rows = await cur.fetchall()
         slots = {}
         for row in rows:
-            pub = StoredPublication.from_row(row, retain=True)
+            try:
+                pub = StoredPublication.from_row(row, retain=True)
+            except Exception as e:  # a damaged row must not keep the router from starting
+                log.error("the retained event of %s in realm %s (seq %s) cannot be read (%s: "
+                          "%s): left out; the topic has none until its next publication",
+                          row[3], row[2], row[0], type(e).__name__, e)
+                continue
             slots[pub.slot] = pub
         for key, pub in self._state.retained.items():
             if key not in slots or pub.seq > slots[key].seq:

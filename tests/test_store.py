@@ -300,3 +300,23 @@ async def test_a_big_prune_runs_in_transactions_of_its_budget_and_drops_it_all(t
     assert [g.count for g in gaps] == [2000, 2000, 1000]
     assert [(g.first_seq, g.last_seq) for g in gaps] == [(1, 2000), (2001, 4000), (4001, 5000)]
     assert (left["events"], left["first_seq"]) == (100, 5001)
+
+
+async def test_a_damaged_retained_row_is_left_out_and_the_others_come_back(tmp_path, caplog):
+    """It used to stop the store from loading, so the router could not start."""
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        await store.append(reading(store, "state.x", 1.0, rule=None))
+        await store.append(reading(store, "state.y", 2.0, rule=None))
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "cairn.db")) as db, db:
+        db.execute("UPDATE retained SET payload = x'c1c1' WHERE topic = 'state.x'")
+    restarted = await Store.open(tmp_path / "cairn.db")
+    try:
+        retained = await restarted.load_retained()
+    finally:
+        await restarted.close()
+    assert [(p.topic, p.kwargs["temperature"]) for p in retained] == [("state.y", 2.0)]
+    assert "state.x" in caplog.text and "cannot be read" in caplog.text
+
