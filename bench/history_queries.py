@@ -139,13 +139,13 @@ async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[
     and its bare execution time."""
     store = await Store.open(db_path)
     recorded: list[tuple[str, tuple[Any, ...]]] = []
-    query_fn = store.query
+    query_fn = store.reader.query
 
     async def recording_query(sql: str, params: Any, *limits: Any) -> list[tuple[Any, ...]]:
         recorded.append((sql, tuple(params)))
         return await query_fn(sql, params, *limits)
 
-    store.query = recording_query  # type: ignore[method-assign]
+    store.reader.query = recording_query  # type: ignore[method-assign]
     realm = SimpleNamespace(name="realm1", limits=Limits(),
                             broker=SimpleNamespace(may_receive=lambda session, topic: True))
     caller = SimpleNamespace(id=1, authid="bench", authrole="anonymous", closed=False)
@@ -162,7 +162,7 @@ async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[
                 t0 = time.perf_counter()
                 sub = SimpleNamespace(id=sub_ids[case["sub"]], uri=case["sub"], match="prefix")
                 query = history_query(realm, caller, sub, EventsQuery.parse(kwargs), 1000)
-                query.result(await store.read_history(query.request))
+                query.result(await store.reader.read_history(query.request))
                 runs.append((time.perf_counter() - t0) * 1000)
                 if runs[-1] > 500:
                     break

@@ -157,7 +157,7 @@ class Node:
 
     async def _read(self, effect: Read, out: Outbox) -> None:
         try:
-            outcome: Any = await self.store.read_history(effect.request)
+            outcome: Any = await self.store.reader.read_history(effect.request)
         except Exception as e:  # the core turns it into the caller's error
             outcome = e
         effect.answer(outcome, out)

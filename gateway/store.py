@@ -401,6 +401,336 @@ class _WriterThread:
         self._executor.shutdown(wait=True)
 
 
+class _Rows:
+    """Publications as rows of publication_batch, on the writer thread: a topic new to
+    history gets its id here, and the usual details JSON comes from a cache."""
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+        self._details_json: dict[str, str] = {}  # topic -> '{"topic": topic}'
+
+    def batch(self, pubs: list[StoredPublication], new_topics: dict[tuple[str, str], int]
+              ) -> tuple[list[tuple[Any, ...]], dict[Slot, StoredPublication]]:
+        """A row per history publication, and per retained slot the newest publication of
+        the batch (a topic published 100 times in one batch is upserted once). A retained
+        publication with no history goes to the retained table now (it has no other home);
+        the slots of stored ones are returned, to be written back later. Topics stored for
+        the first time get an id in ``new_topics``."""
+        newest: dict[Slot, StoredPublication] = {}
+        for p in pubs:
+            if p.retain:
+                other = newest.get(p.slot)
+                if other is None or p.seq > other.seq:
+                    newest[p.slot] = p
+        slots = {key: p for key, p in newest.items() if p.history_rule is not None}
+        direct = {id(p): key[2] for key, p in newest.items() if p.history_rule is None}
+        rows = []
+        for p in pubs:
+            audience_key = direct.get(id(p))
+            if p.history_rule is None and audience_key is None:
+                continue  # retained only, and a newer one of its slot is in the batch
+            rows.append(self.row(p, p.history_rule, audience_key, new_topics))
+        return rows, slots
+
+    def slots(self, slots: dict[Slot, StoredPublication]) -> list[tuple[Any, ...]]:
+        """Rows that write retained slots only (no history row: rule NULL)."""
+        return [self.row(p, None, key[2]) for key, p in slots.items()]
+
+    def row(self, p: StoredPublication, rule: int | None, audience_key: str | None,
+            new_topics: dict[tuple[str, str], int] | None = None) -> tuple[Any, ...]:
+        """A row of publication_batch: a history row under ``rule`` (None: none), and the
+        retained slot ``audience_key`` (None: none)."""
+        topic_id, new = None, False
+        if rule is not None:
+            topic_id = self.topics.get(p.realm, p.topic)
+            if topic_id is None:
+                topic_id = new_topics.get((p.realm, p.topic))
+                if topic_id is None:
+                    topic_id = new_topics[(p.realm, p.topic)] = \
+                        self.topics.next_id + len(new_topics)
+                    new = True
+        return (p.seq, p.publication, p.realm, p.topic, rule, p.wall_ms, p.boot_id,
+                p.boottime_ns, int(p.clock_synced), p.authid, p.authrole,
+                json.dumps(p.audience) if p.audience else None, self._details(p),
+                p.payload(), int(p.retain), audience_key,
+                int(audience_key is not None), topic_id, int(new))
+
+    def _details(self, p: StoredPublication) -> str:
+        """The details as JSON; the usual ``{"topic": topic}`` from a cache."""
+        details = p.details
+        if len(details) != 1 or details.get("topic") != p.topic:
+            return json.dumps(details)
+        text = self._details_json.get(p.topic)
+        if text is None:
+            if len(self._details_json) >= 10_000:
+                self._details_json.clear()
+            text = self._details_json[p.topic] = json.dumps(details)
+        return text
+
+
+class _Pruner:
+    """Keeps history within its bounds on the writer thread: drops rows a transaction at a
+    time (each drop recorded as a gap) and gives the freed pages back to the file system in
+    steps that take about VACUUM_STEP_SECONDS, so a commit never waits long behind it."""
+
+    vacuum_pages = 64  # pages one shrink step gives back; paced to VACUUM_STEP_SECONDS
+
+    def __init__(self, state: _State, topics: Topics, rows: _Rows) -> None:
+        self.state, self.topics, self.rows = state, topics, rows
+
+    def drop(self, db: sqlite3.Connection, rules: list[PruneRule], max_bytes: int,
+             now_ms: int, clock_synced: bool, synced: int, budget: int
+             ) -> tuple[list[Gap], bool]:
+        """One transaction of a prune, dropping at most ``budget`` rows: its gaps, and
+        whether more is left to drop."""
+        state = self.state
+        # max_events is kept to within 0.1 %: a prune costs a transaction of its own (the
+        # freed pages' bookkeeping and the state written back), so a full history is pruned
+        # a thousand events at a time, not every minute for the two hundred that came.
+        over = {rule: state.counts[(rule.realm, rule.index)] - rule.max_events
+                for rule in rules}
+        over = {rule: n if n > rule.max_events // 1000 else 0 for rule, n in over.items()}
+        realms = {rule.realm: json.dumps(self.topics.of_realm(rule.realm)) for rule in rules}
+        aged = {rule: _first_young(db, realms[rule.realm], rule, now_ms - rule.max_age_ms)
+                for rule in rules
+                if rule.max_age_ms is not None and clock_synced and
+                state.counts[(rule.realm, rule.index)] > 0 and
+                _has_old(db, realms[rule.realm], rule, now_ms - rule.max_age_ms)}
+        if not aged and all(n <= 0 for n in over.values()) and _used_bytes(db) <= max_bytes:
+            return [], False
+        gaps: list[Gap] = []
+        dropped: Counter[tuple[str, int]] = Counter()
+        more = False
+        with _transaction(db):
+            db.execute(_RAISE_META, ("highest_seq", _highest_seq(db)))  # before deleting any
+            for rule in rules:
+                where, params = f"s.rule = ? AND s.{_IN_TOPICS}", [rule.index, realms[rule.realm]]
+                if over[rule] > 0:
+                    gaps += _drop(db, where, params, min(over[rule], budget), synced, rule,
+                                  "max_events", dropped)
+                    more = more or over[rule] > budget
+                if rule in aged:
+                    young = aged[rule]
+                    age_where = (f"{where} AND s.clock_synced = 1 AND s.wall_ms < ?"
+                                 + (" AND s.seq < ?" if young is not None else ""))
+                    age_params = [*params, now_ms - rule.max_age_ms,
+                                  *([young] if young is not None else [])]
+                    aged_gaps = _drop(db, age_where, age_params, budget, synced, rule,
+                                      "max_age", dropped)
+                    more = more or sum(g.count for g in aged_gaps) == budget
+                    gaps += aged_gaps
+            while (used := _used_bytes(db)) > max_bytes:
+                if sum(dropped.values()) >= budget:
+                    more = True
+                    break
+                rows = max(sum(state.counts.values()) - sum(dropped.values()), 1)
+                extra = _drop(db, "1", [], _rows_over(used, max_bytes, rows), synced, None,
+                              "max_store_bytes", dropped)
+                if not extra:
+                    break
+                gaps += extra
+            _insert_gaps(db, gaps)
+            counts = state.counts - dropped
+            rows = self.rows.slots(state.retained)  # the rows dropped may be their only copy
+            for start in range(0, len(rows), _MAX_BATCH_ROWS):
+                _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
+            _put_meta(db, "state", _State.encode(state.top, counts))
+        state.counts, state.retained, state.seq, state.rows = counts, {}, state.top, 0
+        state.written = time.monotonic()
+        return gaps, more
+
+    def shrink_step(self, db: sqlite3.Connection) -> bool:
+        """After a big drop (a storm, a lowered bound), give ``pages`` freed pages back to
+        the file system; True while more are left. Small drops are reused by new rows.
+        (executescript steps the pragma to the end: one execute() step frees a single page.)"""
+        pages = self.vacuum_pages
+        (free, total), = _fetch(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
+        if free <= max(total // 4, 256):
+            return False
+        db.executescript(f"PRAGMA incremental_vacuum({pages})")
+        return free - pages > max((total - pages) // 4, 256)
+
+    def pace(self, took: float) -> None:
+        """A page costs from 0.1 ms to 3.5 ms to give back (more, the longer the free list):
+        steps are sized to take about VACUUM_STEP_SECONDS, so a commit waits no longer."""
+        if took < VACUUM_STEP_SECONDS / 2:
+            self.vacuum_pages = min(self.vacuum_pages * 2, 4096)
+        elif took > VACUUM_STEP_SECONDS * 2:
+            self.vacuum_pages = max(self.vacuum_pages // 2, 8)
+
+
+class StoreReader:
+    """The store's reading connection (aiosqlite, query-only): one read at a time, each
+    interrupted at its deadline or as soon as nobody waits for it; history pages, the status
+    summary and what a restart brings back. It shares the writer's in-memory view of the
+    history (the topics, the counts per rule, the retained slots not yet written back)."""
+
+    query_timeout = 60.0  # s: any read on the reader connection is interrupted past it
+
+    def __init__(self, reader: aiosqlite.Connection, state: _State, topics: Topics,
+                 publication_ids: PublicationIds, legacy_seq: int) -> None:
+        self._reader = reader
+        self._state = state
+        self.topics = topics
+        self.publication_ids = publication_ids
+        self._legacy_sql = (_LEGACY_SEQ_OF_PUBLICATION.format(legacy=legacy_seq)
+                            if legacy_seq else None)
+        self._reading = asyncio.Lock()
+        self._read_deadline = math.inf
+        self._read_abandoned: Callable[[], bool] = _never
+
+    async def close(self) -> None:
+        await self._reader.close()
+
+    async def synced_seq(self) -> int:
+        rows = await self.query("SELECT value FROM meta WHERE key = 'synced_seq'", ())
+        return int(rows[0][0]) if rows else 0
+
+    async def gaps(self) -> list[tuple[Any, ...]]:
+        return await self.query(
+            "SELECT realm, rule, first_seq, last_seq, count, reason, wall_ms FROM gaps "
+            "ORDER BY id", ())
+
+    async def load_subscriptions(self) -> list[tuple[int, str, str, str, str]]:
+        async with self._reader.execute(
+                "SELECT id, realm, uri, match, created FROM subscriptions"
+                " ORDER BY created, id") as cur:
+            return [tuple(row) for row in await cur.fetchall()]
+
+    async def load_retained(self) -> list[StoredPublication]:
+        """Every retained slot, from the retained table and the stored publications newer
+        than it, in receive order."""
+        async with self._reader.execute(
+                "SELECT seq, publication, realm, topic, wall_ms, NULL, NULL, NULL, authid,"
+                " authrole, audience, details, payload FROM retained ORDER BY seq") as cur:
+            rows = await cur.fetchall()
+        slots = {}
+        for row in rows:
+            try:
+                pub = StoredPublication.from_row(row, retain=True)
+            except Exception as e:  # a damaged row must not keep the router from starting
+                log.error("the retained event of %s in realm %s (seq %s) cannot be read (%s: "
+                          "%s): left out; the topic has none until its next publication",
+                          row[3], row[2], row[0], type(e).__name__, e)
+                continue
+            slots[pub.slot] = pub
+        for key, pub in self._state.retained.items():
+            if key not in slots or pub.seq > slots[key].seq:
+                slots[key] = pub
+        return sorted(slots.values(), key=lambda p: p.seq)
+
+    async def query(self, sql: str, params: Iterable[Any], timeout: float | None = None,
+                    abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a read; past ``timeout`` seconds (default :attr:`query_timeout`) SQLite
+        interrupts it (ReadTimeout), and as soon as ``abandoned()`` is true (ReadAbandoned:
+        nobody waits for the answer any more). One read at a time, so both are its own."""
+        async with self._reading:
+            self._read_deadline = time.monotonic() + (timeout or self.query_timeout)
+            self._read_abandoned = abandoned or _never
+            try:
+                async with self._reader.execute(sql, tuple(params)) as cur:
+                    return [tuple(row) for row in await cur.fetchall()]
+            except sqlite3.OperationalError as e:
+                if "interrupt" not in str(e):
+                    raise
+                if self._read_abandoned():
+                    raise ReadAbandoned("the reader left") from None
+                if time.monotonic() >= self._read_deadline:
+                    raise ReadTimeout(
+                        f"the read ran past {timeout or self.query_timeout:g} s") from None
+                raise
+            finally:
+                self._read_deadline, self._read_abandoned = math.inf, _never
+
+    def _interrupt_read(self) -> bool:  # SQLite's progress handler, on the reader's thread
+        return time.monotonic() >= self._read_deadline or self._read_abandoned()
+
+    async def seq_of_publication(self, realm: str, publication: int) -> int | None:
+        seq = self.publication_ids.seq_of(publication)
+        if await self.query("SELECT 1 FROM publications WHERE seq = ? AND publication = ?"
+                            " AND realm = ?", (seq, publication, realm)):
+            return seq
+        if self._legacy_sql is None:
+            return None
+        rows = await self.query(self._legacy_sql, (publication, realm))
+        return rows[0][0] if rows else None
+
+    async def summary(self, realm: str) -> dict[str, Any]:
+        """Size and span of the stored history, for status displays."""
+        count = sum(n for (r, _), n in self._state.counts.items() if r == realm)
+        topics = json.dumps(self.topics.of_realm(realm))
+        ends = [await self.query(f"SELECT seq, wall_ms FROM history_scan WHERE {_IN_TOPICS}"
+                                 f" ORDER BY seq {order} LIMIT 1", (topics,))
+                if count else [] for order in ("ASC", "DESC")]
+        (first, oldest), (last, newest) = [end[0] if end else (None, None) for end in ends]
+        (gaps, dropped), = await self.query(
+            "SELECT COUNT(*), COALESCE(SUM(count), 0) FROM gaps WHERE realm = ? OR realm IS NULL",
+            (realm,))
+        (anchors,), = await self.query(
+            "SELECT COUNT(*) FROM anchors WHERE reason = 'step'", ())
+        return {"bytes": await self.size_bytes(), "events": count,
+                "first_seq": first, "last_seq": last, "synced_seq": await self.synced_seq(),
+                "oldest": rfc3339(oldest) if oldest is not None else None,
+                "newest": rfc3339(newest) if newest is not None else None,
+                "gaps": gaps, "dropped_events": dropped, "clock_steps": anchors}
+
+    async def read_history(self, read: HistoryRead) -> list[tuple[Any, ...]]:
+        """The rows of a history page (see :meth:`history`); UnknownPublication when it names
+        a publication the store does not hold."""
+        conditions = [("wall_ms", op, ms) for op, ms in read.times]
+        for argument, op, publication in read.publications:
+            seq = await self.seq_of_publication(read.realm, publication)
+            if seq is None:
+                raise UnknownPublication(argument, publication)
+            conditions.append(("seq", op, seq))
+        return await self.history(self._topic_ids(read), conditions, read.caller, read.reverse,
+                                  2**63 - 1 if read.reverse else 0, read.limit, read.timeout,
+                                  read.abandoned)
+
+    def _topic_ids(self, read: HistoryRead) -> list[int]:
+        """The stored topics a history read covers: the subscription's matches, or the one
+        topic asked for if the subscription matches it; of a pattern subscription, only
+        those ``visible`` (so SQL never reads a row it must skip)."""
+        pattern = read.match != "exact"
+        if read.topic is None:
+            return self.topics.matching(read.realm, read.uri, read.match,
+                                        read.visible if pattern else None)
+        if not matches(read.uri, read.match, read.topic) or (pattern and
+                                                             not read.visible(read.topic)):
+            return []
+        found = self.topics.get(read.realm, read.topic)
+        return [] if found is None else [found]
+
+    async def history(self, topics: list[int], conditions: list[tuple[str, str, int]],
+                      caller: tuple[str | None, str | None], reverse: bool, beyond: int,
+                      limit: int, timeout: float | None = None,
+                      abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` history rows of ``topics`` (ids) after seq ``beyond`` in receive
+        order (before it, newest first, when ``reverse``) that meet every ``(column, op,
+        value)`` of ``conditions`` (column seq or wall_ms) and the ``caller`` (authid,
+        authrole) was eligible to receive: (seq, publication, topic, wall_ms, details,
+        payload). Walks history_scan in seq order and reads only the rows that match."""
+        if not topics:
+            return []
+        where = [f"s.{_IN_TOPICS}" if len(topics) > 1 else "s.topic = ?"]
+        params: list[Any] = [json.dumps(topics) if len(topics) > 1 else topics[0]]
+        for column, op, value in [*conditions, ("seq", "<" if reverse else ">", beyond)]:
+            assert column in ("seq", "wall_ms") and op in ("<", "<=", ">", ">="), (column, op)
+            where.append(f"s.{column} {op} ?")
+            params.append(value)
+        where.append("(p.audience IS NULL OR eligible(p.audience, ?, ?))")
+        return await self.query(
+            f"SELECT s.seq, p.publication, p.topic, s.wall_ms, p.details, p.payload"
+            f" FROM history_scan AS s CROSS JOIN publications AS p ON p.seq = s.seq"
+            f" WHERE {' AND '.join(where)} ORDER BY s.seq {'DESC' if reverse else 'ASC'}"
+            f" LIMIT ?", [*params, *caller, limit], timeout, abandoned)
+
+    async def size_bytes(self) -> int:
+        rows = await self.query("SELECT page_count * page_size FROM pragma_page_count(), "
+                                "pragma_page_size()", ())
+        return int(rows[0][0]) if rows else 0
+
+
 class Store:
     unavailable: str | None = None  # why not, for the store that could not open (below)
     flush_interval = 0.05  # the bound on what a power cut may take without acknowledge
@@ -409,17 +739,14 @@ class Store:
     max_queue_bytes = 4 * 2**20  # router.limits.max_store_queue_bytes: past it, congested
     refuse_factor = 4  # past this many times it, publications are refused (not queued)
 
-    def __init__(self, path: Path, writer: _WriterThread, reader: aiosqlite.Connection,
-                 state: _State, topics: Topics, publication_ids: PublicationIds,
-                 legacy_seq: int) -> None:
+    def __init__(self, path: Path, writer: _WriterThread, reader: StoreReader,
+                 state: _State, topics: Topics, publication_ids: PublicationIds) -> None:
         self.path = path
         self.publication_ids = publication_ids
         self.topics = topics
+        self.reader = reader
         self._writer = writer
-        self._reader = reader
         self._state = state
-        self._legacy_sql = (_LEGACY_SEQ_OF_PUBLICATION.format(legacy=legacy_seq)
-                            if legacy_seq else None)
         self._pending = _Pending()
         self._wake = asyncio.Event()  # set: commit what is pending now
         self._deadline: asyncio.TimerHandle | None = None  # sets _wake for a pending batch
@@ -436,11 +763,8 @@ class Store:
         # pruned as it comes, not a minute later
         self.bounds: tuple[list[PruneRule], int] | None = None
         self._transaction = asyncio.Lock()  # one transaction at a time on the writer
-        self._reading = asyncio.Lock()  # one read at a time on the reader, with its deadline
-        self._read_deadline = math.inf
-        self._read_abandoned: Callable[[], bool] = _never
-        # the writer thread's
-        self._details_json: dict[str, str] = {}  # topic -> '{"topic": topic}'
+        self._rows = _Rows(topics)  # the writer thread's
+        self._pruner = _Pruner(state, topics, self._rows)  # the writer thread's
         # asyncio.get_running_loop() costs a getpid() system call: once per append is too much
         self._loop = asyncio.get_running_loop()
 
@@ -462,8 +786,10 @@ class Store:
             raise
         await reader.execute("PRAGMA query_only = ON")
         await reader.create_function("eligible", 3, eligible, deterministic=True)
-        store = cls(path, writer, reader, state, topics, PublicationIds(key), legacy)
-        await reader.set_progress_handler(store._interrupt_read, 10_000)  # ~1 ms of work
+        ids = PublicationIds(key)
+        reads = StoreReader(reader, state, topics, ids, legacy)
+        await reader.set_progress_handler(reads._interrupt_read, 10_000)  # ~1 ms of work
+        store = cls(path, writer, reads, state, topics, ids)
         store._task = store._loop.create_task(store._write_loop())
         return store
 
@@ -479,7 +805,7 @@ class Store:
                 await self._writer.run(self._write_back_at_close)
         with contextlib.suppress(sqlite3.Error):
             await self._writer.run(_fetch, self._writer.db, "PRAGMA wal_checkpoint(TRUNCATE)")
-        await self._reader.close()
+        await self.reader.close()
         await self._writer.close()
 
     # -- writing -------------------------------------------------------------------------
@@ -700,21 +1026,21 @@ class Store:
         db = self._writer.db
         state = self._state
         new_topics: dict[tuple[str, str], int] = {}
-        rows, slots = self._batch_rows(batch.publications, new_topics)
+        rows, slots = self._rows.batch(batch.publications, new_topics)
         counts = Counter((p.realm, p.history_rule) for p in batch.publications
                          if p.history_rule is not None)
         top = max(state.top, max((p.seq for p in batch.publications), default=0))
         write_back = (state.rows + len(batch.publications) >= self.write_back_rows
                       or time.monotonic() - state.written >= self.write_back_interval)
         if write_back:
-            rows += self._slot_rows({**state.retained, **slots})
+            rows += self._rows.slots({**state.retained, **slots})
         if len(rows) <= _MAX_BATCH_ROWS and not batch.has_records() and not write_back:
             _insert_batch(db, rows)  # autocommit: the usual case, one statement
         else:
             with _transaction(db):
                 for start in range(0, len(rows), _MAX_BATCH_ROWS):
                     _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
-                self._write_records(db, batch)
+                _write_records(db, batch)
                 if write_back:
                     _put_meta(db, "state", _State.encode(top, state.counts + counts))
         self.topics.add(new_topics)
@@ -741,7 +1067,8 @@ class Store:
                 counts[(r.realm, r.index)] - r.max_events < self.prune_budget for r in rules):
             return
         synced = _fetch(db, "SELECT value FROM meta WHERE key = 'synced_seq'")
-        gaps, _ = self._prune(rules, max_bytes, 0, False, int(synced[0][0]) if synced else 0)
+        gaps, _ = self._pruner.drop(db, rules, max_bytes, 0, False,
+                                    int(synced[0][0]) if synced else 0, self.prune_budget)
         for g in gaps:  # (what is left over goes with the next commit's check)
             log.warning("dropped %d events (seq %s..%s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.reason)
@@ -751,87 +1078,12 @@ class Store:
         db = self._writer.db
         state = self._state
         with _transaction(db):
-            rows = self._slot_rows(state.retained)
+            rows = self._rows.slots(state.retained)
             for start in range(0, len(rows), _MAX_BATCH_ROWS):
                 _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
             _put_meta(db, "state", _State.encode(state.top, state.counts))
             db.execute(_RAISE_META, ("highest_seq", self.next_seq - 1))
         state.retained, state.seq, state.rows = {}, state.top, 0
-
-    def _batch_rows(self, pubs: list[StoredPublication], new_topics: dict[tuple[str, str], int]
-                    ) -> tuple[list[tuple[Any, ...]], dict[Slot, StoredPublication]]:
-        """A row per history publication, and per retained slot the newest publication of
-        the batch (a topic published 100 times in one batch is upserted once). A retained
-        publication with no history goes to the retained table now (it has no other home);
-        the slots of stored ones are returned, to be written back later. Topics stored for
-        the first time get an id in ``new_topics``."""
-        newest: dict[Slot, StoredPublication] = {}
-        for p in pubs:
-            if p.retain:
-                other = newest.get(p.slot)
-                if other is None or p.seq > other.seq:
-                    newest[p.slot] = p
-        slots = {key: p for key, p in newest.items() if p.history_rule is not None}
-        direct = {id(p): key[2] for key, p in newest.items() if p.history_rule is None}
-        rows = []
-        for p in pubs:
-            audience_key = direct.get(id(p))
-            if p.history_rule is None and audience_key is None:
-                continue  # retained only, and a newer one of its slot is in the batch
-            rows.append(self._row(p, p.history_rule, audience_key, new_topics))
-        return rows, slots
-
-    def _slot_rows(self, slots: dict[Slot, StoredPublication]) -> list[tuple[Any, ...]]:
-        """Rows that write retained slots only (no history row: rule NULL)."""
-        return [self._row(p, None, key[2]) for key, p in slots.items()]
-
-    def _row(self, p: StoredPublication, rule: int | None, audience_key: str | None,
-             new_topics: dict[tuple[str, str], int] | None = None) -> tuple[Any, ...]:
-        """A row of publication_batch: a history row under ``rule`` (None: none), and the
-        retained slot ``audience_key`` (None: none)."""
-        topic_id, new = None, False
-        if rule is not None:
-            topic_id = self.topics.get(p.realm, p.topic)
-            if topic_id is None:
-                topic_id = new_topics.get((p.realm, p.topic))
-                if topic_id is None:
-                    topic_id = new_topics[(p.realm, p.topic)] = \
-                        self.topics.next_id + len(new_topics)
-                    new = True
-        return (p.seq, p.publication, p.realm, p.topic, rule, p.wall_ms, p.boot_id,
-                p.boottime_ns, int(p.clock_synced), p.authid, p.authrole,
-                json.dumps(p.audience) if p.audience else None, self._details(p),
-                p.payload(), int(p.retain), audience_key,
-                int(audience_key is not None), topic_id, int(new))
-
-    def _details(self, p: StoredPublication) -> str:
-        """The details as JSON; the usual ``{"topic": topic}`` from a cache."""
-        details = p.details
-        if len(details) != 1 or details.get("topic") != p.topic:
-            return json.dumps(details)
-        text = self._details_json.get(p.topic)
-        if text is None:
-            if len(self._details_json) >= 10_000:
-                self._details_json.clear()
-            text = self._details_json[p.topic] = json.dumps(details)
-        return text
-
-    @staticmethod
-    def _write_records(db: sqlite3.Connection, batch: _Pending) -> None:
-        if batch.subscriptions:
-            db.executemany(
-                "INSERT OR IGNORE INTO subscriptions (id, realm, uri, match, created)"
-                " VALUES (?,?,?,?,?)", batch.subscriptions)
-        for sql, params in batch.forgotten:
-            db.execute(sql, params)
-        if batch.anchors:
-            db.executemany(
-                "INSERT INTO anchors (reason, boot_id, boottime_ns, wall_ns, offset_before_ns,"
-                " clock_synced, after_seq) VALUES (?,?,?,?,?,?,?)",
-                [(a.reason, a.boot_id, a.boottime_ns, a.wall_ns, a.offset_before_ns,
-                  int(a.synced), after) for a, after in batch.anchors])
-        if batch.gaps:
-            _insert_gaps(db, batch.gaps)
 
     # -- bounds --------------------------------------------------------------------------
 
@@ -839,10 +1091,6 @@ class Store:
         """Everything up to ``seq`` has reached the central sink (the uploader says so)."""
         async with self._transaction:
             await self._writer.run(_fetch, self._writer.db, _RAISE_META, ("synced_seq", seq))
-
-    async def synced_seq(self) -> int:
-        rows = await self.query("SELECT value FROM meta WHERE key = 'synced_seq'", ())
-        return int(rows[0][0]) if rows else 0
 
     async def prune(self, rules: list[PruneRule], max_bytes: int, now_ms: int,
                     clock_synced: bool) -> list[Gap]:
@@ -856,12 +1104,13 @@ class Store:
         it: the bounds on count and bytes catch those). With nothing to drop, nothing is
         written.
         """
-        synced = await self.synced_seq()
+        synced = await self.reader.synced_seq()
         gaps: list[Gap] = []
         while True:  # a transaction per PRUNE_BUDGET rows: commits get the writer in between
             async with self._transaction:
-                chunk, more = await self._writer.run(self._prune, rules, max_bytes, now_ms,
-                                                     clock_synced, synced)
+                chunk, more = await self._writer.run(
+                    self._pruner.drop, self._writer.db, rules, max_bytes, now_ms, clock_synced,
+                    synced, self.prune_budget)
             gaps += chunk
             if not more:
                 break
@@ -869,8 +1118,8 @@ class Store:
         while shrinking:  # a transaction per step, as above
             async with self._transaction:
                 started = time.perf_counter()
-                shrinking = await self._writer.run(self._shrink_step, self._vacuum_pages)
-                self._pace_vacuum(time.perf_counter() - started)
+                shrinking = await self._writer.run(self._pruner.shrink_step, self._writer.db)
+                self._pruner.pace(time.perf_counter() - started)
         for g in gaps:
             log.warning("dropped %d events (seq %s..%s, %s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.realm or "all realms", g.reason)
@@ -878,240 +1127,12 @@ class Store:
 
     prune_budget = 2000  # rows one prune transaction drops (a storm's prune: many of them)
 
-    def _prune(self, rules: list[PruneRule], max_bytes: int, now_ms: int, clock_synced: bool,
-               synced: int) -> tuple[list[Gap], bool]:
-        """One transaction of a prune: its gaps, and whether more is left to drop."""
-        db = self._writer.db
-        budget = self.prune_budget
-        state = self._state
-        # max_events is kept to within 0.1 %: a prune costs a transaction of its own (the
-        # freed pages' bookkeeping and the state written back), so a full history is pruned
-        # a thousand events at a time, not every minute for the two hundred that came.
-        over = {rule: state.counts[(rule.realm, rule.index)] - rule.max_events
-                for rule in rules}
-        over = {rule: n if n > rule.max_events // 1000 else 0 for rule, n in over.items()}
-        realms = {rule.realm: json.dumps(self.topics.of_realm(rule.realm)) for rule in rules}
-        aged = {rule: _first_young(db, realms[rule.realm], rule, now_ms - rule.max_age_ms)
-                for rule in rules
-                if rule.max_age_ms is not None and clock_synced and
-                state.counts[(rule.realm, rule.index)] > 0 and
-                _has_old(db, realms[rule.realm], rule, now_ms - rule.max_age_ms)}
-        if not aged and all(n <= 0 for n in over.values()) and _used_bytes(db) <= max_bytes:
-            return [], False
-        gaps: list[Gap] = []
-        dropped: Counter[tuple[str, int]] = Counter()
-        more = False
-        with _transaction(db):
-            db.execute(_RAISE_META, ("highest_seq", _highest_seq(db)))  # before deleting any
-            for rule in rules:
-                where, params = f"s.rule = ? AND s.{_IN_TOPICS}", [rule.index, realms[rule.realm]]
-                if over[rule] > 0:
-                    gaps += _drop(db, where, params, min(over[rule], budget), synced, rule,
-                                  "max_events", dropped)
-                    more = more or over[rule] > budget
-                if rule in aged:
-                    young = aged[rule]
-                    age_where = (f"{where} AND s.clock_synced = 1 AND s.wall_ms < ?"
-                                 + (" AND s.seq < ?" if young is not None else ""))
-                    age_params = [*params, now_ms - rule.max_age_ms,
-                                  *([young] if young is not None else [])]
-                    aged_gaps = _drop(db, age_where, age_params, budget, synced, rule,
-                                      "max_age", dropped)
-                    more = more or sum(g.count for g in aged_gaps) == budget
-                    gaps += aged_gaps
-            while (used := _used_bytes(db)) > max_bytes:
-                if sum(dropped.values()) >= budget:
-                    more = True
-                    break
-                rows = max(sum(state.counts.values()) - sum(dropped.values()), 1)
-                extra = _drop(db, "1", [], _rows_over(used, max_bytes, rows), synced, None,
-                              "max_store_bytes", dropped)
-                if not extra:
-                    break
-                gaps += extra
-            _insert_gaps(db, gaps)
-            counts = state.counts - dropped
-            rows = self._slot_rows(state.retained)  # the rows dropped may be their only copy
-            for start in range(0, len(rows), _MAX_BATCH_ROWS):
-                _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
-            _put_meta(db, "state", _State.encode(state.top, counts))
-        state.counts, state.retained, state.seq, state.rows = counts, {}, state.top, 0
-        state.written = time.monotonic()
-        return gaps, more
-
-    _vacuum_pages = 64  # pages one shrink step gives back; paced to VACUUM_STEP_SECONDS
-
-    def _shrink_step(self, pages: int) -> bool:
-        """After a big drop (a storm, a lowered bound), give ``pages`` freed pages back to
-        the file system; True while more are left. Small drops are reused by new rows.
-        (executescript steps the pragma to the end: one execute() step frees a single page.)"""
-        db = self._writer.db
-        (free, total), = _fetch(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
-        if free <= max(total // 4, 256):
-            return False
-        db.executescript(f"PRAGMA incremental_vacuum({pages})")
-        return free - pages > max((total - pages) // 4, 256)
-
-    def _pace_vacuum(self, took: float) -> None:
-        """A page costs from 0.1 ms to 3.5 ms to give back (more, the longer the free list):
-        steps are sized to take about VACUUM_STEP_SECONDS, so a commit waits no longer."""
-        if took < VACUUM_STEP_SECONDS / 2:
-            self._vacuum_pages = min(self._vacuum_pages * 2, 4096)
-        elif took > VACUUM_STEP_SECONDS * 2:
-            self._vacuum_pages = max(self._vacuum_pages // 2, 8)
-
-    async def gaps(self) -> list[tuple[Any, ...]]:
-        return await self.query(
-            "SELECT realm, rule, first_seq, last_seq, count, reason, wall_ms FROM gaps "
-            "ORDER BY id", ())
-
     # -- reading -------------------------------------------------------------------------
 
     async def restored(self) -> Restored:
         """What the router continues from when it is built on this store."""
-        return Restored(self.next_seq, self.publication_ids, await self.load_subscriptions(),
-                        await self.load_retained())
-
-    async def load_subscriptions(self) -> list[tuple[int, str, str, str, str]]:
-        async with self._reader.execute(
-                "SELECT id, realm, uri, match, created FROM subscriptions"
-                " ORDER BY created, id") as cur:
-            return [tuple(row) for row in await cur.fetchall()]
-
-    async def load_retained(self) -> list[StoredPublication]:
-        """Every retained slot, from the retained table and the stored publications newer
-        than it, in receive order."""
-        async with self._reader.execute(
-                "SELECT seq, publication, realm, topic, wall_ms, NULL, NULL, NULL, authid,"
-                " authrole, audience, details, payload FROM retained ORDER BY seq") as cur:
-            rows = await cur.fetchall()
-        slots = {}
-        for row in rows:
-            try:
-                pub = StoredPublication.from_row(row, retain=True)
-            except Exception as e:  # a damaged row must not keep the router from starting
-                log.error("the retained event of %s in realm %s (seq %s) cannot be read (%s: "
-                          "%s): left out; the topic has none until its next publication",
-                          row[3], row[2], row[0], type(e).__name__, e)
-                continue
-            slots[pub.slot] = pub
-        for key, pub in self._state.retained.items():
-            if key not in slots or pub.seq > slots[key].seq:
-                slots[key] = pub
-        return sorted(slots.values(), key=lambda p: p.seq)
-
-    query_timeout = 60.0  # s: any read on the reader connection is interrupted past it
-
-    async def query(self, sql: str, params: Iterable[Any], timeout: float | None = None,
-                    abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
-        """Rows of a read; past ``timeout`` seconds (default :attr:`query_timeout`) SQLite
-        interrupts it (ReadTimeout), and as soon as ``abandoned()`` is true (ReadAbandoned:
-        nobody waits for the answer any more). One read at a time, so both are its own."""
-        async with self._reading:
-            self._read_deadline = time.monotonic() + (timeout or self.query_timeout)
-            self._read_abandoned = abandoned or _never
-            try:
-                async with self._reader.execute(sql, tuple(params)) as cur:
-                    return [tuple(row) for row in await cur.fetchall()]
-            except sqlite3.OperationalError as e:
-                if "interrupt" not in str(e):
-                    raise
-                if self._read_abandoned():
-                    raise ReadAbandoned("the reader left") from None
-                if time.monotonic() >= self._read_deadline:
-                    raise ReadTimeout(
-                        f"the read ran past {timeout or self.query_timeout:g} s") from None
-                raise
-            finally:
-                self._read_deadline, self._read_abandoned = math.inf, _never
-
-    def _interrupt_read(self) -> bool:  # SQLite's progress handler, on the reader's thread
-        return time.monotonic() >= self._read_deadline or self._read_abandoned()
-
-    async def seq_of_publication(self, realm: str, publication: int) -> int | None:
-        seq = self.publication_ids.seq_of(publication)
-        if await self.query("SELECT 1 FROM publications WHERE seq = ? AND publication = ?"
-                            " AND realm = ?", (seq, publication, realm)):
-            return seq
-        if self._legacy_sql is None:
-            return None
-        rows = await self.query(self._legacy_sql, (publication, realm))
-        return rows[0][0] if rows else None
-
-    async def summary(self, realm: str) -> dict[str, Any]:
-        """Size and span of the stored history, for status displays."""
-        count = sum(n for (r, _), n in self._state.counts.items() if r == realm)
-        topics = json.dumps(self.topics.of_realm(realm))
-        ends = [await self.query(f"SELECT seq, wall_ms FROM history_scan WHERE {_IN_TOPICS}"
-                                 f" ORDER BY seq {order} LIMIT 1", (topics,))
-                if count else [] for order in ("ASC", "DESC")]
-        (first, oldest), (last, newest) = [end[0] if end else (None, None) for end in ends]
-        (gaps, dropped), = await self.query(
-            "SELECT COUNT(*), COALESCE(SUM(count), 0) FROM gaps WHERE realm = ? OR realm IS NULL",
-            (realm,))
-        (anchors,), = await self.query(
-            "SELECT COUNT(*) FROM anchors WHERE reason = 'step'", ())
-        return {"bytes": await self.size_bytes(), "events": count,
-                "first_seq": first, "last_seq": last, "synced_seq": await self.synced_seq(),
-                "oldest": rfc3339(oldest) if oldest is not None else None,
-                "newest": rfc3339(newest) if newest is not None else None,
-                "gaps": gaps, "dropped_events": dropped, "clock_steps": anchors}
-
-    async def read_history(self, read: HistoryRead) -> list[tuple[Any, ...]]:
-        """The rows of a history page (see :meth:`history`); UnknownPublication when it names
-        a publication the store does not hold."""
-        conditions = [("wall_ms", op, ms) for op, ms in read.times]
-        for argument, op, publication in read.publications:
-            seq = await self.seq_of_publication(read.realm, publication)
-            if seq is None:
-                raise UnknownPublication(argument, publication)
-            conditions.append(("seq", op, seq))
-        return await self.history(self._topic_ids(read), conditions, read.caller, read.reverse,
-                                  2**63 - 1 if read.reverse else 0, read.limit, read.timeout,
-                                  read.abandoned)
-
-    def _topic_ids(self, read: HistoryRead) -> list[int]:
-        """The stored topics a history read covers: the subscription's matches, or the one
-        topic asked for if the subscription matches it; of a pattern subscription, only
-        those ``visible`` (so SQL never reads a row it must skip)."""
-        pattern = read.match != "exact"
-        if read.topic is None:
-            return self.topics.matching(read.realm, read.uri, read.match,
-                                        read.visible if pattern else None)
-        if not matches(read.uri, read.match, read.topic) or (pattern and
-                                                             not read.visible(read.topic)):
-            return []
-        found = self.topics.get(read.realm, read.topic)
-        return [] if found is None else [found]
-
-    async def history(self, topics: list[int], conditions: list[tuple[str, str, int]],
-                      caller: tuple[str | None, str | None], reverse: bool, beyond: int,
-                      limit: int, timeout: float | None = None,
-                      abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
-        """Up to ``limit`` history rows of ``topics`` (ids) after seq ``beyond`` in receive
-        order (before it, newest first, when ``reverse``) that meet every ``(column, op,
-        value)`` of ``conditions`` (column seq or wall_ms) and the ``caller`` (authid,
-        authrole) was eligible to receive: (seq, publication, topic, wall_ms, details,
-        payload). Walks history_scan in seq order and reads only the rows that match."""
-        if not topics:
-            return []
-        where = [f"s.{_IN_TOPICS}" if len(topics) > 1 else "s.topic = ?"]
-        params: list[Any] = [json.dumps(topics) if len(topics) > 1 else topics[0]]
-        for column, op, value in [*conditions, ("seq", "<" if reverse else ">", beyond)]:
-            assert column in ("seq", "wall_ms") and op in ("<", "<=", ">", ">="), (column, op)
-            where.append(f"s.{column} {op} ?")
-            params.append(value)
-        where.append("(p.audience IS NULL OR eligible(p.audience, ?, ?))")
-        return await self.query(
-            f"SELECT s.seq, p.publication, p.topic, s.wall_ms, p.details, p.payload"
-            f" FROM history_scan AS s CROSS JOIN publications AS p ON p.seq = s.seq"
-            f" WHERE {' AND '.join(where)} ORDER BY s.seq {'DESC' if reverse else 'ASC'}"
-            f" LIMIT ?", [*params, *caller, limit], timeout, abandoned)
-
-    async def size_bytes(self) -> int:
-        rows = await self.query("SELECT page_count * page_size FROM pragma_page_count(), "
-                                "pragma_page_size()", ())
-        return int(rows[0][0]) if rows else 0
+        return Restored(self.next_seq, self.publication_ids,
+                        await self.reader.load_subscriptions(), await self.reader.load_retained())
 
 
 # -- the writer thread's side: plain sqlite3 on the writing connection ------------------------
@@ -1130,6 +1151,7 @@ class UnavailableStore:
 
     def __init__(self, reason: str) -> None:
         self.unavailable = reason
+        self.reader = self  # its reads fail, or find nothing, as its writes do
 
     def _error(self) -> StorageError:
         return StorageError(f"the store is unavailable: {self.unavailable}")
@@ -1193,6 +1215,24 @@ def _open_writer(writer: _WriterThread, path: Path,
         key = new_key().hex()
         _put_meta(db, "publication_key", key)
     return state, topics, bytes.fromhex(key), int(_meta(db, "legacy_publication_seq") or 0)
+
+
+def _write_records(db: sqlite3.Connection, batch: _Pending) -> None:
+    """A batch's records besides publications: subscriptions, deletions, anchors, gaps."""
+    if batch.subscriptions:
+        db.executemany(
+            "INSERT OR IGNORE INTO subscriptions (id, realm, uri, match, created)"
+            " VALUES (?,?,?,?,?)", batch.subscriptions)
+    for sql, params in batch.forgotten:
+        db.execute(sql, params)
+    if batch.anchors:
+        db.executemany(
+            "INSERT INTO anchors (reason, boot_id, boottime_ns, wall_ns, offset_before_ns,"
+            " clock_synced, after_seq) VALUES (?,?,?,?,?,?,?)",
+            [(a.reason, a.boot_id, a.boottime_ns, a.wall_ns, a.offset_before_ns,
+              int(a.synced), after) for a, after in batch.anchors])
+    if batch.gaps:
+        _insert_gaps(db, batch.gaps)
 
 
 @contextlib.contextmanager

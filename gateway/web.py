@@ -131,7 +131,7 @@ class Web:
         """What the dashboard's status strip and ``cairn doctor`` show."""
         node = self.node
         reading, _ = node.router.clock.read()
-        store = await node.store.summary(realm.name)
+        store = await node.store.reader.summary(realm.name)
         return {
             "uptime_s": round(time.monotonic() - node.started, 1),
             "sessions": len(realm.sessions),

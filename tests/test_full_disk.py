@@ -83,7 +83,7 @@ async def test_live_routing_survives_a_full_disk_and_storing_resumes(small_disk,
         stored = [e["publication"] for e in history]
         assert set(acked) <= set(stored)
         assert stored[-1] == recovered.id
-        gaps = await node.store.gaps()
+        gaps = await node.store.reader.gaps()
         assert any(g[5].startswith("write failed") for g in gaps), gaps
     finally:
         await node.stop()

@@ -431,7 +431,7 @@ async def test_the_retained_event_keeps_the_original_publication_id(cairn):
 async def test_an_acknowledged_retained_publish_is_stored_before_published(cairn):
     pub = await cairn.connect()
     publication = await acked(pub, "temp.room", 21.5, retain=True)
-    rows = await cairn.node.store.query("SELECT topic, publication FROM retained", ())
+    rows = await cairn.node.store.reader.query("SELECT topic, publication FROM retained", ())
     assert rows == [("temp.room", publication)]
 
 

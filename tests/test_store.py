@@ -76,9 +76,9 @@ async def test_a_stored_publication_is_found_by_its_id_after_a_restart(tmp_path)
     await store.close()
     store = await Store.open(tmp_path / "cairn.db")
     try:
-        assert await store.seq_of_publication("realm1", pub.publication) == pub.seq
-        assert await store.seq_of_publication("realm2", pub.publication) is None
-        assert await store.seq_of_publication("realm1", pub.publication + 1) is None
+        assert await store.reader.seq_of_publication("realm1", pub.publication) == pub.seq
+        assert await store.reader.seq_of_publication("realm2", pub.publication) is None
+        assert await store.reader.seq_of_publication("realm1", pub.publication + 1) is None
     finally:
         await store.close()
 
@@ -99,8 +99,9 @@ async def test_retained_slots_not_yet_written_back_survive_a_power_cut(tmp_path)
         assert db.execute("SELECT topic FROM retained").fetchall() == [("state.x",)]
     restarted = await Store.open(copy)
     try:
-        assert [(p.topic, p.kwargs["temperature"]) for p in await restarted.load_retained()] \
-            == [("sensor.a", 21.0), ("state.x", 1.0)]
+        retained = await restarted.reader.load_retained()
+        assert [(p.topic, p.kwargs["temperature"]) for p in retained] == [("sensor.a", 21.0),
+                                                                          ("state.x", 1.0)]
     finally:
         await restarted.close()
 
@@ -116,7 +117,7 @@ async def test_history_counts_survive_a_power_cut(tmp_path):
         await store.close()
     restarted = await Store.open(copy)
     try:
-        assert (await restarted.summary("realm1"))["events"] == 7
+        assert (await restarted.reader.summary("realm1"))["events"] == 7
         gaps = await restarted.prune([PruneRule("realm1", 0, 5, None)], 10**12, 0, True)
         assert [(g.count, g.reason) for g in gaps] == [(2, "max_events")]
     finally:
@@ -191,7 +192,7 @@ async def test_max_events_drops_the_oldest_and_counts_them(tmp_path):
     store = await ten_readings(tmp_path)
     try:
         gaps = await store.prune([PruneRule("realm1", 0, 6, None)], 10**12, T0, True)
-        left = await store.summary("realm1")
+        left = await store.reader.summary("realm1")
     finally:
         await store.close()
     assert [(g.first_seq, g.last_seq, g.count, g.reason) for g in gaps] == \
@@ -203,7 +204,7 @@ async def test_max_age_drops_what_is_older_in_receive_order(tmp_path):
     store = await ten_readings(tmp_path)
     try:
         gaps = await store.prune([PruneRule("realm1", 0, 100, 1000)], 10**12, T0 + 1005, True)
-        left = await store.summary("realm1")
+        left = await store.reader.summary("realm1")
     finally:
         await store.close()
     assert [(g.first_seq, g.last_seq, g.count, g.reason) for g in gaps] == \
@@ -225,7 +226,7 @@ async def test_max_events_is_kept_within_a_thousandth(tmp_path):
         await store.flush()
         (gap,) = await store.prune([rule], 10**12, T0, True)
         assert (gap.first_seq, gap.count) == (1, 11)
-        assert (await store.summary("realm1"))["events"] == 10_000
+        assert (await store.reader.summary("realm1"))["events"] == 10_000
     finally:
         await store.close()
 
@@ -245,7 +246,7 @@ async def test_max_store_bytes_drops_about_what_is_over_not_a_thousand_events(tm
     store = await big_readings(tmp_path, 200)
     try:
         (gap,) = await store.prune([PruneRule("realm1", 0, 10**6, None)], 8 * 2**20, T0, True)
-        left = (await store.summary("realm1"))["events"]
+        left = (await store.reader.summary("realm1"))["events"]
     finally:
         await store.close()
     assert gap.reason == "max_store_bytes"
@@ -276,7 +277,7 @@ async def test_a_storm_on_a_history_topic_is_dropped_as_it_comes_not_at_the_next
             store.append(pub, within=0 if i % 1000 == 999 else None)
             if i % 1000 == 999:
                 await store.flush()
-        events = (await store.summary("realm1"))["events"]
+        events = (await store.reader.summary("realm1"))["events"]
         size = store.path.stat().st_size + store.path.with_name("cairn.db-wal").stat().st_size
     finally:
         await store.close()
@@ -294,7 +295,7 @@ async def test_a_big_prune_runs_in_transactions_of_its_budget_and_drops_it_all(t
         await store.flush()
         store.prune_budget = 2000
         gaps = await store.prune([PruneRule("realm1", 0, 100, None)], 10**12, T0, True)
-        left = await store.summary("realm1")
+        left = await store.reader.summary("realm1")
     finally:
         await store.close()
     assert [g.count for g in gaps] == [2000, 2000, 1000]
@@ -314,7 +315,7 @@ async def test_a_damaged_retained_row_is_left_out_and_the_others_come_back(tmp_p
         db.execute("UPDATE retained SET payload = x'c1c1' WHERE topic = 'state.x'")
     restarted = await Store.open(tmp_path / "cairn.db")
     try:
-        retained = await restarted.load_retained()
+        retained = await restarted.reader.load_retained()
     finally:
         await restarted.close()
     assert [(p.topic, p.kwargs["temperature"]) for p in retained] == [("state.y", 2.0)]

@@ -71,11 +71,11 @@ async def test_a_version_1_database_is_upgraded_at_start_up_and_keeps_working(tm
         assert store.next_seq == 70_004  # seq carries on, never reused
 
         for seq, publication in OLD_ROWS:  # the old rows are found by publication id
-            assert await store.seq_of_publication("realm1", publication) == seq
-        assert await store.seq_of_publication("realm2", OLD_ROWS[0][1]) is None
-        assert await store.seq_of_publication("realm1", 123) is None
+            assert await store.reader.seq_of_publication("realm1", publication) == seq
+        assert await store.reader.seq_of_publication("realm2", OLD_ROWS[0][1]) is None
+        assert await store.reader.seq_of_publication("realm1", 123) is None
         legacy = _LEGACY_SEQ_OF_PUBLICATION.format(legacy=70_001)
-        plan = " ".join(row[-1] for row in await store.query(
+        plan = " ".join(row[-1] for row in await store.reader.query(
             f"EXPLAIN QUERY PLAN {legacy}", (5, "realm1")))
         assert "SEARCH p USING INDEX publications_legacy_publication (<expr>=? AND publication=?" \
             in plan, plan
@@ -83,17 +83,17 @@ async def test_a_version_1_database_is_upgraded_at_start_up_and_keeps_working(tm
         fresh = new_publication(store)
         await store.append(fresh)
         assert fresh.seq == 70_004
-        assert await store.seq_of_publication("realm1", fresh.publication) == 70_004
-        assert [p.topic for p in await store.load_retained()] == ["state.a"]
+        assert await store.reader.seq_of_publication("realm1", fresh.publication) == 70_004
+        assert [p.topic for p in await store.reader.load_retained()] == ["state.a"]
     finally:
         await store.close()
 
     store = await Store.open(path)  # opening an upgraded database again changes nothing
     try:
         assert store.next_seq == 70_005
-        assert await store.seq_of_publication("realm1", OLD_ROWS[2][1]) == OLD_ROWS[2][0]
-        assert await store.seq_of_publication("realm1", fresh.publication) == 70_004
-        assert (await store.summary("realm1"))["events"] == 5
+        assert await store.reader.seq_of_publication("realm1", OLD_ROWS[2][1]) == OLD_ROWS[2][0]
+        assert await store.reader.seq_of_publication("realm1", fresh.publication) == 70_004
+        assert (await store.reader.summary("realm1"))["events"] == 5
     finally:
         await store.close()
 
