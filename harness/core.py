@@ -45,6 +45,13 @@ class Peer:
     def close(self) -> None:
         self.closed = True
 
+    def drop(self) -> None:
+        """The transport goes away without GOODBYE (the shell tells the core it is lost)."""
+        out = Outbox()
+        self.core.router.lost(self.session, out)
+        self.core.flush(out)
+        self.close()
+
 
 class CoreRouter:
     """A router built from TOML text, with the store's state it would restore."""
@@ -116,4 +123,13 @@ class CoreRouter:
 
 def of_type(messages: list[Any], kind: type) -> list[Any]:
     return [msg for msg in messages if isinstance(msg, kind)]
+
+
+def call(peer: Peer, procedure: str, *args: Any, **kwargs: Any) -> m.Result | m.Error:
+    """CALL ``procedure`` with ``args`` and ``kwargs`` from ``peer``: its RESULT or ERROR."""
+    request = next(peer.core.requests)
+    [answer] = [msg for msg in peer.send(m.Call(request, procedure, args=list(args) or None,
+                                                kwargs=kwargs or None))
+                if isinstance(msg, m.Result | m.Error) and msg.request == request]
+    return answer
 
