@@ -137,15 +137,15 @@ class Session:
         return bool(features is not None and getattr(features, feature, False))
 
     def details(self) -> dict[str, Any]:
-        """The session as the meta API describes it."""
+        """The session as the meta API describes it: a copy, which the caller may keep."""
         return {
             "session": self.id,
             "authid": self.authid,
             "authrole": self.authrole,
             "authmethod": self.authmethod,
             "authprovider": self.authprovider,
-            "authextra": self.authextra,
-            "transport": self.transport,
+            "authextra": dict(self.authextra),
+            "transport": dict(self.transport),
         }
 
     def __repr__(self) -> str:
