@@ -86,13 +86,20 @@ class RouterProcess(LoggedProcess):
         self.unix_path = workdir / "wamp.sock"
         self.port: int | None = None  # of a config the caller wrote: unknown, see its log
         self.rawsocket_port: int | None = None
+        self._new_ports: Callable[[], None] | None = None  # our config, on other free ports
         if config is None:
             config = workdir / "cairn.toml"
-            self.port, self.rawsocket_port = free_port(), free_port()
-            rawsocket = [f"{host}:{self.rawsocket_port}"] + \
-                ([f"unix:{self.unix_path}"] if unix else [])
-            config.write_text(router_table(self.data_dir, f"{host}:{self.port}", rawsocket,
-                                           log_level, router_toml) + f"\n{realm_toml}")
+
+            def new_ports() -> None:
+                self.port, self.rawsocket_port = free_port(), free_port()
+                rawsocket = [f"{host}:{self.rawsocket_port}"] + \
+                    ([f"unix:{self.unix_path}"] if unix else [])
+                config.write_text(router_table(self.data_dir, f"{host}:{self.port}",
+                                               rawsocket, log_level, router_toml)
+                                  + f"\n{realm_toml}")
+
+            new_ports()
+            self._new_ports = new_ports
         self.config = config
         self.nofile = nofile
         # PYTHONPATH as given first: a benchmark of another build's tree sets it
@@ -117,7 +124,23 @@ class RouterProcess(LoggedProcess):
         return self.proc.pid
 
     def start(self, timeout: float = 15) -> RouterProcess:
-        """Start it; wait until it listens (when its ports are known)."""
+        """Start it; wait until it listens (when its ports are known). When its first start
+        finds a free port taken meanwhile (by another test run on the machine: free_port can
+        only say what is free now), it starts again on other free ones."""
+        first = self.proc is None
+        for attempt in range(3):
+            logged = len(self.log_lines())
+            try:
+                return self._start(timeout)
+            except RuntimeError:
+                taken = any("address already in use" in line
+                            for line in self.log_lines()[logged:])
+                if not (first and taken and self._new_ports) or attempt == 2:
+                    raise
+                self._new_ports()
+        raise AssertionError("not reached")
+
+    def _start(self, timeout: float) -> RouterProcess:
         nofile = self.nofile
         with self.log_path.open("ab") as log, self.stdout_path.open("ab") as stdout:
             self.proc = subprocess.Popen(
