@@ -28,8 +28,8 @@ import msgpack
 from hypothesis import strategies as st
 
 from gateway.transport import decode, serializers
-from tests.test_bad_input import OPTION_KEYS, URIS, mutated_messages, random_messages, well_formed
-from tests.test_bad_input import values as tame_values
+from harness.fuzz import OPTION_KEYS, URIS, mutated_messages, random_messages, well_formed
+from harness.fuzz import values as tame_values
 
 SERIALIZER_NAMES = ("json", "msgpack", "cbor")
 

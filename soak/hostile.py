@@ -16,9 +16,9 @@ import msgpack
 from autobahn.wamp.exception import ApplicationError
 
 from harness.process import RouterProcess
+from harness.wamp_client import Client, connect
 from soak.knobs import ROOT
 from soak.load import Problems, leave, sleep_or_stop
-from tests.wamp_client import Client, connect
 
 HANDSHAKE_TIMEOUT = 2.0  # the soak router's router.limits.handshake_timeout
 STORM_TOPIC = "storm.x"  # under a history rule of its own, pruned to STORM_KEPT events

@@ -21,8 +21,8 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from gateway.clock import parse_rfc3339
 from harness.process import RouterProcess
+from harness.wamp_client import Client, connect
 from soak.knobs import ROOT
-from tests.wamp_client import Client, connect
 
 HZ = 10
 PROBLEMS_CAP = 200  # a broken router would otherwise fill memory with the same complaint

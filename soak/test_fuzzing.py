@@ -30,13 +30,13 @@ from gateway.core import WampError
 from gateway.history import EventsQuery
 from gateway.transport import decode
 from harness.config import history_rule, open_realm
+from harness.fuzz import HELLO_MESSAGE, PROBE, answered_or_aborted
 from harness.process import RouterProcess
-from harness.wamp import SUBSCRIBED
+from harness.wamp import SUBSCRIBED, WELCOME
+from harness.wamp_client import Client, RawSocketPeer, WsPeer, connect, raw_websocket
 from soak import fuzz
 from soak.knobs import FUZZ_EXAMPLES, LIVE_FUZZ_EXAMPLES
 from soak.load import log_errors
-from tests.test_bad_input import HELLO, PROBE, WELCOME, WsPeer, _answered_or_aborted
-from tests.wamp_client import Client, RawSocketPeer, connect, raw_websocket
 
 SERIALIZERS = fuzz.SERIALIZERS
 FUZZ_SETTINGS = settings(
@@ -203,14 +203,14 @@ async def _fuzz_one(router: RouterProcess, transport: str, serializer: str, esta
     peer = await _open(router, transport, serializer)
     try:
         if established:
-            peer.send(HELLO)
+            peer.send(HELLO_MESSAGE)
             welcome = await peer.receive()
             assert welcome is not None and welcome[0] == WELCOME, welcome
         for frame in frames:
             peer.send_bytes(frame)
         if established:
             peer.send([48, PROBE, {}, "wamp.session.count", []])
-        return await _answered_or_aborted(peer, frames)
+        return await answered_or_aborted(peer, frames)
     finally:
         peer.close()
 
@@ -277,7 +277,7 @@ class Bystander:
     @classmethod
     async def join(cls, router: RouterProcess, transport: str, serializer: str) -> Bystander:
         peer = await _open(router, transport, serializer)
-        peer.send(HELLO)
+        peer.send(HELLO_MESSAGE)
         assert (await peer.receive())[0] == WELCOME
         for request, prefix in enumerate(["sensor", "com.fuzz"], 1):
             peer.send([32, request, {"match": "prefix"}, prefix])

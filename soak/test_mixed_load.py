@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.config import history_rule, open_realm
+from harness.landing import landed
 from harness.process import RouterProcess
+from harness.wamp_client import Client
 from soak import procstat
 from soak.hostile import (
     HANDSHAKE_TIMEOUT,
@@ -35,8 +37,6 @@ from soak.load import (
     log_errors,
     sleep_or_stop,
 )
-from tests.test_sync import landed
-from tests.wamp_client import Client
 
 REALM = open_realm(history=[history_rule("sensor", max_events=1_000_000, max_age="90d"),
                             history_rule("storm", max_events=STORM_KEPT)])

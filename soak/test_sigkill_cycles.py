@@ -20,10 +20,12 @@ from pathlib import Path
 import msgpack
 from autobahn.wamp.types import PublishOptions
 
+from harness.config import history_rule, open_realm
 from harness.process import RouterProcess
+from harness.wamp_client import Client, connect, retained_values
 from soak.knobs import KILL_CYCLES
-from tests.test_durability import REALM, _retained
-from tests.wamp_client import Client, connect
+
+REALM = open_realm(history=[history_rule("sensor")])
 
 HISTORY_PUBLISHERS = 6  # publisher k retains when k is even
 STATUS = HISTORY_PUBLISHERS  # one more: retained, no history (its seqs count all the same)
@@ -143,7 +145,7 @@ async def _check_router_view(router: RouterProcess, ledger: Ledger, new: list[in
     try:
         sub_id = await session.call("wamp.subscription.lookup", "sensor", {"match": "prefix"})
         assert await _history_after(session, sub_id, before) == new
-        retained = await _retained(session)
+        retained = await retained_values(session)
         for k in range(0, HISTORY_PUBLISHERS, 2):
             assert retained.get(topic(k), -1) >= ledger.last_acked.get(k, -1), (
                 f"{topic(k)}: retained {retained.get(topic(k))} is older than the last "

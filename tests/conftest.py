@@ -12,7 +12,7 @@ import pytest
 from gateway import config as cfg
 from gateway.server import Node
 from harness.config import open_realm, router_table
-from tests.wamp_client import Client, connect
+from harness.wamp_client import Client, connect
 
 
 def router_config(unix_path: Path | str, data_dir: Path | str) -> str:

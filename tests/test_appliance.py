@@ -322,7 +322,7 @@ async def test_router_serves_under_memory_deny_write_execute(tmp_path):
     from autobahn.wamp import types
     from autobahn.wamp.serializer import MsgPackSerializer
 
-    from tests.wamp_client import Client
+    from harness.wamp_client import Client
 
     port = free_port()
     sock = tmp_path / "run" / "wamp.sock"

@@ -5,7 +5,7 @@ reload of users and roles on SIGHUP.
 
 Each test proves one behaviour and is named after it. Handshakes autobahn would never do
 (replayed or malformed signatures, AUTHENTICATE out of turn) are done by hand over RawSocket
-with :class:`tests.wamp_client.RawSocketPeer`.
+with :class:`harness.wamp_client.RawSocketPeer`.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from gateway import config as cfg
 from gateway.auth import AuthThrottle, Peer
 from harness.process import ROOT, RouterProcess
 from harness.wamp import ABORT, AUTHENTICATE, CHALLENGE, HELLO, WELCOME
+from harness.wamp_client import Client, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
 from tests.test_hostile_clients import lan_address
-from tests.wamp_client import Client, RawSocketPeer, connect
 
 TIMEOUT = 5
 

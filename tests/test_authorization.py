@@ -29,8 +29,8 @@ from autobahn.wamp.types import (
 
 from gateway import config as cfg
 from gateway.core import Outbox
+from harness.wamp_client import Client, connect
 from tests.conftest import RunningRouter, start_router
-from tests.wamp_client import Client, connect
 
 TIMEOUT = 2
 NOT_AUTHORIZED = "wamp.error.not_authorized"

@@ -22,12 +22,18 @@ from autobahn.wamp.types import PublishOptions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness.wamp import ABORT, ERROR, GOODBYE, MESSAGE_TYPES, RESULT, WELCOME
-from tests.wamp_client import RawSocketPeer, raw_websocket
+from harness.fuzz import (
+    HELLO_MESSAGE,
+    PROBE,
+    answered_or_aborted,
+    mutated_messages,
+    random_messages,
+    well_formed,
+)
+from harness.wamp import ABORT, WELCOME
+from harness.wamp_client import RawSocketPeer, WsPeer, raw_websocket
 
 PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
-HELLO = [1, "realm1", {"roles": {"publisher": {}, "subscriber": {}, "caller": {},
-                                  "callee": {}}}]
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +95,7 @@ def _check_abort(msg: list[Any] | None, *words: str) -> str:
 async def raw_open(router: Any, serializer: str = "json", hello: bool = False) -> RawSocketPeer:
     peer = await RawSocketPeer.open(router.rawsocket_port, serializer)
     if hello:
-        peer.send(HELLO)
+        peer.send(HELLO_MESSAGE)
         welcome = await peer.receive()
         assert welcome is not None and welcome[0] == WELCOME, welcome
     return peer
@@ -105,49 +111,11 @@ async def raw_expect_abort(peer: RawSocketPeer, *words: str) -> str:
 # -- WebSocket -----------------------------------------------------------------------------
 
 
-class WsPeer:
-    def __init__(self, proto: Any, inbox: asyncio.Queue, serializer: str) -> None:
-        self.proto, self.inbox, self.serializer = proto, inbox, serializer
-
-    def send_bytes(self, payload: bytes) -> None:
-        self.proto.sendMessage(payload, isBinary=self.serializer != "json")
-
-    def send(self, raw_message: list[Any]) -> None:
-        self.send_bytes(_encode(self.serializer, raw_message))
-
-    async def receive(self, timeout: float = 5) -> list[Any] | None:
-        payload = await asyncio.wait_for(self.inbox.get(), timeout)
-        if payload is None:
-            return None
-        return _decode(self.serializer, payload)
-
-    async def closed(self, timeout: float = 5) -> bool:
-        try:
-            while await asyncio.wait_for(self.inbox.get(), timeout) is not None:
-                pass
-        except TimeoutError:
-            return False
-        return True
-
-    def close(self) -> None:
-        self.proto.sendClose(1000)
-
-
-def _encode(serializer: str, raw_message: Any) -> bytes:
-    if serializer == "json":
-        return json.dumps(raw_message).encode()
-    return msgpack.packb(raw_message)
-
-
-def _decode(serializer: str, payload: bytes) -> Any:
-    return json.loads(payload) if serializer == "json" else msgpack.unpackb(payload)
-
-
 async def ws_open(router: Any, serializer: str = "json", hello: bool = False) -> WsPeer:
     proto, inbox = await raw_websocket(router, f"wamp.2.{serializer}")
     peer = WsPeer(proto, inbox, serializer)
     if hello:
-        peer.send(HELLO)
+        peer.send(HELLO_MESSAGE)
         welcome = await peer.receive()
         assert welcome is not None and welcome[0] == WELCOME, welcome
     return peer
@@ -203,7 +171,7 @@ CASES = [
     ("call-procedure-space", True, [48, 1, {}, "com. p"], [r"CALL", r"procedure"]),
     ("publish-before-hello", False, [16, 1, {}, "com.t"], [r"HELLO", r"PUBLISH"]),
     ("welcome-before-hello", False, [2, 1, {"roles": {"broker": {}}}], [r"HELLO", r"WELCOME"]),
-    ("second-hello", True, HELLO, [r"HELLO"]),
+    ("second-hello", True, HELLO_MESSAGE, [r"HELLO"]),
     ("event-from-client", True, [36, 1, 2, {}], [r"EVENT"]),
     ("result-from-client", True, [50, 1, {}], [r"RESULT"]),
     ("welcome-from-client", True, [2, 1, {"roles": {"broker": {}}}], [r"WELCOME"]),
@@ -327,7 +295,7 @@ async def test_websocket_oversized_message_is_not_buffered(router, client):
     memory: a peer announcing a 100 MB frame cannot make the router hold 100 MB."""
     witness = await Witness.join(client, "rawsocket-tcp", "rs")
     peer = await ws_open(router, "msgpack", hello=False)
-    peer.send(HELLO)
+    peer.send(HELLO_MESSAGE)
     session_id = (await peer.receive())[1]
     server_side = router.node.router.sessions[session_id].link.transport
     transport = peer.proto.transport
@@ -425,117 +393,24 @@ async def test_rawsocket_invalid_frame_type(router, client, frame_type):
 
 # -- property: random and mutated messages -------------------------------------------------
 
-PROBE = 4_242_424_242  # the request id of the CALL that checks a fuzzed session still works
-OPTION_KEYS = ["match", "acknowledge", "receive_progress", "timeout", "exclude", "eligible",
-               "exclude_authid", "eligible_authrole", "disclose_me", "exclude_me", "roles",
-               "authmethods", "authid", "invoke", "mode", "progress", "retain"]
-URIS = ["com.fuzz.topic", "com.fuzz", "com.fuzz.procedure", "a..b", "", "com.x y", "realm1",
-        "wamp.session.count", "wamp.session.get", "wamp.subscription.lookup",
-        "wamp.subscription.match", "wamp.registration.list_callees", "wamp.session.list"]
-ids = st.sampled_from([0, 1, 2, 3, -1, 2**53, 2**53 + 1]) | st.integers(-(2**63), 2**64 - 1)
-scalars = st.one_of(
-    st.none(), st.booleans(), ids, st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=12), st.binary(max_size=6),
-    st.sampled_from([*URIS, "exact", "prefix", "wildcard", "roundrobin", "kill", "skip"]),
-)
-values = st.recursive(
-    scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.sampled_from(OPTION_KEYS) | st.text(max_size=6), inner, max_size=4),
-    max_leaves=10,
-)
-options = st.dictionaries(st.sampled_from(OPTION_KEYS), values, max_size=3)
-uris = st.sampled_from(URIS) | st.text(max_size=10)
-payload = st.sampled_from([[], [[]], [[], {}]]) | st.tuples(st.lists(values, max_size=3)).map(
-    list) | st.tuples(st.lists(values, max_size=3),
-                      st.dictionaries(st.text(max_size=5), values, max_size=3)).map(list)
-
-# messages of any type with any fields
-random_messages = st.builds(lambda kind, fields: [kind, *fields],
-                            st.sampled_from(MESSAGE_TYPES) | st.integers(-3, 260) | values,
-                            st.lists(values, max_size=6))
-# the right shape for what a client sends, with fuzzed ids, options, URIs and payloads
-well_formed = st.one_of(
-    st.builds(lambda r, o, u, p: [16, r, o, u, *p], ids, options, uris, payload),
-    st.builds(lambda r, o, u: [32, r, o, u], ids, options, uris),
-    st.builds(lambda r, s: [34, r, s], ids, ids),
-    st.builds(lambda r, o, u, p: [48, r, o, u, *p], ids, options, uris, payload),
-    st.builds(lambda r, o: [49, r, o], ids, options),
-    st.builds(lambda r, o, u: [64, r, o, u], ids, options, uris),
-    st.builds(lambda r, g: [66, r, g], ids, ids),
-    st.builds(lambda r, o, p: [70, r, o, *p], ids, options, payload),
-    st.builds(lambda t, r, u, p: [8, t, r, {}, u, *p], st.sampled_from([68, 48, 16]) | ids, ids,
-              uris, payload),
-    st.builds(lambda u: [6, {}, u], uris),
-)
-TEMPLATES = [
-    HELLO,
-    [16, 11, {"acknowledge": True}, "com.fuzz.topic", [1, "two"], {"k": 3.5}],
-    [48, 12, {"timeout": 1000}, "wamp.session.count", [], {}],
-    [32, 13, {"match": "prefix"}, "com.fuzz"],
-    [64, 14, {"invoke": "roundrobin"}, "com.fuzz.procedure"],
-]
-
-
-@st.composite
-def mutated_messages(draw: Any) -> list[Any]:
-    """A valid HELLO, PUBLISH, CALL, SUBSCRIBE or REGISTER with a few things changed."""
-    msg = json.loads(json.dumps(draw(st.sampled_from(TEMPLATES))))
-    for _ in range(draw(st.integers(1, 3))):
-        op = draw(st.sampled_from(["replace", "delete", "insert", "option", "truncate"]))
-        i = draw(st.integers(0, len(msg)))
-        if op == "replace" and i < len(msg):
-            msg[i] = draw(values)
-        elif op == "delete" and i < len(msg):
-            del msg[i]
-        elif op == "insert":
-            msg.insert(i, draw(values))
-        elif op == "truncate":
-            msg = msg[:i]
-        elif op == "option":
-            dicts = [x for x in msg if isinstance(x, dict)]
-            if dicts:
-                target = draw(st.sampled_from(dicts))
-                target[draw(st.sampled_from(OPTION_KEYS) | st.text(max_size=8))] = draw(values)
-    return msg
-
-
-async def _answered_or_aborted(peer: RawSocketPeer, sent: list[Any]) -> str:
-    """Read until the router answers the probe, or aborts (or says goodbye) and closes."""
-    while True:
-        msg = await peer.receive(timeout=5)
-        assert msg is not None, f"connection closed without ABORT after {sent!r:.300}"
-        if msg[0] in (ABORT, GOODBYE):
-            assert isinstance(msg[2], str) and msg[2].startswith("wamp."), msg
-            assert msg[2] != "wamp.error.internal_error", f"router bug on {sent!r:.300}: {msg}"
-            if msg[0] == ABORT:
-                assert msg[1].get("message"), f"ABORT without a reason: {msg}"
-            assert await peer.closed(), f"not closed after {msg!r:.100} for {sent!r:.300}"
-            return "closed"
-        if msg[0] in (RESULT, ERROR) and PROBE in msg[1:3]:
-            return "answered"
-        if msg[0] == WELCOME:
-            peer.send([48, PROBE, {}, "wamp.session.count", []])
-
-
 async def _fuzz_one(port: int, serializer: str, established: bool,
                     messages: list[list[Any]]) -> str:
     peer = await RawSocketPeer.open(port, serializer)
     try:
         if established:
-            peer.send(HELLO)
+            peer.send(HELLO_MESSAGE)
             welcome = await peer.receive()
             assert welcome is not None and welcome[0] == WELCOME, welcome
         for message in messages:
             peer.send(message)
         if established:
             peer.send([48, PROBE, {}, "wamp.session.count", []])
-        return await _answered_or_aborted(peer, messages)
+        return await answered_or_aborted(peer, messages)
     finally:
         peer.close()
 
 
-async def test_random_and_mutated_messages_are_answered_or_aborted(router, client):
+async def test_random_and_mutated_messages_areanswered_or_aborted(router, client):
     """Hypothesis drives a client in a worker thread (a loop of its own per example) while the
     router runs in the test's loop; afterwards a fresh autobahn client must still work."""
     witness = await Witness.join(client, "websocket", "ws")
@@ -577,7 +452,7 @@ async def _stalled_subscriber(port: int, topic: str) -> RawSocketPeer:
     writer.write(bytes([0x7F, 0xF1, 0, 0]))
     assert (await asyncio.wait_for(reader.readexactly(4), 5))[0] == 0x7F
     peer = RawSocketPeer(reader, writer, "json")
-    peer.send(HELLO)
+    peer.send(HELLO_MESSAGE)
     assert (await peer.receive())[0] == WELCOME
     peer.send([32, 1, {}, topic])
     assert (await peer.receive())[0] == 33  # SUBSCRIBED
@@ -640,7 +515,7 @@ async def test_a_websocket_subscriber_closing_with_events_queued_costs_nobody_el
                  b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                  b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: wamp.2.json\r\n\r\n")
     await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-    writer.write(_masked_frame(1, json.dumps(HELLO).encode()))
+    writer.write(_masked_frame(1, json.dumps(HELLO_MESSAGE).encode()))
     writer.write(_masked_frame(1, json.dumps([32, 1, {}, topic]).encode()))
     await asyncio.sleep(0.2)  # WELCOME and SUBSCRIBED arrive; from now on nobody reads
 

@@ -26,8 +26,8 @@ from harness.wamp import (
     SUBSCRIBED,
     WELCOME,
 )
+from harness.wamp_client import SERIALIZERS, TRANSPORTS, Client, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
-from tests.wamp_client import SERIALIZERS, TRANSPORTS, Client, RawSocketPeer, connect
 
 TIMEOUT = 2
 SENTINEL = "--sentinel--"

@@ -17,8 +17,8 @@ from autobahn.wamp.types import PublishOptions
 from gateway import wear
 from gateway.wear import WearMeter, disk_of
 from harness.process import ROOT, RouterProcess
+from harness.wamp_client import connect
 from tests.test_ops import REALM, cairn, doctor_lines, parse_prometheus
-from tests.wamp_client import connect
 
 GB = 10**9
 DAY = 86400

@@ -17,7 +17,7 @@ import pytest
 
 from harness.config import open_realm, router_table
 from harness.process import RouterProcess
-from tests.wamp_client import connect
+from harness.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")
 COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "gateway.cli"]

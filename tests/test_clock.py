@@ -12,8 +12,8 @@ from autobahn.wamp.types import PublishOptions
 
 from gateway.clock import parse_rfc3339
 from harness.process import ROOT, RouterProcess
+from harness.wamp_client import connect
 from tests.test_durability import REALM
-from tests.wamp_client import connect
 
 pytestmark = pytest.mark.slow
 

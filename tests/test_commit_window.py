@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from autobahn.wamp.types import PublishOptions
 
+from harness.wamp_client import Client
 from tests.test_retention import Cairn
-from tests.wamp_client import Client
 
 CONFIG = """
 [router]

@@ -27,7 +27,7 @@ import pytest_asyncio
 from autobahn.wamp.types import PublishOptions
 
 from harness.process import ROOT, RouterProcess
-from tests.wamp_client import connect
+from harness.wamp_client import connect
 
 CHROMIUM = Path("/usr/bin/chromium")
 BUNDLE = ROOT / "gateway" / "dashboard" / "autobahn.min.js"

@@ -21,8 +21,8 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, CallResult, RegisterOptions
 
 from harness.wamp import ERROR, HELLO, WELCOME
+from harness.wamp_client import TRANSPORTS, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
-from tests.wamp_client import TRANSPORTS, RawSocketPeer, connect
 
 SERIALIZERS = ("json", "msgpack", "cbor")
 

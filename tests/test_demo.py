@@ -11,8 +11,8 @@ import pytest
 from autobahn.wamp.types import SubscribeOptions
 
 from harness.process import ROOT, RouterProcess
+from harness.wamp_client import connect
 from tests.test_durability import REALM
-from tests.wamp_client import connect
 
 pytestmark = pytest.mark.slow
 

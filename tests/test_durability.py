@@ -12,12 +12,12 @@ import contextlib
 import sqlite3
 
 import pytest
-from autobahn.wamp.types import PublishOptions, SubscribeOptions
+from autobahn.wamp.types import PublishOptions
 
 from gateway.store import PruneRule, StorageError, Store, StoredPublication
 from harness.config import history_rule, open_realm
 from harness.process import RouterProcess
-from tests.wamp_client import connect
+from harness.wamp_client import connect, retained_values
 
 pytestmark = pytest.mark.slow
 
@@ -60,20 +60,6 @@ async def _all_history(session, sub_id: int) -> list[dict]:
         kwargs["after_publication"] = page[-1]["publication"]
 
 
-async def _retained(session) -> dict[str, int]:
-    got: dict[str, int] = {}
-
-    def on_event(value, details=None):
-        if details.retained:
-            got[details.topic] = value
-
-    await session.subscribe(on_event, "sensor", options=SubscribeOptions(
-        match="prefix", get_retained=True, details_arg="details"))
-    # retained events precede anything live on the same session: a round trip settles them
-    await session.call("wamp.session.count")
-    return got
-
-
 async def test_every_acknowledged_publication_survives_sigkill_and_restart(tmp_path):
     router = RouterProcess(tmp_path, REALM).start()
     try:
@@ -94,7 +80,7 @@ async def test_every_acknowledged_publication_survives_sigkill_and_restart(tmp_p
             assert counters == sorted(counters)
 
         # each topic's retained value is at least the last acknowledged one
-        retained = await _retained(session)
+        retained = await retained_values(session)
         for k in range(PUBLISHERS):
             last_acked = max((i for p, i in acked.values() if p == k), default=-1)
             assert retained.get(f"sensor.p{k}", -1) >= last_acked

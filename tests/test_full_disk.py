@@ -14,9 +14,9 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions
 
+from harness.wamp_client import connect
 from tests.conftest import RunningRouter, start_router
 from tests.test_durability import REALM
-from tests.wamp_client import connect
 
 pytestmark = pytest.mark.slow
 

@@ -22,9 +22,9 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 import gateway.clock
 from gateway.clock import parse_rfc3339
+from harness.wamp_client import Client
 from tests.test_broker import SENTINEL, TIMEOUT, Inbox, session_id
 from tests.test_retention import ADMIN_SECRET, Cairn, acked
-from tests.wamp_client import Client
 
 PAGE_CAP = 20
 CAPPED_RULE = 4  # index of the "capped" rule below

@@ -22,8 +22,8 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 
 from harness.process import RouterProcess
+from harness.wamp_client import RawSocketPeer, connect
 from tests.test_ops import parse_prometheus
-from tests.wamp_client import RawSocketPeer, connect
 
 pytestmark = pytest.mark.slow
 

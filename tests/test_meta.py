@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.wamp_client import RawSocketPeer
+from harness.wamp_client import RawSocketPeer
 
 TRANSPORTS = ("websocket", "rawsocket-tcp", "rawsocket-unix")
 SERIALIZERS = ("json", "msgpack", "cbor")

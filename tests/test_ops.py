@@ -27,7 +27,7 @@ from gateway.metrics import render as render_metrics
 from gateway.store import SCHEMA_VERSION, Store, StoredPublication
 from harness.config import history_rule, open_realm
 from harness.process import ROOT, RouterProcess, free_port
-from tests.wamp_client import connect
+from harness.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")
 COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "gateway.cli"]

@@ -21,9 +21,9 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from harness.wamp import EVENT, HELLO, SUBSCRIBE, SUBSCRIBED, WELCOME
+from harness.wamp_client import Client, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
 from tests.test_broker import SENTINEL, TIMEOUT, Inbox, Received
-from tests.wamp_client import Client, RawSocketPeer, connect
 
 # WAMP message codes for the raw-protocol tests
 

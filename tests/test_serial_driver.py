@@ -17,8 +17,8 @@ from drivers.serial_driver import SerialDriver
 from drivers.simulator import Simulator
 from harness.process import RouterProcess
 from harness.waiting import until
+from harness.wamp_client import connect
 from tests.test_durability import REALM
-from tests.wamp_client import connect
 
 pytestmark = pytest.mark.slow
 

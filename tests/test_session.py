@@ -14,8 +14,8 @@ from autobahn.wamp import message
 from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 
 import gateway.router
+from harness.wamp_client import RawSocketPeer, connect
 from tests.conftest import RunningRouter, router_config, start_router
-from tests.wamp_client import RawSocketPeer, connect
 
 HELLO_ROLES = {"publisher": {}, "subscriber": {}, "caller": {}, "callee": {}}
 

@@ -1,6 +1,6 @@
 import asyncio
 
-from tests.wamp_client import TRANSPORTS
+from harness.wamp_client import TRANSPORTS
 
 
 async def test_pubsub_and_rpc_roundtrip_on_every_transport(client):

@@ -23,7 +23,7 @@ from gateway.transport import (
     WebSocketProtocol,
     serializers,
 )
-from tests.wamp_client import connect
+from harness.wamp_client import connect
 
 # -- the WebSocket fast path: whole frames the router parses itself ---------------------------
 

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 from typing import Any
 
+import msgpack
 from autobahn.asyncio.rawsocket import WampRawSocketClientFactory
 from autobahn.asyncio.wamp import ApplicationSession
 from autobahn.asyncio.websocket import WampWebSocketClientFactory, WebSocketClientFactory
@@ -176,3 +178,60 @@ async def raw_websocket(router: Any, subprotocol: str = "wamp.2.json"):
     await loop.create_connection(factory, "127.0.0.1", router.port)
     proto = await asyncio.wait_for(factory.opened, 5)
     return proto, factory.inbox
+
+
+# -- a raw WebSocket peer: WAMP messages as the test writes them --------------------------
+
+
+class WsPeer:
+    def __init__(self, proto: Any, inbox: asyncio.Queue, serializer: str) -> None:
+        self.proto, self.inbox, self.serializer = proto, inbox, serializer
+
+    def send_bytes(self, payload: bytes) -> None:
+        self.proto.sendMessage(payload, isBinary=self.serializer != "json")
+
+    def send(self, raw_message: list[Any]) -> None:
+        self.send_bytes(_encode(self.serializer, raw_message))
+
+    async def receive(self, timeout: float = 5) -> list[Any] | None:
+        payload = await asyncio.wait_for(self.inbox.get(), timeout)
+        if payload is None:
+            return None
+        return _decode(self.serializer, payload)
+
+    async def closed(self, timeout: float = 5) -> bool:
+        try:
+            while await asyncio.wait_for(self.inbox.get(), timeout) is not None:
+                pass
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.proto.sendClose(1000)
+
+
+def _encode(serializer: str, raw_message: Any) -> bytes:
+    if serializer == "json":
+        return json.dumps(raw_message).encode()
+    return msgpack.packb(raw_message)
+
+
+def _decode(serializer: str, payload: bytes) -> Any:
+    return json.loads(payload) if serializer == "json" else msgpack.unpackb(payload)
+
+
+async def retained_values(session: Any, prefix: str = "sensor") -> dict[str, Any]:
+    """The retained value of each topic under ``prefix``, as a subscriber with get_retained
+    receives them."""
+    got: dict[str, int] = {}
+
+    def on_event(value, details=None):
+        if details.retained:
+            got[details.topic] = value
+
+    await session.subscribe(on_event, prefix, options=types.SubscribeOptions(
+        match="prefix", get_retained=True, details_arg="details"))
+    # retained events precede anything live on the same session: a round trip settles them
+    await session.call("wamp.session.count")
+    return got
