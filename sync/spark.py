@@ -189,6 +189,51 @@ def session(master: str = "local[*]", conf: dict[str, str] | None = None,
 def _prepare(spark: SparkSession) -> None:
     for key, value in JOB_CONF.items():
         spark.conf.set(key, value)
+    ship_code(spark)
+
+
+# Cairn's packages the executors import (sync.spark and what it imports). Workers of a
+# cluster need Python and PySpark, not Cairn: the job ships these itself.
+SHIPPED_PACKAGES = ("sync", "gateway")
+
+
+def code_zip(directory: str | None = None) -> str:
+    """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files), named by its content's hash
+    so that a changed Cairn gets a new name (Spark refuses a second file of the same name)."""
+    import hashlib
+    import tempfile
+    import zipfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sources = sorted(
+        os.path.relpath(os.path.join(folder, name), root)
+        for package in SHIPPED_PACKAGES
+        for folder, _, names in os.walk(os.path.join(root, package))
+        for name in names if name.endswith(".py"))
+    digest = hashlib.sha256()
+    for rel in sources:
+        digest.update(rel.encode() + b"\0")
+        with open(os.path.join(root, rel), "rb") as f:
+            digest.update(f.read())
+    target = os.path.join(directory or tempfile.gettempdir(),
+                          f"cairn-{digest.hexdigest()[:16]}.zip")
+    if not os.path.exists(target):  # write aside and rename: concurrent jobs share the name
+        temp = f"{target}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(temp, "w", zipfile.ZIP_DEFLATED) as z:
+            for rel in sources:
+                z.write(os.path.join(root, rel), rel)
+        os.replace(temp, target)
+    return target
+
+
+def ship_code(spark: SparkSession) -> None:
+    """Make Cairn importable on the executors (once per SparkContext): addPyFile puts the
+    zip on every executor's Python path, as ``--py-files`` would."""
+    sc = spark.sparkContext
+    name = os.path.basename(code_zip())
+    if any(os.path.basename(p) == name for p in sc._python_includes):
+        return
+    sc.addPyFile(code_zip())
 
 
 # -- files, through Hadoop's FileSystem (local, HDFS, S3A: whatever the cluster reads) -----
@@ -377,10 +422,6 @@ def _verify(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]
     Hashing and unzipping run on the executors, next to the data."""
     if not candidates:
         return {}
-    from pyspark import cloudpickle
-
-    # ship _check_content by value: executors need Python and PySpark, not Cairn
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     expected = {c.data_path: (c.manifest["sha256"], c.manifest["gateway_id"],
                               c.manifest["count"], c.manifest["first_seq"],
                               c.manifest["last_seq"]) for c in candidates}
