@@ -169,8 +169,12 @@ REF_SCHEMA = T.StructType([
 def session(master: str = "local[*]", conf: dict[str, str] | None = None,
             app: str = "cairn") -> SparkSession:
     """A SparkSession on ``master`` (``local[*]``, ``spark://...``, ``yarn``, ``k8s://...``).
-    Local masters run their Python workers with this interpreter."""
+    Executors run ``spark.pyspark.python`` when given; local masters default to this
+    interpreter, others to ``python3`` on the workers (which need no Cairn: it is shipped)."""
     settings = {**JOB_CONF, "spark.ui.showConsoleProgress": "false"}
+    python = (conf or {}).get("spark.pyspark.python")
+    if python:  # PySpark takes the executors' Python from the environment, not the conf
+        os.environ["PYSPARK_PYTHON"] = python
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         # 200 shuffle partitions are for clusters; on one machine a few per core do better

@@ -1,9 +1,9 @@
 """The central Spark jobs (``cairn spark ingest|report``) on a real local Spark.
 
-One session for the whole module (local[2], two shuffle partitions, no UI): starting Spark
-costs ~15 s and its first action ~8 s. Batches are built with the uploader's own
-``build_batch``, so they are byte for byte what a gateway ships. Run alone with
-``pytest -m spark``.
+One session for the whole test run (``spark`` in conftest.py: local[2], two shuffle
+partitions, no UI): starting Spark costs ~15 s and its first action ~8 s. Batches are
+built with the uploader's own ``build_batch``, so they are byte for byte what a gateway
+ships. Run alone with ``pytest -m spark``.
 """
 
 from __future__ import annotations
@@ -33,15 +33,6 @@ pytestmark = pytest.mark.spark
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)
-
-
-@pytest.fixture(scope="session")
-def spark():
-    session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
-                                        "spark.default.parallelism": "2",
-                                        "spark.ui.enabled": "false"}, app="cairn-tests")
-    yield session
-    session.stop()
 
 
 @pytest.fixture
