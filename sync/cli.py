@@ -178,6 +178,10 @@ def add_commands(commands: Any) -> None:
                               "yarn, k8s://https://HOST:PORT")
         job.add_argument("--conf", action="append", metavar="KEY=VALUE",
                          help="a Spark setting, e.g. spark.driver.memory=4g (repeatable)")
+        job.add_argument("--wait", type=float, default=600, metavar="SECONDS",
+                         help="how long to wait for the table's lock (one ingest at a time; "
+                              "reports wait for an ingest to finish) before giving up with "
+                              "exit 1 (default 600)")
 
 
 def main(args: argparse.Namespace) -> int:

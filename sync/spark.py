@@ -29,9 +29,10 @@ Layout of the table directory (a local path or any Hadoop file system: hdfs://, 
     TABLE/_gaps/       loss records of the gateways (events dropped there)
     TABLE/_batches/    the ingest log: one row per batch ingested or quarantined
     TABLE/_staging/    partition rewrites in progress
+    TABLE/_lock        the table lock (sync.table_lock): ingests exclusive, reports shared
 
 Spark skips names starting with ``_`` when it reads TABLE, so the table reads as the events
-alone. Run one ingest at a time per table (batch or streaming, not both at once).
+alone. Ingests (batch or streaming) of one table take turns: the second waits for the lock.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX, ManifestError, parse_manifest
+from sync.table_lock import locked
 
 log = logging.getLogger("cairn.spark")
 
@@ -59,6 +61,7 @@ ROWS_PER_FILE = 2_000_000     # aim for Parquet files of about this many rows
 BROADCAST_KEYS = 2_000_000    # existing keys up to this many are broadcast for the anti-join
 NOT_LANDED = "not landed"
 COMPACT_FILES = 64           # side tables are compacted into one file beyond this many
+LOCK_WAIT_S = 600.0          # how long a run waits for the table lock before giving up
 
 # Settings every job needs; the session gets them at start and each job sets them again
 # (the session may have been made by someone else).
@@ -309,6 +312,22 @@ class Files:
         if not ok:
             raise OSError(f"cannot move {source} to {target}")
 
+    def create_new(self, path: str, text: str) -> bool:
+        """Create ``path`` holding ``text`` unless it exists (atomic on HDFS); False if it
+        did."""
+        p = self._path(path)
+        try:
+            out = self._fs(p).create(p, False)
+        except Exception as e:  # py4j wraps FileAlreadyExistsException
+            if "FileAlreadyExists" in str(e) or "already exists" in str(e):
+                return False
+            raise
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+        return True
+
     def write_text(self, path: str, text: str) -> None:
         p = self._path(path)
         out = self._fs(p).create(p, True)
@@ -558,14 +577,23 @@ class TableDir:
         self.files.delete(stage)
 
 
-def ingest(spark: SparkSession, landing: str, table: str,
-           quarantine: str | None = None) -> IngestStats:
-    """One-shot ingest of every batch under ``landing`` whose manifest has landed."""
+def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None = None,
+           wait: float = LOCK_WAIT_S) -> IngestStats:
+    """One-shot ingest of every batch under ``landing`` whose manifest has landed, holding
+    the table's exclusive lock (waiting up to ``wait`` seconds for it)."""
     started = time.monotonic()
     _prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     quarantine = files.qualify(quarantine) if quarantine else None
+    with locked(table, files, exclusive=True, wait=wait, what=f"an ingest of {landing}"):
+        stats = _ingest_locked(spark, files, landing, table, quarantine)
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
+                   quarantine: str | None) -> IngestStats:
     TableDir(spark, files, table).recover()
     manifest_paths = files.glob(f"{landing}/*/*{MANIFEST_SUFFIX}")
     manifests: list[tuple[str, str]] = []
@@ -578,23 +606,32 @@ def ingest(spark: SparkSession, landing: str, table: str,
     have = {p.removesuffix(MANIFEST_SUFFIX) for p in manifest_paths}
     stats.waiting = sum(1 for p in files.glob(f"{landing}/*/*{DATA_SUFFIX}")
                         if p.removesuffix(DATA_SUFFIX) not in have)
-    stats.seconds = time.monotonic() - started
     return stats
 
 
 def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str,
-                  quarantine: str | None = None, max_batches: int = 1000) -> IngestStats:
+                  quarantine: str | None = None, max_batches: int = 1000,
+                  wait: float = LOCK_WAIT_S) -> IngestStats:
     """Structured Streaming over the manifests landing under ``landing``, trigger
     ``availableNow``: everything that landed since the last run (the checkpoint remembers
     which manifests were seen), in micro-batches of at most ``max_batches`` manifests, then
     stop. Each micro-batch is verified and ingested by :func:`ingest_manifests` in
-    ``foreachBatch``; a re-run micro-batch adds nothing (the anti-join)."""
+    ``foreachBatch``; a re-run micro-batch adds nothing (the anti-join). Holds the table's
+    exclusive lock for the whole run."""
     started = time.monotonic()
     _prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     checkpoint = files.qualify(checkpoint)
     quarantine = files.qualify(quarantine) if quarantine else None
+    with locked(table, files, exclusive=True, wait=wait, what=f"a streaming ingest of {landing}"):
+        total = _stream_locked(spark, files, landing, table, checkpoint, quarantine, max_batches)
+    total.seconds = time.monotonic() - started
+    return total
+
+
+def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
+                   checkpoint: str, quarantine: str | None, max_batches: int) -> IngestStats:
     TableDir(spark, files, table).recover()
     total = IngestStats()
 
@@ -613,7 +650,6 @@ def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str
              .option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    total.seconds = time.monotonic() - started
     return total
 
 
@@ -1014,12 +1050,18 @@ class Report:
     lines: list[str]
 
 
-def report(spark: SparkSession, table: str, out: str) -> Report:
+def report(spark: SparkSession, table: str, out: str, wait: float = LOCK_WAIT_S) -> Report:
     """Write the gap, gateway, hourly and clock reports under ``out`` (each as Parquet
-    ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and summarize them."""
+    ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and summarize them. Holds the
+    table's shared lock: no ingest changes the table while the report reads it."""
     _prepare(spark)
     files = Files(spark)
     table, out = files.qualify(table), files.qualify(out)
+    with locked(table, files, exclusive=False, wait=wait, what="a report"):
+        return _report_locked(spark, files, table, out)
+
+
+def _report_locked(spark: SparkSession, files: Files, table: str, out: str) -> Report:
     store = TableDir(spark, files, table)
     if any(files.exists(f"{stage}/_SWAP") for stage in files.children(store.staging)):
         log.warning("an interrupted partition rewrite is pending in %s: the next ingest "
@@ -1095,14 +1137,14 @@ def main(args: Any) -> int:
         if args.spark_command == "ingest":
             if args.streaming:
                 stats = ingest_stream(spark, args.landing, args.table, args.checkpoint,
-                                      args.quarantine, args.max_batches)
+                                      args.quarantine, args.max_batches, args.wait)
             else:
-                stats = ingest(spark, args.landing, args.table, args.quarantine)
+                stats = ingest(spark, args.landing, args.table, args.quarantine, args.wait)
             for name, reason in stats.quarantined:
                 print(f"quarantined {name}: {reason}")
             print(stats.summary())
             return 0
-        result = report(spark, args.table, args.out)
+        result = report(spark, args.table, args.out, args.wait)
         for line in result.lines:
             print(line)
         print(f"reports in {result.out}: "
