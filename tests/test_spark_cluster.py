@@ -37,11 +37,13 @@ def cluster(tmp_path_factory):
         yield c
 
 
+# ``cairn`` in a process of its own (its own Spark driver)
+CAIRN = [sys.executable, "-c", "import sys; from gateway.cli import main; "
+         "sys.exit(main(sys.argv[1:]))"]
+
+
 def cairn(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """``cairn ARGS`` in a process of its own (its own Spark driver)."""
-    script = "import sys; from gateway.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([*CAIRN, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def land_waves(root: Path) -> tuple[Path, Path]:
