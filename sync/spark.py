@@ -770,12 +770,16 @@ def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
     clock = stats.timed("anchors", clock)
 
     # the new rows, without what the table (or another batch of this run) already holds
-    rows = (spark.read.schema(EVENT_SCHEMA).json([c.data_path for c in good])
-            .withColumn("batch", F.regexp_extract(F.col("_metadata.file_path"),
-                                                  r"([^/]+/[^/]+)$", 1))
-            .where(F.col("seq").isNotNull() & F.col("gateway_id").isNotNull()))
-    if _overlapping(good):
-        rows = rows.dropDuplicates(["gateway_id", "seq"])
+    # (only batches that overlap another of this run are deduped among themselves: a
+    # shuffle of every row would cost more than the whole read)
+    overlapping = _overlapping(good)
+    alone = [c.data_path for c in good if c.data_path not in overlapping]
+    rows = None
+    for paths, dedupe in ((alone, False), (sorted(overlapping), True)):
+        if paths:
+            part = _read_batches(spark, paths)
+            part = part.dropDuplicates(["gateway_id", "seq"]) if dedupe else part
+            rows = part if rows is None else rows.unionByName(part)
     existing = store.events()
     if existing is not None:
         ranges: dict[str, tuple[int, int]] = {}
@@ -822,17 +826,30 @@ def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
     stats.timed("side tables", clock)
 
 
-def _overlapping(good: list[_Candidate]) -> bool:
-    """Could two batches of this run hold the same (gateway_id, seq)?"""
-    by_gateway: dict[str, list[tuple[int, int]]] = defaultdict(list)
+def _read_batches(spark: SparkSession, paths: list[str]) -> DataFrame:
+    return (spark.read.schema(EVENT_SCHEMA).json(paths)
+            .withColumn("batch", F.regexp_extract(F.col("_metadata.file_path"),
+                                                  r"([^/]+/[^/]+)$", 1))
+            .where(F.col("seq").isNotNull() & F.col("gateway_id").isNotNull()))
+
+
+def _overlapping(good: list[_Candidate]) -> set[str]:
+    """The data paths of batches whose seq range overlaps another batch's of the same
+    gateway in this run (they may hold the same (gateway_id, seq))."""
+    by_gateway: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
     for c in good:
-        by_gateway[c.manifest["gateway_id"]].append((c.manifest["first_seq"],
-                                                     c.manifest["last_seq"]))
+        by_gateway[c.manifest["gateway_id"]].append(
+            (c.manifest["first_seq"], c.manifest["last_seq"], c.data_path))
+    found: set[str] = set()
     for ranges in by_gateway.values():
         ranges.sort()
-        if any(b[0] <= a[1] for a, b in zip(ranges, ranges[1:], strict=False)):
-            return True
-    return False
+        reach, holder = None, None  # the furthest last_seq so far, and its batch
+        for first, last, path in ranges:
+            if reach is not None and first <= reach:
+                found.update((path, holder))
+            if reach is None or last > reach:
+                reach, holder = last, path
+    return found
 
 
 def _rebase(spark: SparkSession, store: TableDir, boots: set[tuple[str, str]],

@@ -372,3 +372,19 @@ def test_an_interrupted_partition_rewrite_is_finished_by_the_next_run(spark, tmp
     assert sorted(str(p.relative_to(table)) for p in table.rglob("*.parquet")) == [
         "date=2026-01-01/part-new.parquet"]
     assert not (table / "date=2026-01-02").exists() and not list(table.glob("_staging/*"))
+
+
+def test_only_batches_overlapping_another_are_deduped(tmp_path):
+    """Batches of one run are deduped among themselves only when their seq ranges touch
+    another's (of the same gateway): the others skip that shuffle."""
+    def candidate(gateway: str, first: int, last: int) -> jobs._Candidate:
+        name = f"{gateway}/{first}-{last}"
+        return jobs._Candidate(name + ".manifest.json", name, {
+            "gateway_id": gateway, "first_seq": first, "last_seq": last})
+
+    good = [candidate("a", 1, 100), candidate("a", 101, 200), candidate("a", 150, 160),
+            candidate("a", 201, 300), candidate("b", 1, 100), candidate("b", 50, 400),
+            candidate("b", 401, 500), candidate("c", 1, 300), candidate("c", 2, 3),
+            candidate("c", 250, 260)]
+    assert jobs._overlapping(good) == {"a/101-200", "a/150-160", "b/1-100", "b/50-400",
+                                       "c/1-300", "c/2-3", "c/250-260"}
