@@ -1099,7 +1099,8 @@ def clock_steps_report(store: TableDir) -> DataFrame:
 
 def unsynced_report(events: DataFrame) -> DataFrame:
     """Spans of consecutive events (per boot, in seq order) recorded while the gateway's
-    clock was not synchronized: raw and corrected start/end, and whether all were re-based."""
+    clock was not synchronized: raw and corrected start/end, whether all were re-based and
+    by how much on average (``rebased_by_s``: corrected minus raw time)."""
     by_boot = Window.partitionBy("gateway_id", "boot_id").orderBy("seq")
     by_state = Window.partitionBy("gateway_id", "boot_id", "clock_synced").orderBy("seq")
     runs = (events.select("gateway_id", "boot_id", "seq", "clock_synced", "timestamp",
@@ -1111,7 +1112,9 @@ def unsynced_report(events: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("events"),
         F.min("timestamp").alias("raw_start"), F.max("timestamp").alias("raw_end"),
         F.min("event_time").alias("start"), F.max("event_time").alias("end"),
-        F.bool_and("time_estimated").alias("estimated"))
+        F.bool_and("time_estimated").alias("estimated"),
+        (F.avg(F.unix_micros("event_time") - F.unix_micros("timestamp")) / 1e6)
+        .alias("rebased_by_s"))
         .withColumn("duration_s", (F.unix_micros("end") - F.unix_micros("start")) / 1e6)
         .drop("run").orderBy("gateway_id", "first_seq"))
 
@@ -1124,8 +1127,9 @@ class Report:
 
 
 def report(spark: SparkSession, table: str, out: str, wait: float = LOCK_WAIT_S) -> Report:
-    """Write the gap, gateway, hourly and clock reports under ``out`` (each as Parquet
-    ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and summarize them. Holds the
+    """Write the gap, gateway, daily, hourly and clock reports under ``out`` (each as
+    Parquet ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and ``report.html``
+    (plots, :mod:`sync.report_html`), and summarize them. Holds the
     table's shared lock: no ingest changes the table while the report reads it."""
     _prepare(spark)
     files = Files(spark)
@@ -1144,8 +1148,11 @@ def _report_locked(spark: SparkSession, files: Files, table: str, out: str) -> R
         raise FileNotFoundError(f"no events in {table} (has an ingest run?)")
     events = events.cache()
     gaps, gateways = gap_report(spark, store, events)
+    gateways = _with_batches(gateways, store)
     frames = {"gaps": gaps, "gateways": gateways, "hourly": hourly_report(events),
-              "clock_steps": clock_steps_report(store), "unsynced": unsynced_report(events)}
+              "clock_steps": clock_steps_report(store), "unsynced": unsynced_report(events),
+              "daily": events.groupBy("gateway_id", "date").agg(F.count(F.lit(1)).alias("rows"))
+              .orderBy("gateway_id", "date")}
     counts = {}
     for name, frame in frames.items():
         frame = frame.cache()
@@ -1163,8 +1170,30 @@ def _report_locked(spark: SparkSession, files: Files, table: str, out: str) -> R
     lines.append(f"{counts['hourly']} sensor-hours; {counts['clock_steps']} clock steps"
                  + (f" (largest {steps.largest:,.0f} s)" if counts["clock_steps"] else "")
                  + f"; {counts['unsynced']} spans of unsynchronized time")
+    _write_html(files, frames, f"{out}/report.html")
     events.unpersist()
     return Report(out, counts, lines)
+
+
+def _with_batches(gateways: DataFrame, store: TableDir) -> DataFrame:
+    """Adds when each gateway's last batch was ingested and how many were quarantined."""
+    log_ = store.batch_frame().groupBy("gateway_id").agg(
+        F.max(F.when(F.col("status") == "ingested", F.col("logged_at")))
+        .alias("last_batch_ingested"),
+        F.sum((F.col("status") == "quarantined").cast("long")).alias("quarantined"))
+    return (gateways.join(log_, "gateway_id", "left").fillna(0, ["quarantined"])
+            .orderBy("gateway_id"))
+
+
+def _write_html(files: Files, frames: dict[str, DataFrame], path: str) -> None:
+    from sync import report_html
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        return [r.asDict() for r in frames[name].collect()]
+
+    files.write_text(path, report_html.page(rows("gateways"), rows("gaps"), rows("daily"),
+                                            rows("unsynced"), _now().isoformat(" ", "seconds")
+                                            + " UTC"))
 
 
 def _write_csv(files: Files, frame: DataFrame, path: str) -> None:

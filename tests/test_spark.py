@@ -388,3 +388,23 @@ def test_only_batches_overlapping_another_are_deduped(tmp_path):
             candidate("c", 250, 260)]
     assert jobs._overlapping(good) == {"a/101-200", "a/150-160", "b/1-100", "b/50-400",
                                        "c/1-300", "c/2-3", "c/250-260"}
+
+
+def test_reports_tell_an_operator_rows_per_day_rebasing_and_the_last_batch(spark, tmp_path):
+    landing, table, out = tmp_path / "landing", tmp_path / "table", tmp_path / "reports"
+    rows1, rows2, anchors, _ = clock_boots("c")
+    land(landing, "c", rows1 + rows2, 0, anchors)
+    bad = land(landing, "c", events(range(34, 40)), 33)
+    (landing / bad.name).write_bytes(bad.data[:-5])
+    jobs.ingest(spark, str(landing), str(table), str(tmp_path / "q"))
+    jobs.report(spark, str(table), str(out))
+
+    g = spark.read.parquet(str(out / "gateways")).first()
+    assert g.quarantined == 1 and g.last_batch_ingested is not None
+    daily = {str(r.date): r.rows for r in spark.read.parquet(str(out / "daily")).collect()}
+    assert daily == {"2026-11-20": 25, "2026-11-21": 8}
+    shifts = {r.boot_id: r.rebased_by_s for r in spark.read.parquet(str(out / "unsynced"))
+              .collect()}
+    assert shifts == {"b1": _ns(TRUE_START) / 1e9, "b2": -2.5 * 3600}
+    page = (out / "report.html").read_text()
+    assert 'aria-label="rows per gateway per day"' in page and 'aria-label="clock spans"' in page
