@@ -159,8 +159,9 @@ def add_commands(commands: Any) -> None:
                         help="Structured Streaming (trigger availableNow) with --checkpoint: "
                              "only manifests that landed since the last run are read")
     ingest.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory")
-    ingest.add_argument("--max-batches", type=int, default=1000, metavar="N",
-                        help="streaming: batches per micro-batch (default 1000)")
+    ingest.add_argument("--max-batches", type=int, metavar="N",
+                        help="batches per step: per micro-batch when streaming (default "
+                             "1000), per chunk in batch mode (default 20000)")
     report = jobs.add_parser(
         "report", help="gap, hourly sensor and clock reports from the table",
         description="Write reports from the table under --out, each as Parquet (<name>/) "

@@ -62,6 +62,7 @@ BROADCAST_KEYS = 2_000_000    # existing keys up to this many are broadcast for 
 NOT_LANDED = "not landed"
 COMPACT_FILES = 64           # side tables are compacted into one file beyond this many
 LOCK_WAIT_S = 600.0          # how long a run waits for the table lock before giving up
+CHUNK_BATCHES = 20_000       # batch mode: batches per step (bounds the driver's memory)
 
 # Settings every job needs; the session gets them at start and each job sets them again
 # (the session may have been made by someone else).
@@ -592,24 +593,44 @@ class TableDir:
 
 
 def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None = None,
-           wait: float = LOCK_WAIT_S) -> IngestStats:
+           wait: float = LOCK_WAIT_S, chunk: int = CHUNK_BATCHES) -> IngestStats:
     """One-shot ingest of every batch under ``landing`` whose manifest has landed, holding
-    the table's exclusive lock (waiting up to ``wait`` seconds for it)."""
+    the table's exclusive lock (waiting up to ``wait`` seconds for it), ``chunk`` batches
+    per step."""
     started = time.monotonic()
     _prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     quarantine = files.qualify(quarantine) if quarantine else None
     with locked(table, files, exclusive=True, wait=wait, what=f"an ingest of {landing}"):
-        stats = _ingest_locked(spark, files, landing, table, quarantine)
+        stats = _ingest_locked(spark, files, landing, table, quarantine, chunk)
     stats.seconds = time.monotonic() - started
     return stats
 
 
 def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
-                   quarantine: str | None) -> IngestStats:
+                   quarantine: str | None, chunk: int) -> IngestStats:
+    """Gateway directory by gateway directory, ``chunk`` batches at a time: a landing
+    directory of millions of files is never listed, read or verified all at once."""
     TableDir(spark, files, table).recover()
-    manifest_paths = files.glob(f"{landing}/*/*{MANIFEST_SUFFIX}")
+    stats = IngestStats()
+    pending: list[str] = []
+    for gateway_dir in sorted(files.children(landing)):
+        manifest_paths = files.glob(f"{gateway_dir}/*{MANIFEST_SUFFIX}")
+        have = {p.removesuffix(MANIFEST_SUFFIX) for p in manifest_paths}
+        stats.waiting += sum(1 for p in files.glob(f"{gateway_dir}/*{DATA_SUFFIX}")
+                             if p.removesuffix(DATA_SUFFIX) not in have)
+        pending += manifest_paths
+        while len(pending) >= chunk:
+            stats.add(_ingest_paths(spark, files, pending[:chunk], table, quarantine))
+            pending = pending[chunk:]
+    if pending or not stats.manifests:
+        stats.add(_ingest_paths(spark, files, pending, table, quarantine))
+    return stats
+
+
+def _ingest_paths(spark: SparkSession, files: Files, manifest_paths: list[str], table: str,
+                  quarantine: str | None) -> IngestStats:
     manifests: list[tuple[str, str]] = []
     if manifest_paths:
         # (text()'s own wholetext argument would override an option)
@@ -617,9 +638,8 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
                  .select(F.col("_metadata.file_path").alias("path"), "value"))
         manifests = [(files.from_uri(r.path), r.value) for r in frame.collect()]
     stats = ingest_manifests(spark, manifests, table, quarantine, files)
-    have = {p.removesuffix(MANIFEST_SUFFIX) for p in manifest_paths}
-    stats.waiting = sum(1 for p in files.glob(f"{landing}/*/*{DATA_SUFFIX}")
-                        if p.removesuffix(DATA_SUFFIX) not in have)
+    if len(manifest_paths) > 1:
+        log.info("%s", stats.summary())
     return stats
 
 
@@ -1239,9 +1259,10 @@ def main(args: Any) -> int:
         if args.spark_command == "ingest":
             if args.streaming:
                 stats = ingest_stream(spark, args.landing, args.table, args.checkpoint,
-                                      args.quarantine, args.max_batches, args.wait)
+                                      args.quarantine, args.max_batches or 1000, args.wait)
             else:
-                stats = ingest(spark, args.landing, args.table, args.quarantine, args.wait)
+                stats = ingest(spark, args.landing, args.table, args.quarantine, args.wait,
+                               args.max_batches or CHUNK_BATCHES)
             for name, reason in stats.quarantined:
                 print(f"quarantined {name}: {reason}")
             print(stats.summary())

@@ -108,3 +108,18 @@ def test_lines_out_of_seq_order_are_quarantined(spark, ingested):
     shuffled = rows[:1] + rows[5:9] + rows[1:5] + rows[9:]
     name = land_bytes(ingested[0], "gw-a", rows, encode_rows("gw-a", shuffled), 100)
     assert ingest_bad(spark, ingested) == {name: "seqs are not strictly increasing"}
+
+
+def test_a_large_landing_is_ingested_a_chunk_of_batches_at_a_time(spark, tmp_path):
+    """Chunks of two batches over three gateways' directories: every row once, the
+    overlapping re-send in a later chunk than the rows it repeats dropped as duplicates."""
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    for gw in ("g1", "g2", "g3"):
+        for lo in (0, 10):
+            land(landing, gw, events(range(lo + 1, lo + 11)), lo)
+    land(landing, "g3", events(range(5, 16)), 4)  # a re-send overlapping both
+    stats = jobs.ingest(spark, str(landing), str(table), chunk=2)
+    assert (stats.manifests, stats.ingested, stats.rows_added) == (7, 7, 60)
+    got = spark.read.parquet(str(table)).select("gateway_id", "seq").collect()
+    assert sorted((r.gateway_id, r.seq) for r in got) == [
+        (gw, s) for gw in ("g1", "g2", "g3") for s in range(1, 21)]
