@@ -1,9 +1,11 @@
 """The batch format, the one contract between the edge uploader and the central Spark job.
 
 A batch is ``<gateway_id>/<first_seq:012d>-<last_seq:012d>.jsonl.gz``: gzip of JSON Lines,
-one history publication per line with ``gateway_id``, ``seq`` and ``timestamp`` (bytes as
-``{"$bytes": base64}``), and beside it a ``.manifest.json`` written last: schema,
-gateway_id, file, after_seq, first_seq, last_seq, count, bytes, sha256, created, clock
+one history publication per line, in seq order, each line beginning with ``gateway_id``,
+``timestamp`` and ``seq`` in that order (:data:`LINE_HEAD`: the job checks every line's
+gateway and seq without parsing the rest), bytes as ``{"$bytes": base64}``; and beside
+it a ``.manifest.json`` written last: schema, gateway_id, file, after_seq, first_seq,
+last_seq, count, bytes, sha256, created, clock
 anchors and gap records. The uploader writes it with :func:`data_name`,
 :func:`encode_rows` and :func:`manifest_name`; the job reads it with :func:`parse_manifest`.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import re
 from typing import Any
 
 from gateway.clock import rfc3339
@@ -20,6 +23,9 @@ from gateway.clock import rfc3339
 SCHEMA_VERSION = 1  # of the manifest and the rows; a job refuses other versions
 DATA_SUFFIX = ".jsonl.gz"
 MANIFEST_SUFFIX = ".manifest.json"
+# the start of every line: the gateway (as a JSON string) and the seq
+LINE_HEAD = re.compile(rb'^\{"gateway_id":("(?:[^"\\]|\\.)*"),"timestamp":"[^"]*","seq":(\d+),',
+                       re.MULTILINE)
 
 
 def data_name(gateway_id: str, first_seq: int, last_seq: int) -> str:
@@ -48,7 +54,8 @@ def encode_rows(gateway_id: str, rows: list[dict[str, Any]]) -> bytes:
             second = ms // 1000
             prefix = rfc3339(second * 1000)[:-5]
         lines.append(encode({"gateway_id": gateway_id,
-                             "timestamp": f"{prefix}.{ms % 1000:03d}Z", **row}))
+                             "timestamp": f"{prefix}.{ms % 1000:03d}Z", "seq": row["seq"],
+                             **row}))
     lines.append("")
     return gzip.compress("\n".join(lines).encode(), compresslevel=6, mtime=0)
 

@@ -159,17 +159,21 @@ def add_commands(commands: Any) -> None:
                         help="Structured Streaming (trigger availableNow) with --checkpoint: "
                              "only manifests that landed since the last run are read")
     ingest.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory")
-    ingest.add_argument("--max-batches", type=int, default=1000, metavar="N",
-                        help="streaming: batches per micro-batch (default 1000)")
+    ingest.add_argument("--max-batches", type=int, metavar="N",
+                        help="batches per step: per micro-batch when streaming (default "
+                             "1000), per chunk in batch mode (default 20000)")
     report = jobs.add_parser(
         "report", help="gap, hourly sensor and clock reports from the table",
         description="Write reports from the table under --out, each as Parquet (<name>/) "
                     "and as one CSV file (<name>.csv): gaps (missing seq ranges that are "
-                    "data loss, per gateway), gateways (one line each), hourly "
-                    "(per-sensor min/mean/max temperature and humidity by corrected hour), "
-                    "clock_steps (each step of a gateway clock and its size) and unsynced "
-                    "(spans of events recorded before the clock was synchronized). Prints a "
-                    "short summary.")
+                    "data loss, per gateway), gateways (one line each: rows, first/last "
+                    "seq, gaps, re-based rows, last batch ingested, batches quarantined), "
+                    "daily (rows per gateway per day), hourly (per-sensor min/mean/max "
+                    "temperature and humidity by corrected hour), clock_steps (each step of "
+                    "a gateway clock and its size) and unsynced (spans of events recorded "
+                    "before the clock was synchronized, and how far they were re-based); "
+                    "plus report.html, a page with plots that opens without a server. "
+                    "Prints a short summary.")
     report.add_argument("--table", required=True, metavar="DIR", help="the Parquet table")
     report.add_argument("--out", required=True, metavar="DIR", help="where reports go")
     for job in (ingest, report):
@@ -178,6 +182,10 @@ def add_commands(commands: Any) -> None:
                               "yarn, k8s://https://HOST:PORT")
         job.add_argument("--conf", action="append", metavar="KEY=VALUE",
                          help="a Spark setting, e.g. spark.driver.memory=4g (repeatable)")
+        job.add_argument("--wait", type=float, default=600, metavar="SECONDS",
+                         help="how long to wait for the table's lock (one ingest at a time; "
+                              "reports wait for an ingest to finish) before giving up with "
+                              "exit 1 (default 600)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -29,9 +29,10 @@ Layout of the table directory (a local path or any Hadoop file system: hdfs://, 
     TABLE/_gaps/       loss records of the gateways (events dropped there)
     TABLE/_batches/    the ingest log: one row per batch ingested or quarantined
     TABLE/_staging/    partition rewrites in progress
+    TABLE/_lock        the table lock (sync.table_lock): ingests exclusive, reports shared
 
 Spark skips names starting with ``_`` when it reads TABLE, so the table reads as the events
-alone. Run one ingest at a time per table (batch or streaming, not both at once).
+alone. Ingests (batch or streaming) of one table take turns: the second waits for the lock.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX, ManifestError, parse_manifest
+from sync.table_lock import locked
 
 log = logging.getLogger("cairn.spark")
 
@@ -59,6 +61,8 @@ ROWS_PER_FILE = 2_000_000     # aim for Parquet files of about this many rows
 BROADCAST_KEYS = 2_000_000    # existing keys up to this many are broadcast for the anti-join
 NOT_LANDED = "not landed"
 COMPACT_FILES = 64           # side tables are compacted into one file beyond this many
+LOCK_WAIT_S = 600.0          # how long a run waits for the table lock before giving up
+CHUNK_BATCHES = 20_000       # batch mode: batches per step (bounds the driver's memory)
 
 # Settings every job needs; the session gets them at start and each job sets them again
 # (the session may have been made by someone else).
@@ -169,8 +173,12 @@ REF_SCHEMA = T.StructType([
 def session(master: str = "local[*]", conf: dict[str, str] | None = None,
             app: str = "cairn") -> SparkSession:
     """A SparkSession on ``master`` (``local[*]``, ``spark://...``, ``yarn``, ``k8s://...``).
-    Local masters run their Python workers with this interpreter."""
+    Executors run ``spark.pyspark.python`` when given; local masters default to this
+    interpreter, others to ``python3`` on the workers (which need no Cairn: it is shipped)."""
     settings = {**JOB_CONF, "spark.ui.showConsoleProgress": "false"}
+    python = (conf or {}).get("spark.pyspark.python")
+    if python:  # PySpark takes the executors' Python from the environment, not the conf
+        os.environ["PYSPARK_PYTHON"] = python
     if master.startswith("local"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         # 200 shuffle partitions are for clusters; on one machine a few per core do better
@@ -189,6 +197,51 @@ def session(master: str = "local[*]", conf: dict[str, str] | None = None,
 def _prepare(spark: SparkSession) -> None:
     for key, value in JOB_CONF.items():
         spark.conf.set(key, value)
+    ship_code(spark)
+
+
+# Cairn's packages the executors import (sync.spark and what it imports). Workers of a
+# cluster need Python and PySpark, not Cairn: the job ships these itself.
+SHIPPED_PACKAGES = ("sync", "gateway")
+
+
+def code_zip(directory: str | None = None) -> str:
+    """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files), named by its content's hash
+    so that a changed Cairn gets a new name (Spark refuses a second file of the same name)."""
+    import hashlib
+    import tempfile
+    import zipfile
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sources = sorted(
+        os.path.relpath(os.path.join(folder, name), root)
+        for package in SHIPPED_PACKAGES
+        for folder, _, names in os.walk(os.path.join(root, package))
+        for name in names if name.endswith(".py"))
+    digest = hashlib.sha256()
+    for rel in sources:
+        digest.update(rel.encode() + b"\0")
+        with open(os.path.join(root, rel), "rb") as f:
+            digest.update(f.read())
+    target = os.path.join(directory or tempfile.gettempdir(),
+                          f"cairn-{digest.hexdigest()[:16]}.zip")
+    if not os.path.exists(target):  # write aside and rename: concurrent jobs share the name
+        temp = f"{target}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(temp, "w", zipfile.ZIP_DEFLATED) as z:
+            for rel in sources:
+                z.write(os.path.join(root, rel), rel)
+        os.replace(temp, target)
+    return target
+
+
+def ship_code(spark: SparkSession) -> None:
+    """Make Cairn importable on the executors (once per SparkContext): addPyFile puts the
+    zip on every executor's Python path, as ``--py-files`` would."""
+    sc = spark.sparkContext
+    name = os.path.basename(code_zip())
+    if any(os.path.basename(p) == name for p in sc._python_includes):
+        return
+    sc.addPyFile(code_zip())
 
 
 # -- files, through Hadoop's FileSystem (local, HDFS, S3A: whatever the cluster reads) -----
@@ -259,6 +312,22 @@ class Files:
                                                           self._conf)
         if not ok:
             raise OSError(f"cannot move {source} to {target}")
+
+    def create_new(self, path: str, text: str) -> bool:
+        """Create ``path`` holding ``text`` unless it exists (atomic on HDFS); False if it
+        did."""
+        p = self._path(path)
+        try:
+            out = self._fs(p).create(p, False)
+        except Exception as e:  # py4j wraps FileAlreadyExistsException
+            if "FileAlreadyExists" in str(e) or "already exists" in str(e):
+                return False
+            raise
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+        return True
 
     def write_text(self, path: str, text: str) -> None:
         p = self._path(path)
@@ -334,7 +403,6 @@ def _check_content(content: bytes, expected: tuple[str, str, int, int, int]) -> 
     """Runs on the executors: None when the batch file is what its manifest says."""
     import gzip
     import hashlib
-    import json as json_
     import zlib
 
     sha256, gateway_id, count, first_seq, last_seq = expected
@@ -348,16 +416,31 @@ def _check_content(content: bytes, expected: tuple[str, str, int, int, int]) -> 
     lines = text.count(b"\n") + (0 if not text or text.endswith(b"\n") else 1)
     if lines != count:
         return f"{lines} lines, the manifest says {count}"
-    end = len(text) - 1 if text.endswith(b"\n") else len(text)
-    try:
-        first = json_.loads(text[:text.index(b"\n")] if b"\n" in text[:end] else text[:end])
-        last = json_.loads(text[text.rfind(b"\n", 0, end) + 1:end])
-    except ValueError as e:
-        return f"a line is not JSON ({e})"
-    for row, seq in ((first, first_seq), (last, last_seq)):
-        if row.get("gateway_id") != gateway_id or row.get("seq") != seq:
-            return (f"line of gateway {row.get('gateway_id')!r} seq {row.get('seq')!r}, the "
-                    f"manifest says gateway {gateway_id!r} seqs {first_seq}..{last_seq}")
+    return _check_lines(text, lines, gateway_id, first_seq, last_seq)
+
+
+def _check_lines(text: bytes, lines: int, gateway_id: str, first_seq: int,
+                 last_seq: int) -> str | None:
+    """Every line of the batch's gateway, seqs increasing from first to last (checked on
+    the line heads alone: parsing whole rows in Python would cost more than the ingest)."""
+    import json as json_
+
+    from sync.batch_format import LINE_HEAD
+
+    heads = LINE_HEAD.findall(text)
+    if len(heads) != lines:
+        return (f"{lines - len(heads)} lines do not begin with gateway_id, timestamp and "
+                "seq (not the batch format)")
+    own = json_.dumps(gateway_id).encode()
+    others = sorted({g for g, _ in heads if g != own})
+    if others:
+        named = ", ".join(json_.loads(g) for g in others[:3])
+        return f"rows of gateway {named} in a batch of {gateway_id!r}"
+    seqs = [int(s) for _, s in heads]
+    if seqs[0] != first_seq or seqs[-1] != last_seq:
+        return (f"seqs {seqs[0]}..{seqs[-1]}, the manifest says {first_seq}..{last_seq}")
+    if any(a >= b for a, b in zip(seqs, seqs[1:], strict=False)):
+        return "seqs are not strictly increasing"
     return None
 
 
@@ -377,10 +460,6 @@ def _verify(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]
     Hashing and unzipping run on the executors, next to the data."""
     if not candidates:
         return {}
-    from pyspark import cloudpickle
-
-    # ship _check_content by value: executors need Python and PySpark, not Cairn
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     expected = {c.data_path: (c.manifest["sha256"], c.manifest["gateway_id"],
                               c.manifest["count"], c.manifest["first_seq"],
                               c.manifest["last_seq"]) for c in candidates}
@@ -513,16 +592,45 @@ class TableDir:
         self.files.delete(stage)
 
 
-def ingest(spark: SparkSession, landing: str, table: str,
-           quarantine: str | None = None) -> IngestStats:
-    """One-shot ingest of every batch under ``landing`` whose manifest has landed."""
+def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None = None,
+           wait: float = LOCK_WAIT_S, chunk: int = CHUNK_BATCHES) -> IngestStats:
+    """One-shot ingest of every batch under ``landing`` whose manifest has landed, holding
+    the table's exclusive lock (waiting up to ``wait`` seconds for it), ``chunk`` batches
+    per step."""
     started = time.monotonic()
     _prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     quarantine = files.qualify(quarantine) if quarantine else None
+    with locked(table, files, exclusive=True, wait=wait, what=f"an ingest of {landing}"):
+        stats = _ingest_locked(spark, files, landing, table, quarantine, chunk)
+    stats.seconds = time.monotonic() - started
+    return stats
+
+
+def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
+                   quarantine: str | None, chunk: int) -> IngestStats:
+    """Gateway directory by gateway directory, ``chunk`` batches at a time: a landing
+    directory of millions of files is never listed, read or verified all at once."""
     TableDir(spark, files, table).recover()
-    manifest_paths = files.glob(f"{landing}/*/*{MANIFEST_SUFFIX}")
+    stats = IngestStats()
+    pending: list[str] = []
+    for gateway_dir in sorted(files.children(landing)):
+        manifest_paths = files.glob(f"{gateway_dir}/*{MANIFEST_SUFFIX}")
+        have = {p.removesuffix(MANIFEST_SUFFIX) for p in manifest_paths}
+        stats.waiting += sum(1 for p in files.glob(f"{gateway_dir}/*{DATA_SUFFIX}")
+                             if p.removesuffix(DATA_SUFFIX) not in have)
+        pending += manifest_paths
+        while len(pending) >= chunk:
+            stats.add(_ingest_paths(spark, files, pending[:chunk], table, quarantine))
+            pending = pending[chunk:]
+    if pending or not stats.manifests:
+        stats.add(_ingest_paths(spark, files, pending, table, quarantine))
+    return stats
+
+
+def _ingest_paths(spark: SparkSession, files: Files, manifest_paths: list[str], table: str,
+                  quarantine: str | None) -> IngestStats:
     manifests: list[tuple[str, str]] = []
     if manifest_paths:
         # (text()'s own wholetext argument would override an option)
@@ -530,26 +638,34 @@ def ingest(spark: SparkSession, landing: str, table: str,
                  .select(F.col("_metadata.file_path").alias("path"), "value"))
         manifests = [(files.from_uri(r.path), r.value) for r in frame.collect()]
     stats = ingest_manifests(spark, manifests, table, quarantine, files)
-    have = {p.removesuffix(MANIFEST_SUFFIX) for p in manifest_paths}
-    stats.waiting = sum(1 for p in files.glob(f"{landing}/*/*{DATA_SUFFIX}")
-                        if p.removesuffix(DATA_SUFFIX) not in have)
-    stats.seconds = time.monotonic() - started
+    if len(manifest_paths) > 1:
+        log.info("%s", stats.summary())
     return stats
 
 
 def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str,
-                  quarantine: str | None = None, max_batches: int = 1000) -> IngestStats:
+                  quarantine: str | None = None, max_batches: int = 1000,
+                  wait: float = LOCK_WAIT_S) -> IngestStats:
     """Structured Streaming over the manifests landing under ``landing``, trigger
     ``availableNow``: everything that landed since the last run (the checkpoint remembers
     which manifests were seen), in micro-batches of at most ``max_batches`` manifests, then
     stop. Each micro-batch is verified and ingested by :func:`ingest_manifests` in
-    ``foreachBatch``; a re-run micro-batch adds nothing (the anti-join)."""
+    ``foreachBatch``; a re-run micro-batch adds nothing (the anti-join). Holds the table's
+    exclusive lock for the whole run."""
     started = time.monotonic()
     _prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     checkpoint = files.qualify(checkpoint)
     quarantine = files.qualify(quarantine) if quarantine else None
+    with locked(table, files, exclusive=True, wait=wait, what=f"a streaming ingest of {landing}"):
+        total = _stream_locked(spark, files, landing, table, checkpoint, quarantine, max_batches)
+    total.seconds = time.monotonic() - started
+    return total
+
+
+def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
+                   checkpoint: str, quarantine: str | None, max_batches: int) -> IngestStats:
     TableDir(spark, files, table).recover()
     total = IngestStats()
 
@@ -568,7 +684,6 @@ def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str
              .option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    total.seconds = time.monotonic() - started
     return total
 
 
@@ -629,6 +744,9 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
     clock = stats.timed("manifests", started)
     problems = _verify(spark, candidates)
     clock = stats.timed("verify", clock)
+    problems.update(_conflicts(spark, store, [c for c in candidates
+                                              if c.data_path not in problems]))
+    clock = stats.timed("conflicts", clock)
     good = []
     for c in candidates:
         if c.data_path in problems:
@@ -689,12 +807,16 @@ def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
     clock = stats.timed("anchors", clock)
 
     # the new rows, without what the table (or another batch of this run) already holds
-    rows = (spark.read.schema(EVENT_SCHEMA).json([c.data_path for c in good])
-            .withColumn("batch", F.regexp_extract(F.col("_metadata.file_path"),
-                                                  r"([^/]+/[^/]+)$", 1))
-            .where(F.col("seq").isNotNull() & F.col("gateway_id").isNotNull()))
-    if _overlapping(good):
-        rows = rows.dropDuplicates(["gateway_id", "seq"])
+    # (only batches that overlap another of this run are deduped among themselves: a
+    # shuffle of every row would cost more than the whole read)
+    overlapping = _overlapping(good)
+    alone = [c.data_path for c in good if c.data_path not in overlapping]
+    rows = None
+    for paths, dedupe in ((alone, False), (sorted(overlapping), True)):
+        if paths:
+            part = _read_batches(spark, paths)
+            part = part.dropDuplicates(["gateway_id", "seq"]) if dedupe else part
+            rows = part if rows is None else rows.unionByName(part)
     existing = store.events()
     if existing is not None:
         ranges: dict[str, tuple[int, int]] = {}
@@ -741,17 +863,69 @@ def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
     stats.timed("side tables", clock)
 
 
-def _overlapping(good: list[_Candidate]) -> bool:
-    """Could two batches of this run hold the same (gateway_id, seq)?"""
-    by_gateway: dict[str, list[tuple[int, int]]] = defaultdict(list)
+# what makes a row the same event when a batch re-sends a seq the table holds
+IDENTITY = ["publication", "topic", "wall_ms", "boot_id", "boottime_ns", "kwargs"]
+
+
+def _conflicts(spark: SparkSession, store: TableDir,
+               candidates: list[_Candidate]) -> dict[str, str]:
+    """{data path: problem} for batches re-using seqs the table holds for other events (a
+    gateway whose store was reset, or another gateway under its id). Only batches whose
+    range overlaps an ingested batch's are read for this."""
+    existing = store.events()
+    if existing is None or not candidates:
+        return {}
+    ranges = spark.createDataFrame(
+        [(c.data_path, c.manifest["gateway_id"], c.manifest["first_seq"],
+          c.manifest["last_seq"]) for c in candidates],
+        "path string, gw string, lo long, hi long")
+    log_ = store.batch_frame().where(F.col("status") == "ingested")
+    touching = sorted(r.path for r in F.broadcast(ranges).join(
+        log_, (F.col("gw") == log_.gateway_id) & (F.col("lo") <= log_.last_seq)
+        & (F.col("hi") >= log_.first_seq)).select("path").distinct().collect())
+    if not touching:
+        return {}
+    new = _read_batches(spark, touching).select("gateway_id", "seq", "batch", *IDENTITY)
+    old = (existing.join(F.broadcast(ranges.where(F.col("path").isin(touching))),
+                         (existing.gateway_id == F.col("gw"))
+                         & existing.seq.between(F.col("lo"), F.col("hi")), "left_semi")
+           .select("gateway_id", "seq", *[F.col(c).alias(f"old_{c}") for c in IDENTITY]))
+    differs = None
+    for c in IDENTITY:
+        one = ~F.col(c).eqNullSafe(F.col(f"old_{c}"))
+        differs = one if differs is None else differs | one
+    found = (new.join(old, ["gateway_id", "seq"]).where(differs).groupBy("batch")
+             .agg(F.count(F.lit(1)).alias("n"), F.min("seq").alias("seq")).collect())
+    by_name = {_name(p): p for p in touching}
+    return {by_name[r.batch]: f"{r.n} rows re-use seqs the table holds for other events "
+            f"(first: seq {r.seq}); was the gateway's store reset, or is another gateway "
+            "using its id?" for r in found}
+
+
+def _read_batches(spark: SparkSession, paths: list[str]) -> DataFrame:
+    return (spark.read.schema(EVENT_SCHEMA).json(paths)
+            .withColumn("batch", F.regexp_extract(F.col("_metadata.file_path"),
+                                                  r"([^/]+/[^/]+)$", 1))
+            .where(F.col("seq").isNotNull() & F.col("gateway_id").isNotNull()))
+
+
+def _overlapping(good: list[_Candidate]) -> set[str]:
+    """The data paths of batches whose seq range overlaps another batch's of the same
+    gateway in this run (they may hold the same (gateway_id, seq))."""
+    by_gateway: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
     for c in good:
-        by_gateway[c.manifest["gateway_id"]].append((c.manifest["first_seq"],
-                                                     c.manifest["last_seq"]))
+        by_gateway[c.manifest["gateway_id"]].append(
+            (c.manifest["first_seq"], c.manifest["last_seq"], c.data_path))
+    found: set[str] = set()
     for ranges in by_gateway.values():
         ranges.sort()
-        if any(b[0] <= a[1] for a, b in zip(ranges, ranges[1:], strict=False)):
-            return True
-    return False
+        reach, holder = None, None  # the furthest last_seq so far, and its batch
+        for first, last, path in ranges:
+            if reach is not None and first <= reach:
+                found.update((path, holder))
+            if reach is None or last > reach:
+                reach, holder = last, path
+    return found
 
 
 def _rebase(spark: SparkSession, store: TableDir, boots: set[tuple[str, str]],
@@ -945,7 +1119,8 @@ def clock_steps_report(store: TableDir) -> DataFrame:
 
 def unsynced_report(events: DataFrame) -> DataFrame:
     """Spans of consecutive events (per boot, in seq order) recorded while the gateway's
-    clock was not synchronized: raw and corrected start/end, and whether all were re-based."""
+    clock was not synchronized: raw and corrected start/end, whether all were re-based and
+    by how much on average (``rebased_by_s``: corrected minus raw time)."""
     by_boot = Window.partitionBy("gateway_id", "boot_id").orderBy("seq")
     by_state = Window.partitionBy("gateway_id", "boot_id", "clock_synced").orderBy("seq")
     runs = (events.select("gateway_id", "boot_id", "seq", "clock_synced", "timestamp",
@@ -957,7 +1132,9 @@ def unsynced_report(events: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("events"),
         F.min("timestamp").alias("raw_start"), F.max("timestamp").alias("raw_end"),
         F.min("event_time").alias("start"), F.max("event_time").alias("end"),
-        F.bool_and("time_estimated").alias("estimated"))
+        F.bool_and("time_estimated").alias("estimated"),
+        (F.avg(F.unix_micros("event_time") - F.unix_micros("timestamp")) / 1e6)
+        .alias("rebased_by_s"))
         .withColumn("duration_s", (F.unix_micros("end") - F.unix_micros("start")) / 1e6)
         .drop("run").orderBy("gateway_id", "first_seq"))
 
@@ -969,12 +1146,19 @@ class Report:
     lines: list[str]
 
 
-def report(spark: SparkSession, table: str, out: str) -> Report:
-    """Write the gap, gateway, hourly and clock reports under ``out`` (each as Parquet
-    ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and summarize them."""
+def report(spark: SparkSession, table: str, out: str, wait: float = LOCK_WAIT_S) -> Report:
+    """Write the gap, gateway, daily, hourly and clock reports under ``out`` (each as
+    Parquet ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and ``report.html``
+    (plots, :mod:`sync.report_html`), and summarize them. Holds the
+    table's shared lock: no ingest changes the table while the report reads it."""
     _prepare(spark)
     files = Files(spark)
     table, out = files.qualify(table), files.qualify(out)
+    with locked(table, files, exclusive=False, wait=wait, what="a report"):
+        return _report_locked(spark, files, table, out)
+
+
+def _report_locked(spark: SparkSession, files: Files, table: str, out: str) -> Report:
     store = TableDir(spark, files, table)
     if any(files.exists(f"{stage}/_SWAP") for stage in files.children(store.staging)):
         log.warning("an interrupted partition rewrite is pending in %s: the next ingest "
@@ -984,8 +1168,11 @@ def report(spark: SparkSession, table: str, out: str) -> Report:
         raise FileNotFoundError(f"no events in {table} (has an ingest run?)")
     events = events.cache()
     gaps, gateways = gap_report(spark, store, events)
+    gateways = _with_batches(gateways, store)
     frames = {"gaps": gaps, "gateways": gateways, "hourly": hourly_report(events),
-              "clock_steps": clock_steps_report(store), "unsynced": unsynced_report(events)}
+              "clock_steps": clock_steps_report(store), "unsynced": unsynced_report(events),
+              "daily": events.groupBy("gateway_id", "date").agg(F.count(F.lit(1)).alias("rows"))
+              .orderBy("gateway_id", "date")}
     counts = {}
     for name, frame in frames.items():
         frame = frame.cache()
@@ -1003,8 +1190,30 @@ def report(spark: SparkSession, table: str, out: str) -> Report:
     lines.append(f"{counts['hourly']} sensor-hours; {counts['clock_steps']} clock steps"
                  + (f" (largest {steps.largest:,.0f} s)" if counts["clock_steps"] else "")
                  + f"; {counts['unsynced']} spans of unsynchronized time")
+    _write_html(files, frames, f"{out}/report.html")
     events.unpersist()
     return Report(out, counts, lines)
+
+
+def _with_batches(gateways: DataFrame, store: TableDir) -> DataFrame:
+    """Adds when each gateway's last batch was ingested and how many were quarantined."""
+    log_ = store.batch_frame().groupBy("gateway_id").agg(
+        F.max(F.when(F.col("status") == "ingested", F.col("logged_at")))
+        .alias("last_batch_ingested"),
+        F.sum((F.col("status") == "quarantined").cast("long")).alias("quarantined"))
+    return (gateways.join(log_, "gateway_id", "left").fillna(0, ["quarantined"])
+            .orderBy("gateway_id"))
+
+
+def _write_html(files: Files, frames: dict[str, DataFrame], path: str) -> None:
+    from sync import report_html
+
+    def rows(name: str) -> list[dict[str, Any]]:
+        return [r.asDict() for r in frames[name].collect()]
+
+    files.write_text(path, report_html.page(rows("gateways"), rows("gaps"), rows("daily"),
+                                            rows("unsynced"), _now().isoformat(" ", "seconds")
+                                            + " UTC"))
 
 
 def _write_csv(files: Files, frame: DataFrame, path: str) -> None:
@@ -1050,14 +1259,15 @@ def main(args: Any) -> int:
         if args.spark_command == "ingest":
             if args.streaming:
                 stats = ingest_stream(spark, args.landing, args.table, args.checkpoint,
-                                      args.quarantine, args.max_batches)
+                                      args.quarantine, args.max_batches or 1000, args.wait)
             else:
-                stats = ingest(spark, args.landing, args.table, args.quarantine)
+                stats = ingest(spark, args.landing, args.table, args.quarantine, args.wait,
+                               args.max_batches or CHUNK_BATCHES)
             for name, reason in stats.quarantined:
                 print(f"quarantined {name}: {reason}")
             print(stats.summary())
             return 0
-        result = report(spark, args.table, args.out)
+        result = report(spark, args.table, args.out, args.wait)
         for line in result.lines:
             print(line)
         print(f"reports in {result.out}: "

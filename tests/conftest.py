@@ -71,3 +71,16 @@ async def client(router):
         with contextlib.suppress(Exception):
             if session.is_attached():
                 await asyncio.wait_for(session.leave(), 2)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] Spark session for every Spark test (starting one costs ~15 s): two
+    shuffle partitions, no UI."""
+    from sync import spark as jobs
+
+    session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
+                                        "spark.default.parallelism": "2",
+                                        "spark.ui.enabled": "false"}, app="cairn-tests")
+    yield session
+    session.stop()

@@ -1,9 +1,9 @@
 """The central Spark jobs (``cairn spark ingest|report``) on a real local Spark.
 
-One session for the whole module (local[2], two shuffle partitions, no UI): starting Spark
-costs ~15 s and its first action ~8 s. Batches are built with the uploader's own
-``build_batch``, so they are byte for byte what a gateway ships. Run alone with
-``pytest -m spark``.
+One session for the whole test run (``spark`` in conftest.py: local[2], two shuffle
+partitions, no UI): starting Spark costs ~15 s and its first action ~8 s. Batches are
+built with the uploader's own ``build_batch``, so they are byte for byte what a gateway
+ships. Run alone with ``pytest -m spark``.
 """
 
 from __future__ import annotations
@@ -33,15 +33,6 @@ pytestmark = pytest.mark.spark
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)
 T0_MS = int(T0.timestamp() * 1000)
-
-
-@pytest.fixture(scope="session")
-def spark():
-    session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
-                                        "spark.default.parallelism": "2",
-                                        "spark.ui.enabled": "false"}, app="cairn-tests")
-    yield session
-    session.stop()
 
 
 @pytest.fixture
@@ -381,3 +372,39 @@ def test_an_interrupted_partition_rewrite_is_finished_by_the_next_run(spark, tmp
     assert sorted(str(p.relative_to(table)) for p in table.rglob("*.parquet")) == [
         "date=2026-01-01/part-new.parquet"]
     assert not (table / "date=2026-01-02").exists() and not list(table.glob("_staging/*"))
+
+
+def test_only_batches_overlapping_another_are_deduped(tmp_path):
+    """Batches of one run are deduped among themselves only when their seq ranges touch
+    another's (of the same gateway): the others skip that shuffle."""
+    def candidate(gateway: str, first: int, last: int) -> jobs._Candidate:
+        name = f"{gateway}/{first}-{last}"
+        return jobs._Candidate(name + ".manifest.json", name, {
+            "gateway_id": gateway, "first_seq": first, "last_seq": last})
+
+    good = [candidate("a", 1, 100), candidate("a", 101, 200), candidate("a", 150, 160),
+            candidate("a", 201, 300), candidate("b", 1, 100), candidate("b", 50, 400),
+            candidate("b", 401, 500), candidate("c", 1, 300), candidate("c", 2, 3),
+            candidate("c", 250, 260)]
+    assert jobs._overlapping(good) == {"a/101-200", "a/150-160", "b/1-100", "b/50-400",
+                                       "c/1-300", "c/2-3", "c/250-260"}
+
+
+def test_reports_tell_an_operator_rows_per_day_rebasing_and_the_last_batch(spark, tmp_path):
+    landing, table, out = tmp_path / "landing", tmp_path / "table", tmp_path / "reports"
+    rows1, rows2, anchors, _ = clock_boots("c")
+    land(landing, "c", rows1 + rows2, 0, anchors)
+    bad = land(landing, "c", events(range(34, 40)), 33)
+    (landing / bad.name).write_bytes(bad.data[:-5])
+    jobs.ingest(spark, str(landing), str(table), str(tmp_path / "q"))
+    jobs.report(spark, str(table), str(out))
+
+    g = spark.read.parquet(str(out / "gateways")).first()
+    assert g.quarantined == 1 and g.last_batch_ingested is not None
+    daily = {str(r.date): r.rows for r in spark.read.parquet(str(out / "daily")).collect()}
+    assert daily == {"2026-11-20": 25, "2026-11-21": 8}
+    shifts = {r.boot_id: r.rebased_by_s for r in spark.read.parquet(str(out / "unsynced"))
+              .collect()}
+    assert shifts == {"b1": _ns(TRUE_START) / 1e9, "b2": -2.5 * 3600}
+    page = (out / "report.html").read_text()
+    assert 'aria-label="rows per gateway per day"' in page and 'aria-label="clock spans"' in page

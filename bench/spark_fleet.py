@@ -1,0 +1,326 @@
+"""Fleet-scale Spark ingest benchmark: 1,000 gateways' landed batches (10M rows by default),
+``cairn spark ingest`` on ``local[2]`` and on a 2-worker standalone cluster, each against
+the floor measured in the same session: a bare ``spark.read.json(the same files)
+.write.parquet(...)`` (same explicit schema, no verification, dedupe or re-basing). Then
+one new day into tables holding 1 and 30 days (the anti-join must not grow with the table).
+
+Run from the repository root (not part of ``make test``)::
+
+    .venv/bin/python -m bench.spark_fleet [--rows 10000000] [--repeats 3] [--dir DIR]
+
+Landing data is what the uploader writes (``sync.uploader.build_batch``, i.e.
+``sync.batch_format.encode_rows`` + manifest): per gateway 20 sensors, one row per 0.5 s,
+batches of ``--batch-events`` rows. One gateway in ten starts with an unsynchronized
+clock (1970 until a synchronized step: its first 30% of rows are re-based); one in twenty
+has a batch that never landed and a loss record (50 rows dropped on the gateway); one in
+twenty-five re-sent an overlapping batch under other bounds (duplicates to drop).
+
+Each measurement runs in a driver process of its own per master (an untimed warm-up ingest
+first: a fresh JVM's JIT), ``--repeats`` times, order alternated; medians are reported. The
+machine is shared: the load average is recorded with every run. Table on stdout, details
+in ``bench/results/spark_fleet.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.spark import machine, table, tree_bytes
+from sync.batch_format import manifest_name
+from sync.uploader import build_batch
+
+RESULTS = Path(__file__).resolve().parent / "results" / "spark_fleet.json"
+T0_MS = 1_795_000_000_000  # 2026-11-18
+DAY_MS = 86_400_000
+STEP_MS = 500  # one row per 0.5 s per gateway: 20 sensors at one reading per 10 s
+WARM_UP_ROWS = 200_000
+
+
+# -- landing data -------------------------------------------------------------------------
+
+def _row(gw: str, seq: int, wall_ms: int, boot: str, boottime_ns: int, synced: bool,
+         sensor: int) -> dict[str, Any]:
+    topic = f"sensor.{gw}-s{sensor:02d}"
+    return {"seq": seq, "publication": seq * 7919 % 2**53, "realm": "realm1", "topic": topic,
+            "wall_ms": wall_ms, "boot_id": boot, "boottime_ns": boottime_ns,
+            "clock_synced": synced, "authid": "modbus-1", "authrole": "device",
+            "audience": None, "details": {"topic": topic}, "args": [],
+            "kwargs": {"temperature": round(15 + (seq * 37 % 200) / 10, 1),
+                       "humidity": round(40 + (seq * 53 % 500) / 10, 1)}}
+
+
+def _gateway(args: tuple[Path, int, int, int, int, int]) -> tuple[int, int]:
+    """Land one gateway's batches for one day; returns (unique rows landed, batches)."""
+    landing, g, rows, batch_events, day, seq_base = args
+    gw = f"gw-{g:04d}"
+    boot = f"boot-{gw}-{day}"
+    start_ms = T0_MS + day * DAY_MS + (g % 60) * 60_000
+    unsynced_until = int(rows * 0.3) if g % 10 == 0 and day == 0 else 0
+    anchors = [{"id": day * 2 + 1, "reason": "start", "boot_id": boot, "boottime_ns": 10**9,
+                "wall_ns": (start_ms if not unsynced_until else 1000) * 10**6,
+                "offset_before_ns": None, "clock_synced": not unsynced_until,
+                "after_seq": seq_base}]
+    if unsynced_until:  # NTP steps the clock from 1970 to the truth: a synced anchor
+        b = 10**9 + unsynced_until * STEP_MS * 10**6
+        anchors.append({"id": day * 2 + 2, "reason": "step", "boot_id": boot,
+                        "boottime_ns": b, "wall_ns": start_ms * 10**6 + b - 10**9,
+                        "offset_before_ns": 0, "clock_synced": True,
+                        "after_seq": seq_base + unsynced_until})
+    all_rows = []
+    for i in range(rows):
+        b = 10**9 + i * STEP_MS * 10**6
+        synced = i >= unsynced_until
+        wall = start_ms + i * STEP_MS if synced else 1000 + i * STEP_MS
+        all_rows.append(_row(gw, seq_base + i + 1, wall, boot, b, synced, i % 20))
+    return _land_batches(landing, gw, g, all_rows, anchors, batch_events, seq_base)
+
+
+def _land_batches(landing: Path, gw: str, g: int, rows: list[dict[str, Any]],
+                  anchors: list[dict[str, Any]], batch_events: int,
+                  seq_base: int) -> tuple[int, int]:
+    chunks = [rows[i:i + batch_events] for i in range(0, len(rows), batch_events)]
+    gaps: list[dict[str, Any]] = []
+    if g % 20 == 5 and len(chunks) >= 4:
+        chunks[2] = []  # never landed (the uploader's sink lost it)
+        lost = chunks[3][10:60]  # dropped on the gateway, with its loss record
+        chunks[3] = chunks[3][:10] + chunks[3][60:]
+        gaps.append({"id": 1, "realm": "realm1", "rule": 0, "first_seq": lost[0]["seq"],
+                     "last_seq": lost[-1]["seq"], "count": len(lost),
+                     "reason": "max_events", "wall_ms": lost[0]["wall_ms"]})
+    after, landed, batches = seq_base, set(), 0
+    for chunk in chunks:
+        if chunk:
+            _write(landing, build_batch(gw, chunk, after, anchors, gaps))
+            landed.update(r["seq"] for r in chunk)
+            batches += 1
+            after = chunk[-1]["seq"]
+        else:
+            after += batch_events
+    if g % 25 == 7 and len(chunks) >= 2:  # re-sent: half of batch 1 and half of batch 2
+        half = batch_events // 2
+        resent = chunks[0][half:] + chunks[1][:half]
+        _write(landing, build_batch(gw, resent, resent[0]["seq"] - 1, anchors, gaps))
+        batches += 1
+    return len(landed), batches
+
+
+def _write(landing: Path, batch: Any) -> None:
+    path = landing / batch.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(batch.data)
+    (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
+
+
+def generate(landing: Path, rows: int, gateways: int, batch_events: int, day: int = 0,
+             seq_base: int = 0) -> tuple[int, int]:
+    """Land ``rows`` rows across ``gateways``; returns (unique rows, batch files)."""
+    per = rows // gateways
+    jobs = [(landing, g, per, batch_events, day, seq_base) for g in range(gateways)]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        done = pool.map(_gateway, jobs, chunksize=max(1, gateways // 50))
+    return sum(u for u, _ in done), sum(b for _, b in done)
+
+
+# -- one driver: the measurements of one master --------------------------------------------
+
+def _load() -> float:
+    return round(os.getloadavg()[0], 1)
+
+
+def _floor(spark: Any, landing: Path, out: Path) -> dict[str, Any]:
+    from sync import spark as jobs
+
+    started = time.perf_counter()
+    (spark.read.schema(jobs.EVENT_SCHEMA).json(str(landing / "*" / "*.jsonl.gz"))
+     .write.mode("overwrite").parquet(str(out)))
+    seconds = time.perf_counter() - started
+    rows = spark.read.parquet(str(out)).count()
+    shutil.rmtree(out, ignore_errors=True)
+    return {"seconds": round(seconds, 1), "rows": rows, "load": _load()}
+
+
+def _ingest(spark: Any, landing: Path, tbl: Path) -> dict[str, Any]:
+    from sync import spark as jobs
+
+    shutil.rmtree(tbl, ignore_errors=True)
+    stats = jobs.ingest(spark, str(landing), str(tbl))
+    result = {"seconds": round(stats.seconds, 1), "rows_read": stats.rows_read,
+              "rows_added": stats.rows_added, "estimated": stats.rows_estimated,
+              "quarantined": len(stats.quarantined), "load": _load(),
+              "phases_s": {k: round(v, 1) for k, v in stats.phases.items()}}
+    shutil.rmtree(tbl, ignore_errors=True)
+    return result
+
+
+def _days(spark: Any, work: Path, repeats: int) -> dict[str, Any]:
+    """One new day into a table of 1 day and one of 30 (built untimed, then copied)."""
+    from sync import spark as jobs
+
+    bases = {1: work / "days-table-1", 30: work / "days-table-30"}
+    for held, landing in ((1, "day-00"), (30, "days-00-29")):
+        if not bases[held].exists():
+            jobs.ingest(spark, str(work / landing), str(bases[held]))
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 30: []}
+    for r in range(repeats):
+        for held in (1, 30) if r % 2 == 0 else (30, 1):
+            tbl = work / "days-run"
+            shutil.rmtree(tbl, ignore_errors=True)
+            shutil.copytree(bases[held], tbl)
+            stats = jobs.ingest(spark, str(work / "day-30"), str(tbl))
+            runs[held].append({"seconds": round(stats.seconds, 1), "rows": stats.rows_added,
+                               "load": _load(), "phases_s": {k: round(v, 1) for k, v
+                                                             in stats.phases.items()}})
+    return {str(k): v for k, v in runs.items()}
+
+
+def drive(opts: argparse.Namespace) -> int:
+    """The measurements in this process (a driver of ``opts.master``); JSON on stdout."""
+    from sync import spark as jobs
+
+    conf = {"spark.driver.memory": opts.driver_memory, "spark.ui.enabled": "false",
+            **dict(c.split("=", 1) for c in opts.conf or [])}
+    spark = jobs.session(opts.master, conf, app="cairn-bench-fleet")
+    work = Path(opts.work)
+    jobs.ingest(spark, str(work / "warm-up"), str(work / f"warm-up-{os.getpid()}"))
+    out: dict[str, Any] = {"ingest": [], "floor": []}
+    for r in range(opts.repeats):
+        order = ("ingest", "floor") if r % 2 == 0 else ("floor", "ingest")
+        for what in order:
+            if what == "ingest":
+                out["ingest"].append(_ingest(spark, work / "landing", work / "table"))
+            else:
+                out["floor"].append(_floor(spark, work / "landing", work / "floor"))
+            print(f"{opts.master} {what}: {out[what][-1]}", file=sys.stderr)
+    if opts.days:
+        out["days"] = _days(spark, work, opts.repeats)
+    spark.stop()
+    print(json.dumps(out))
+    return 0
+
+
+# -- the whole benchmark -------------------------------------------------------------------
+
+def _run_driver(master: str, work: Path, opts: argparse.Namespace, conf: list[str],
+                days: bool) -> dict[str, Any]:
+    args = [sys.executable, "-m", "bench.spark_fleet", "--drive", "--master", master,
+            "--work", str(work), "--repeats", str(opts.repeats),
+            "--driver-memory", opts.driver_memory, *(["--days"] if days else [])]
+    for c in conf:
+        args += ["--conf", c]
+    done = subprocess.run(args, stdout=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the {master} driver failed ({done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _median_rate(runs: list[dict[str, Any]], rows: int) -> tuple[float, float]:
+    seconds = statistics.median(r["seconds"] for r in runs)
+    return seconds, rows / seconds
+
+
+def _prepare_landing(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
+    started = time.perf_counter()
+    unique, files = generate(work / "landing", opts.rows, opts.gateways, opts.batch_events)
+    generate_s = time.perf_counter() - started
+    generate(work / "warm-up", WARM_UP_ROWS, 20, opts.batch_events)
+    per_day = opts.day_rows // opts.day_gateways
+    for d in range(31):  # day 0 alone, days 0..29 together (the same files), day 30
+        where = [work / "days-00-29"] if d < 30 else [work / "day-30"]
+        for landing in where + ([work / "day-00"] if d == 0 else []):
+            generate(landing, opts.day_rows, opts.day_gateways, opts.batch_events, day=d,
+                     seq_base=d * per_day)
+    return {"unique_rows": unique, "batches": files, "generate_s": round(generate_s, 1),
+            "landed_bytes": tree_bytes(work / "landing")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = _parser().parse_args(argv)
+    if opts.drive:
+        return drive(opts)
+    from tests import spark_cluster
+
+    work = Path(opts.dir or tempfile.mkdtemp(prefix="cairn-bench-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    landed = _prepare_landing(work, opts)
+    print(f"landed {landed}", file=sys.stderr)
+    results = {"local[2]": _run_driver("local[2]", work, opts, [], days=True)}
+    with spark_cluster.running(work / "cluster", workers=2, cores=1,
+                               memory=opts.worker_memory) as cluster:
+        conf = [f"{k}={v}" for k, v in cluster.conf().items()]
+        results["cluster"] = _run_driver(cluster.master, work, opts, conf, days=False)
+    _report(opts, landed, results)
+    if not opts.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _report(opts: argparse.Namespace, landed: dict[str, Any], results: dict[str, Any]) -> None:
+    rows = []
+    summary: dict[str, Any] = {}
+    for master, res in results.items():
+        ingest_s, ingest_rate = _median_rate(res["ingest"], landed["unique_rows"])
+        floor_s, floor_rate = _median_rate(res["floor"], landed["unique_rows"])
+        ok = all(r["rows_added"] == landed["unique_rows"] and not r["quarantined"]
+                 for r in res["ingest"])
+        summary[master] = {"ingest_s": ingest_s, "floor_s": floor_s,
+                           "ingest_rows_per_s": round(ingest_rate),
+                           "floor_rows_per_s": round(floor_rate),
+                           "ratio": round(ingest_rate / floor_rate, 2), "ok": ok}
+        rows.append([master, f"{ingest_s:.1f}", f"{ingest_rate:,.0f}", f"{floor_s:.1f}",
+                     f"{floor_rate:,.0f}", f"{ingest_rate / floor_rate:.2f}",
+                     "ok" if ok else "FAILED"])
+    print(f"{landed['unique_rows']:,} rows from {opts.gateways} gateways in "
+          f"{landed['batches']:,} batches ({landed['landed_bytes'] / 1e6:,.0f} MB gzip); "
+          f"medians of {opts.repeats} runs on a shared {os.cpu_count()}-CPU machine")
+    print(table(["master", "ingest s", "rows/s", "floor s", "floor rows/s", "ingest/floor",
+                 "check"], rows))
+    days = results["local[2]"].get("days")
+    if days:
+        d1 = statistics.median(r["seconds"] for r in days["1"])
+        d30 = statistics.median(r["seconds"] for r in days["30"])
+        summary["new_day"] = {"table_1_day_s": d1, "table_30_days_s": d30,
+                              "ratio": round(d30 / d1, 2)}
+        print(f"one new day ({opts.day_rows:,} rows) into a table of 1 day: {d1:.1f} s, "
+              f"of 30 days: {d30:.1f} s (x{d30 / d1:.2f}; local[2], medians)")
+    opts.output.parent.mkdir(parents=True, exist_ok=True)
+    opts.output.write_text(json.dumps({
+        "benchmark": "cairn spark ingest, fleet", "machine": machine(), "landed": landed,
+        "settings": {k: v for k, v in vars(opts).items() if k != "output"} | {
+            "output": str(opts.output)},
+        "summary": summary, "runs": results}, indent=2, default=str) + "\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=10_000_000)
+    p.add_argument("--gateways", type=int, default=1000)
+    p.add_argument("--batch-events", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--day-rows", type=int, default=100_000, help="rows per day (days test)")
+    p.add_argument("--day-gateways", type=int, default=100)
+    p.add_argument("--driver-memory", default="4g")
+    p.add_argument("--worker-memory", default="3g")
+    p.add_argument("--dir", help="work here and keep it (default: a temporary directory)")
+    p.add_argument("--output", type=Path, default=RESULTS)
+    # internal: one driver's measurements
+    p.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--master", default="local[2]", help=argparse.SUPPRESS)
+    p.add_argument("--work", help=argparse.SUPPRESS)
+    p.add_argument("--conf", action="append", help=argparse.SUPPRESS)
+    p.add_argument("--days", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Bad input at fleet scale: batches that pass their own manifest's checksum but must not
+reach the table. Each is quarantined with a reason that says what is wrong, and the rows
+already in the table are left exactly as they were. Local[2] (``spark`` in conftest.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs a Java runtime", allow_module_level=True)
+
+from sync import spark as jobs  # noqa: E402
+from sync.batch_format import encode_rows, manifest_name  # noqa: E402
+from sync.uploader import build_batch  # noqa: E402
+from tests.test_spark import events, land  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+
+def snapshot(table: Path) -> dict[str, tuple[int, int]]:
+    """Every event file of the table: (size, mtime in ns)."""
+    return {str(p.relative_to(table)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in table.glob("date=*/*.parquet")}
+
+
+@pytest.fixture
+def ingested(spark, tmp_path):
+    """A table holding gw-a's seqs 1..100; returns (landing, table, quarantine, files)."""
+    landing, table, quarantine = tmp_path / "landing", tmp_path / "table", tmp_path / "q"
+    land(landing, "gw-a", events(range(1, 101)), 0)
+    jobs.ingest(spark, str(landing), str(table), str(quarantine))
+    return landing, table, quarantine, snapshot(table)
+
+
+def ingest_bad(spark, ingested) -> dict[str, str]:
+    """Ingest what landed since; the table's files must be untouched. Returns the reasons."""
+    landing, table, quarantine, before = ingested
+    stats = jobs.ingest(spark, str(landing), str(table), str(quarantine))
+    assert stats.rows_added == 0 and snapshot(table) == before
+    return dict(stats.quarantined)
+
+
+def land_bytes(landing: Path, gateway: str, rows: list, data: bytes, after: int) -> str:
+    batch = build_batch(gateway, rows, after, [], [], data)
+    (landing / batch.name).parent.mkdir(parents=True, exist_ok=True)
+    (landing / batch.name).write_bytes(batch.data)
+    (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
+    return batch.name
+
+
+def test_rows_of_another_gateway_inside_a_batch_are_quarantined(spark, ingested):
+    """gw-b's batch (its own directory, manifest and checksum) whose middle rows say they
+    are gw-a's: first and last lines alone would pass."""
+    rows = events(range(101, 111))
+    lines = (gzip.decompress(encode_rows("gw-b", rows[:1]))
+             + gzip.decompress(encode_rows("gw-a", rows[1:-1]))
+             + gzip.decompress(encode_rows("gw-b", rows[-1:])))
+    name = land_bytes(ingested[0], "gw-b", rows, gzip.compress(lines, mtime=0), 100)
+    assert ingest_bad(spark, ingested) == {name: "rows of gateway gw-a in a batch of 'gw-b'"}
+
+
+def test_a_manifest_naming_another_gateways_file_is_quarantined(spark, ingested):
+    landing = ingested[0]
+    batch = build_batch("gw-a", events(range(101, 111)), 100, [], [])
+    target = landing / "gw-b" / batch.name.split("/")[1]  # gw-a's batch in gw-b's directory
+    target.parent.mkdir(parents=True)
+    target.write_bytes(batch.data)
+    (landing / manifest_name(f"gw-b/{target.name}")).write_text(json.dumps(batch.manifest))
+    reasons = ingest_bad(spark, ingested)
+    assert reasons == {f"gw-b/{target.name}": f"manifest of gateway 'gw-a' names {batch.name}"}
+
+
+def test_a_batch_reusing_ingested_seqs_for_other_events_is_quarantined(spark, ingested):
+    """gw-a's store was reset: seqs 91..110 again, the first ten of them other events."""
+    landing = ingested[0]
+    rows = [dict(r, wall_ms=r["wall_ms"] + 86_400_000, boot_id="boot-2")
+            for r in events(range(91, 111))]
+    name = land(landing, "gw-a", rows, 90).name
+    reason = ingest_bad(spark, ingested)[name]
+    assert reason.startswith("10 rows re-use seqs the table holds for other events "
+                             "(first: seq 91)")
+
+
+def test_a_re_sent_batch_with_the_same_events_is_not_a_conflict(spark, ingested):
+    landing, table, quarantine, _ = ingested
+    land(landing, "gw-a", events(range(91, 111)), 90)  # 91..100 again, the same events
+    stats = jobs.ingest(spark, str(landing), str(table), str(quarantine))
+    assert (stats.quarantined, stats.rows_added, stats.duplicates) == ([], 10, 10)
+
+
+def test_a_batch_of_a_newer_schema_is_quarantined_with_its_version(spark, ingested):
+    landing = ingested[0]
+    batch = land(landing, "gw-a", events(range(101, 111)), 100)
+    newer = dict(json.loads((landing / manifest_name(batch.name)).read_text()), schema=2)
+    (landing / manifest_name(batch.name)).write_text(json.dumps(newer))
+    assert ingest_bad(spark, ingested) == {batch.name: "manifest schema 2; this job reads 1"}
+
+
+def test_lines_out_of_seq_order_are_quarantined(spark, ingested):
+    rows = events(range(101, 111))
+    shuffled = rows[:1] + rows[5:9] + rows[1:5] + rows[9:]
+    name = land_bytes(ingested[0], "gw-a", rows, encode_rows("gw-a", shuffled), 100)
+    assert ingest_bad(spark, ingested) == {name: "seqs are not strictly increasing"}
+
+
+def test_a_large_landing_is_ingested_a_chunk_of_batches_at_a_time(spark, tmp_path):
+    """Chunks of two batches over three gateways' directories: every row once, the
+    overlapping re-send in a later chunk than the rows it repeats dropped as duplicates."""
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    for gw in ("g1", "g2", "g3"):
+        for lo in (0, 10):
+            land(landing, gw, events(range(lo + 1, lo + 11)), lo)
+    land(landing, "g3", events(range(5, 16)), 4)  # a re-send overlapping both
+    stats = jobs.ingest(spark, str(landing), str(table), chunk=2)
+    assert (stats.manifests, stats.ingested, stats.rows_added) == (7, 7, 60)
+    got = spark.read.parquet(str(table)).select("gateway_id", "seq").collect()
+    assert sorted((r.gateway_id, r.seq) for r in got) == [
+        (gw, s) for gw in ("g1", "g2", "g3") for s in range(1, 21)]

@@ -1,0 +1,171 @@
+"""The central jobs on a real Spark standalone cluster: a master and two workers, each its
+own JVM (``tests/spark_cluster.py``), bound to 127.0.0.1, torn down after the session.
+
+``cairn spark ingest|report --master spark://...`` run as their own processes (a driver of
+their own, as a user runs them) and must give exactly what ``local[2]`` gives from the same
+landing data. The executors run a Python without site-packages, so Cairn reaches them only
+in the zip the job ships. Slow (two JVM daemons, three drivers): ``pytest -m spark``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+if shutil.which("java") is None:
+    pytest.skip("Spark needs a Java runtime", allow_module_level=True)
+
+from sync import spark as jobs  # noqa: E402
+from tests import spark_cluster  # noqa: E402
+from tests.test_spark import T0_MS, clock_boots, events, land  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPORTS = ("gaps", "gateways", "daily", "hourly", "clock_steps", "unsynced")
+RUN_TIME = {"last_batch_ingested"}  # the time of the run, not of the data
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    with spark_cluster.running(tmp_path_factory.mktemp("spark-cluster")) as c:
+        yield c
+
+
+# ``cairn`` in a process of its own (its own Spark driver)
+CAIRN = [sys.executable, "-c", "import sys; from gateway.cli import main; "
+         "sys.exit(main(sys.argv[1:]))"]
+
+
+def cairn(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*CAIRN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def land_waves(root: Path) -> tuple[Path, Path]:
+    """Two waves of landed batches: the first with clocks not yet set; the second with the
+    anchors that re-base rows of the first (a partition rewrite), an overlapping re-send,
+    a gap, a gateway's own loss record and a truncated batch (quarantined)."""
+    first, second = root / "wave1", root / "wave2"
+    rows1, rows2, anchors, _ = clock_boots("c")
+    land(first, "c", rows1[:10], 0, anchors[:1])
+    land(first, "a", events(range(1, 201)), 0)
+    land(first, "b", events(range(1, 101)), 0)
+    land(second, "c", rows1[10:] + rows2, 10, anchors)
+    land(second, "a", events(range(101, 301)), 100)  # overlaps the first wave's a batch
+    land(second, "b", events(range(151, 201)), 150, gaps=[
+        {"id": 1, "realm": "realm1", "rule": 0, "first_seq": 121, "last_seq": 130,
+         "count": 10, "reason": "max_events", "wall_ms": T0_MS}])
+    bad = land(second, "b", events(range(201, 251)), 200)
+    (second / bad.name).write_bytes(bad.data[:-7])
+    return first, second
+
+
+def run_local(spark, landing: Path, waves: tuple[Path, Path], out: Path) -> None:
+    """The reference: the same jobs on the tests' local[2] session."""
+    for wave in waves:
+        shutil.copytree(wave, landing, dirs_exist_ok=True)
+        jobs.ingest(spark, str(landing), str(out / "table"), str(out / "quarantine"))
+    jobs.report(spark, str(out / "table"), str(out / "reports"))
+
+
+def run_cluster(cluster, landing: Path, waves: tuple[Path, Path], out: Path) -> list[str]:
+    printed = []
+    for wave in waves:
+        shutil.copytree(wave, landing, dirs_exist_ok=True)
+        done = cairn("spark", "ingest", "--landing", str(landing), "--table", str(out / "table"),
+                     "--quarantine", str(out / "quarantine"), "--master", cluster.master,
+                     *cluster.conf_args())
+        assert done.returncode == 0, done.stderr[-3000:]
+        printed.append(done.stdout)
+    done = cairn("spark", "report", "--table", str(out / "table"), "--out", str(out / "reports"),
+                 "--master", cluster.master, *cluster.conf_args())
+    assert done.returncode == 0, done.stderr[-3000:]
+    return printed + [done.stdout]
+
+
+@pytest.fixture(scope="module")
+def both(spark, cluster, tmp_path_factory):
+    """(local output, cluster output, what the cluster runs printed)."""
+    root = tmp_path_factory.mktemp("cluster-vs-local")
+    waves = land_waves(root)
+    run_local(spark, root / "landing-local", waves, root / "local")
+    printed = run_cluster(cluster, root / "landing-cluster", waves, root / "cluster")
+    return root / "local", root / "cluster", printed
+
+
+def table_rows(spark, table: Path) -> list[tuple]:
+    """Every column but ingested_at (the time of the run), sorted."""
+    frame = spark.read.parquet(str(table)).drop("ingested_at")
+    return sorted(tuple(r) for r in frame.collect())
+
+
+def test_ingest_on_the_cluster_writes_the_same_rows_as_local(spark, both):
+    local, on_cluster, printed = both
+    expected = table_rows(spark, local / "table")
+    assert len(expected) == 33 + 300 + 150  # c: 33, a: 1..300, b: 1..100 and 151..200
+    assert table_rows(spark, on_cluster / "table") == expected
+    assert "earlier rows re-based" in printed[1]  # the partition rewrite ran there too
+
+
+def test_ingest_on_the_cluster_quarantines_what_local_quarantines(both):
+    local, on_cluster, _ = both
+
+    def reasons(root: Path) -> dict[str, str]:
+        return {p.name: json.loads(p.read_text())["reason"]
+                for p in (root / "quarantine").rglob("*.reason.json")}
+
+    assert reasons(on_cluster) == reasons(local) != {}
+
+
+@pytest.mark.parametrize("name", REPORTS)
+def test_report_on_the_cluster_is_the_same_as_local(both, name):
+    local, on_cluster, _ = both
+    expected = csv_rows(local / "reports" / f"{name}.csv")
+    assert len(expected) > 1  # a header and rows
+    assert csv_rows(on_cluster / "reports" / f"{name}.csv") == expected
+
+
+def csv_rows(path: Path) -> list[list[str]]:
+    """The CSV's rows as text, without the columns that hold the time of the run."""
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    keep = [i for i, name in enumerate(rows[0]) if name not in RUN_TIME]
+    return [[row[i] for i in keep] for row in rows]
+
+
+PROBE = textwrap.dedent("""
+    import importlib.util, json, os, sys
+    from sync import spark as jobs
+
+    def where(_):
+        import importlib.util, os
+        spec = importlib.util.find_spec("sync")
+        return (os.environ.get("CAIRN_WORKER_PYTHON"), spec and spec.origin)
+
+    spark = jobs.session(sys.argv[1], json.loads(sys.argv[2]), app="cairn-probe")
+    sc = spark.sparkContext
+    before = sc.parallelize(range(4), 4).map(where).collect()
+    jobs.ship_code(spark)
+    after = sc.parallelize(range(4), 4).map(where).collect()
+    print(json.dumps({"before": before, "after": after}))
+    spark.stop()
+""")
+
+
+def test_executors_import_cairn_only_from_the_zip_the_job_ships(cluster):
+    done = subprocess.run([sys.executable, "-c", PROBE, cluster.master,
+                           json.dumps(cluster.conf())], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["before"] == [["without-cairn", None]] * 4
+    zipped = Path(jobs.code_zip()).name
+    assert all(python == "without-cairn" and f"{zipped}/sync/__init__.py" in origin
+               for python, origin in seen["after"])
