@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = _parser().parse_args(argv)
     if opts.drive:
         return drive(opts)
-    from tests import spark_cluster
+    from harness import spark_cluster
 
     work = Path(opts.dir or tempfile.mkdtemp(prefix="cairn-bench-fleet-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,8 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
+from harness import spark_cluster  # noqa: E402
 from sync import spark as jobs  # noqa: E402
-from tests import spark_cluster  # noqa: E402
 from tests.test_spark import T0_MS, clock_boots, events, land  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
