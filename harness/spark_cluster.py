@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,14 +24,10 @@ from pathlib import Path
 
 import pyspark
 
+from harness.process import free_port
+
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 READY_TIMEOUT = 120.0  # seconds; two JVMs on a busy two-core machine can take a while
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def python_without_cairn(directory: Path) -> str:
