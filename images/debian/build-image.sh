@@ -5,7 +5,8 @@
 #
 #   CAIRN_SSH_PUBKEY="$(cat ~/.ssh/id_ed25519.pub)" images/debian/build-image.sh
 #   images/debian/build-image.sh --no-xz --out DIR     a raw image (what the appliance test boots)
-#   images/debian/build-image.sh --install-deps         apt-get install the host tools, then build
+#
+# The host tools: `scripts/setup.sh image` (or `make image`, which runs it) installs them.
 #
 # Steps: 1. the base root file system (packages, kernel, initramfs), cached under
 # $CAIRN_CACHE keyed by ./packages, ./initramfs-modules and ./base.sh; 2. Cairn's payload
@@ -34,24 +35,18 @@ BOOT_MIB=256          # the FAT boot partition (firmware, kernel, initrd, device
 ROOT_SLACK_MIB=640    # free space on the root: first-boot files and one upgrade's venv
 
 say() { echo "build-image: $*" >&2; }
-HOST_TOOLS="mmdebstrap qemu-user-static binfmt-support arch-test dosfstools mtools
-e2fsprogs fdisk xz-utils"
 
 while [ $# -gt 0 ]; do
     case "$1" in
         --out) OUT=$2; shift 2 ;;
         --no-xz) XZ=0; shift ;;
-        --install-deps)
-            # shellcheck disable=SC2086
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $HOST_TOOLS
-            shift ;;
         *) say "unknown argument $1"; exit 2 ;;
     esac
 done
 [ "$(id -u)" -eq 0 ] || { say "run me as root (mmdebstrap, chroot, file ownership)"; exit 1; }
 for tool in mmdebstrap mkfs.vfat mcopy mkfs.ext4 sfdisk xz; do
     command -v "$tool" > /dev/null ||
-        { say "$tool is missing: images/debian/build-image.sh --install-deps"; exit 1; }
+        { say "$tool is missing: scripts/setup.sh image installs it"; exit 1; }
 done
 # arm64 programs run on an x86-64 host through qemu-user, registered with binfmt_misc
 if [ "$(dpkg --print-architecture)" != arm64 ]; then
