@@ -83,7 +83,8 @@ class Guest:
     """One device: its disk (a copy of the image, grown to ``disk_mib``) and the QEMU
     process that boots it. ``start`` again after ``kill`` or ``poweroff`` boots the same disk."""
 
-    def __init__(self, image: Path, boot: Path, workdir: Path, disk_mib: int = 3072) -> None:
+    def __init__(self, image: Path, boot: Path, workdir: Path, disk_mib: int = 3072,
+                 sensor_uart: bool = True) -> None:
         self.image, self.boot, self.workdir = image, boot, workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.disk = workdir / "disk.img"
@@ -94,6 +95,7 @@ class Guest:
         self.http_port = free_port()
         self.proc: subprocess.Popen | None = None
         self.boots = 0
+        self.sensor_uart = sensor_uart
         self.serial_pty: str | None = None
 
     # -- the machine ---------------------------------------------------------------------
@@ -104,7 +106,7 @@ class Guest:
         words = [w for w in words if not w.startswith("console=")]
         return " ".join(words + ["console=ttyAMA0"])
 
-    def start(self, rtc_base: str | None = None, sensor_uart: bool = False) -> None:
+    def start(self, rtc_base: str | None = None) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.boots += 1
         self.console = self.workdir / f"console-{self.boots}.log"
@@ -125,18 +127,25 @@ class Guest:
         if rtc_base:
             # the guest's RTC starts there and runs on; the host clock is untouched
             cmd += ["-rtc", f"base={rtc_base},clock=vm"]
-        if sensor_uart:
+        if self.sensor_uart:
             # a second UART (a 16550 on PCI, ttyS0 in the guest) wired to a host pty
             cmd += ["-chardev", "pty,id=sensor", "-device", "pci-serial,chardev=sensor"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.qemu_log = self.workdir / f"qemu-{self.boots}.log"
+        with open(self.qemu_log, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT)
         self.serial_pty = None
-        if sensor_uart:
-            # QEMU names the pty on stdout before the guest starts
-            line = self.proc.stdout.readline()
-            m = re.search(r"(/dev/pts/\d+)", line)
-            assert m, f"QEMU did not report the sensor pty: {line!r}"
-            self.serial_pty = m.group(1)
+        if self.sensor_uart:
+            # QEMU names the pty ("char device redirected to /dev/pts/N") as it starts
+            deadline = time.monotonic() + 30
+            while self.serial_pty is None:
+                m = re.search(r"(/dev/pts/\d+)", self.qemu_log.read_text())
+                if m:
+                    self.serial_pty = m.group(1)
+                elif not self.alive() or time.monotonic() > deadline:
+                    raise AssertionError("QEMU named no pty: " + self.qemu_log.read_text())
+                else:
+                    time.sleep(0.05)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

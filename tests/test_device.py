@@ -9,6 +9,7 @@ write cache) is listed in images/README.md."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -147,6 +148,77 @@ def test_each_device_makes_its_own_ssh_host_keys(device, image):
     manifest = json.loads(Path(str(image[1]).removesuffix(".boot") + ".manifest.json")
                           .read_text())
     assert not [f for f in manifest.get("payload_files", []) if "ssh_host" in f["path"]]
+
+
+# -- a sensor on a serial line ---------------------------------------------------------------
+
+SENSOR_CONFIG = """[driver]
+router = "rawsocket+unix:/run/cairn/wamp.sock"
+realm = "realm1"
+
+[[sensors]]
+id = "uart-1"
+kind = "line"
+port = "/dev/ttyS0"
+baudrate = 9600
+"""
+
+
+async def _sensor_readings(port: int, pty: str, count: int) -> tuple[list[dict], dict]:
+    """Play a $THS sensor on the host end of the guest's second UART, one sentence every
+    0.5 s (the sensor's own pace), until ``count`` readings reached a WAMP session on the
+    host; then what a new session gets retained."""
+    import tty
+
+    from drivers.line import ths_sentence
+    session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+    got: list[dict] = []
+    enough = asyncio.Event()
+
+    def on_reading(*args, **kwargs):
+        got.append(kwargs)
+        if len(got) >= count:
+            enough.set()
+
+    await session.subscribe(on_reading, "sensor.uart-1")
+    fd = os.open(pty, os.O_RDWR | os.O_NOCTTY)
+    tty.setraw(fd)
+    try:
+        seq = 0
+        deadline = time.monotonic() + 180
+        while not enough.is_set():
+            assert time.monotonic() < deadline, f"only {len(got)} readings arrived"
+            seq += 1
+            os.write(fd, ths_sentence("uart-1", seq, 20 + seq / 10, 40 + seq / 10).encode())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(enough.wait(), 0.5)
+    finally:
+        os.close(fd)
+    session.leave()
+    late = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+    retained: asyncio.Future = asyncio.get_running_loop().create_future()
+    await late.subscribe(lambda *a, **kw: retained.done() or retained.set_result(kw),
+                         "sensor.uart-1", options=SubscribeOptions(get_retained=True))
+    last = await asyncio.wait_for(retained, 30)
+    late.leave()
+    return got, last
+
+
+def test_a_serial_sensor_on_the_second_uart_reaches_a_host_client_retained(device):
+    device.ssh(f"printf '%s' '{SENSOR_CONFIG}' | sudo tee /etc/cairn/sensors/uart.toml "
+               "> /dev/null && sudo systemctl start cairn-sensor@uart.service")
+    try:
+        with device.tunnel() as port:
+            got, last = asyncio.run(_sensor_readings(port, device.serial_pty, count=5))
+        temps = [r["temperature"] for r in got]
+        assert len(temps) >= 5
+        # each reading is the sentence the host wrote (t = 20 + seq/10), in order
+        assert temps == sorted(temps) and all(20 < t < 40 for t in temps), temps
+        assert last["temperature"] >= temps[-1], (last, temps)
+        state = device.ssh("systemctl is-active cairn-sensor@uart.service").stdout.strip()
+        assert state == "active"
+    finally:
+        device.ssh("sudo systemctl stop cairn-sensor@uart.service", check=False)
 
 
 # -- power cuts ----------------------------------------------------------------------------
