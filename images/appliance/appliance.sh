@@ -18,14 +18,18 @@ install -m 644 "$HERE/cairn-data-partition.service" "$HERE/cairn-readonly-root.s
 install -D -m 644 "$HERE/journald.conf" "$R/etc/systemd/journald.conf.d/cairn.conf"
 
 # /var/lib/cairn is the data partition. x-systemd.requires makes its mount wait for the
-# first-boot service that creates it; fsck (pass 2) repairs it after a power cut. commit=60:
+# first-boot service that creates it, and device-timeout gives that service as long as its
+# own start timeout (systemd's default, 90 s, ran out in the first QEMU boot); nofail: a
+# missing data partition stops the router (RequiresMountsFor=), not the boot, so the device
+# stays reachable over SSH instead of sitting in emergency mode with root locked. fsck
+# (pass 2) repairs it after a power cut. commit=60:
 # ext4 writes a journal commit (~12 KiB) every commit interval in which a file was written,
 # and the store writes every few seconds; SQLite fsyncs what it needs, so only metadata of
 # unsynced writes can be up to a minute old after a power cut (bench/wear.py mounts the same).
 install -d -m 755 "$R/var/lib/cairn"
 touch "$R/etc/fstab"
 if ! grep -q "LABEL=cairn-data" "$R/etc/fstab"; then
-	printf '%s\n' "LABEL=cairn-data  /var/lib/cairn  ext4  defaults,noatime,commit=60,x-systemd.requires=cairn-data-partition.service  0  2" \
+	printf '%s\n' "LABEL=cairn-data  /var/lib/cairn  ext4  defaults,noatime,commit=60,nofail,x-systemd.requires=cairn-data-partition.service,x-systemd.device-timeout=10min  0  2" \
 		>> "$R/etc/fstab"
 fi
 

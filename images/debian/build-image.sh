@@ -72,6 +72,13 @@ fi
 
 R=$WORK/rootfs
 rm -rf "$R" && mkdir -p "$R" "$OUT"
+# A command in the image's root with /proc and /dev, in a private mount namespace: the
+# mounts are gone when it ends, whatever happens.
+in_chroot() {
+    unshare --mount --propagation private bash -euc 'R=$1; shift
+        mount -t proc proc "$R/proc"; mount --rbind /dev "$R/dev"
+        exec chroot "$R" "$@"' sh "$R" "$@"
+}
 tar -xpf "$BASE" -C "$R" --numeric-owner --xattrs --xattrs-include='*'
 
 # -- 2. Cairn, installed by the payload's own install.sh inside the image's root -------------
@@ -80,17 +87,22 @@ tarball="$payload.tar.gz"
 say "payload $(basename "$tarball") sha256 $(sha256sum "$tarball" | cut -d' ' -f1)"
 mkdir -p "$R/tmp/cairn-payload"
 tar -xzf "$tarball" -C "$R/tmp/cairn-payload" --strip-components=1 --no-same-owner
-# A private mount namespace: /proc, /dev and the host's resolv.conf (pip fetches the wheel's
-# dependencies) are visible to the chroot only, and gone when it ends.
+# A private mount namespace: /proc, /dev, the host's resolv.conf and CA bundle (pip fetches
+# the wheel's dependencies, maybe through this host's TLS proxy) are visible to the chroot
+# only, and gone when it ends; none of them is left in the image.
 cp /etc/resolv.conf "$WORK/resolv.conf"
+HOST_CA=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
 unshare --mount --propagation private bash -euc '
     R=$1
     mount -t proc proc "$R/proc"; mount --rbind /dev "$R/dev"; mount -t tmpfs tmpfs "$R/run"
-    mount --bind "$2" "$R/etc/resolv.conf" 2>/dev/null ||
-        { rm -f "$R/etc/resolv.conf"; touch "$R/etc/resolv.conf"; mount --bind "$2" "$R/etc/resolv.conf"; }
+    rm -f "$R/etc/resolv.conf"; touch "$R/etc/resolv.conf"   # the resolver symlink is made again below
+    mount --bind "$2" "$R/etc/resolv.conf"
+    touch "$R/tmp/host-ca.crt"; mount --bind "$3" "$R/tmp/host-ca.crt"
     chroot "$R" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+        PIP_CERT=/tmp/host-ca.crt PIP_DEFAULT_TIMEOUT=120 \
         CAIRN_ENABLE=cairn-router.service /tmp/cairn-payload/install.sh
-' sh "$R" "$WORK/resolv.conf"
+' sh "$R" "$WORK/resolv.conf" "$HOST_CA"
+rm -f "$R/tmp/host-ca.crt"
 cp "$R/tmp/cairn-payload/manifest.json" "$WORK/payload-manifest.json"
 rm -rf "$R/tmp/cairn-payload"
 if [ -n "${CAIRN_CONFIG:-}" ]; then
@@ -164,11 +176,13 @@ systemctl --root="$R" enable cairn-ssh-host-keys.service
 
 # The boot partition: Debian's raspi-firmware writes config.txt and cmdline.txt from
 # /etc/default/raspi-*; the root is found by PARTUUID (in the initramfs).
-sed -i -E "s|^#?ROOTPART=.*|ROOTPART=PARTUUID=$DISK_ID-02|" "$R/etc/default/raspi-firmware"
-echo "fsck.repair=yes" > "$R/etc/default/raspi-extra-cmdline"
+# Consoles: the Pi 3/4's mini UART is ttyS1 under Debian's kernel (what raspi-firmware's
+# "auto" finds on the device itself; in a chroot it would probe the build host's /dev).
+sed -i -E -e "s|^#?ROOTPART=.*|ROOTPART=PARTUUID=$DISK_ID-02|" \
+    -e 's|^#?CONSOLES=.*|CONSOLES="ttyS1,115200 tty0"|' "$R/etc/default/raspi-firmware"
 KVER=$(basename "$(ls -d "$R"/lib/modules/* | sort -V | tail -n 1)")
 mkdir -p "$R/boot/firmware"
-chroot "$R" /etc/kernel/postinst.d/z50-raspi-firmware "$KVER"
+in_chroot env DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmware "$KVER"
 grep -q "root=PARTUUID=$DISK_ID-02" "$R/boot/firmware/cmdline.txt" ||
     { say "raspi-firmware wrote no root=PARTUUID=$DISK_ID-02 into cmdline.txt"; exit 1; }
 
