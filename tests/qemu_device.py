@@ -173,12 +173,17 @@ class Guest:
                                  + self.console_tail()) from None
 
     # -- inside the guest ----------------------------------------------------------------
-    def ssh_command(self, *extra: str) -> list[str]:
+    def ssh_command(self, *extra: str, shared: bool = True) -> list[str]:
+        """ssh to the guest. ``shared``: through one master connection per boot (a key
+        exchange costs the emulated CPU seconds; polling with a new one each time starved
+        the guest's first boot)."""
+        mux = ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.workdir}/ssh-%C",
+               "-o", "ControlPersist=120"] if shared else ["-o", "ControlPath=none"]
         return ["ssh", "-i", str(self.key), "-p", str(self.ssh_port),
                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                 "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
                 "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-                *extra, f"{SSH_USER}@127.0.0.1"]
+                *mux, *extra, f"{SSH_USER}@127.0.0.1"]
 
     def ssh(self, command: str, check: bool = True, timeout: float = 120
             ) -> subprocess.CompletedProcess:
@@ -218,8 +223,10 @@ class Guest:
                 time.sleep(1)
             else:
                 # up, but the router not active yet or first boot not over (it reboots
-                # into the read-only root): look again in a second
-                time.sleep(1)
+                # into the read-only root): wait for the unit inside the guest, then look
+                # again (also at the root and the boot id)
+                self.ssh("timeout 30 sh -c 'until systemctl is-active -q cairn-router; "
+                         "do sleep 1; done'", check=False, timeout=60)
         raise AssertionError(f"not ready after {timeout} s (last answer {last!r}):\n"
                              + self.console_tail())
 
@@ -229,7 +236,8 @@ class Guest:
         reach a device: ``ssh -L PORT:127.0.0.1:8080``. Yields the local port."""
         port = free_port()
         proc = subprocess.Popen(self.ssh_command("-N", "-o", "ExitOnForwardFailure=yes",
-                                                 "-L", f"127.0.0.1:{port}:127.0.0.1:{guest_port}"),
+                                                 "-L", f"127.0.0.1:{port}:127.0.0.1:{guest_port}",
+                                                 shared=False),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         try:
