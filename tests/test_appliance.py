@@ -692,6 +692,18 @@ def test_read_only_root_on_debian_is_left_alone_once_the_root_is_an_overlay(tmp_
     assert calls == "" and not (tmp_path / "overlayroot.local.conf").exists()
 
 
+def test_read_only_root_on_debian_does_not_reboot_again_when_the_overlay_failed(tmp_path):
+    """Asked for at the last boot, but the root is still no overlay (the initramfs could
+    not make it): a second reboot would only loop."""
+    script = tmp_path / "overlayroot-initramfs-script"
+    script.touch()
+    (tmp_path / "overlayroot.local.conf").write_text('overlayroot="tmpfs:recurse=0"\n')
+    done, calls, _ = _readonly_root(tmp_path, "root=PARTUUID=1234-02 rootwait", True, None,
+                                    overlayroot_script=script)
+    assert done.returncode == 1 and "did not come up" in done.stderr
+    assert calls == ""
+
+
 def test_read_only_root_refuses_without_raspi_config_or_overlayroot(tmp_path):
     done, calls, _ = _readonly_root(tmp_path, "root=PARTUUID=1234-02 rootwait", True, None)
     assert done.returncode == 1 and "neither raspi-config nor overlayroot" in done.stderr

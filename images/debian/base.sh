@@ -16,11 +16,13 @@ COMPONENTS="main non-free-firmware"   # raspi-firmware is in non-free-firmware
 packages=$(grep -v '^#' "$HERE/packages" | tr -s ' \n' ',' | sed 's/^,//; s/,$//')
 
 # The initramfs settings go in before the kernel is installed, so that its one
-# update-initramfs run uses them. Neither file is a dpkg conffile.
+# update-initramfs run uses them. Neither file is a dpkg conffile. FSTYPE=ext4: in a chroot
+# the fsck hook cannot probe the root's type and would leave fsck out of the initramfs
+# ("fsck not present, so skipping root file system" at boot).
 mmdebstrap --arch=arm64 --variant=apt --components="$COMPONENTS" --include="$packages" \
     --aptopt='Acquire::Retries "3"' \
     --setup-hook='mkdir -p "$1/etc/initramfs-tools/conf.d" "$1/usr/share/initramfs-tools/modules.d"' \
-    --setup-hook="printf '%s\n' MODULES=list COMPRESS=gzip > \"\$1/etc/initramfs-tools/conf.d/cairn\"" \
+    --setup-hook="printf '%s\n' MODULES=list COMPRESS=gzip FSTYPE=ext4 > \"\$1/etc/initramfs-tools/conf.d/cairn\"" \
     --setup-hook="grep -v '^#' '$HERE/initramfs-modules' > \"\$1/usr/share/initramfs-tools/modules.d/cairn\"" \
     --customize-hook='chroot "$1" apt-get clean' \
     "$SUITE" "$OUT" \
