@@ -194,6 +194,11 @@ class Guest:
                                  f"{done.stdout}\n{done.stderr}")
         return done
 
+    def ssh_stdin(self, command: str, stdin, timeout: float = 300) -> None:
+        done = subprocess.run(self.ssh_command() + [command], stdin=stdin,
+                              capture_output=True, text=False, timeout=timeout)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+
     def wait_ready(self, timeout: float = BOOT_TIMEOUT, read_only_root: bool = True,
                    after_boot: str | None = None) -> float:
         """Until the root is the read-only overlay (after first boot's own reboot) and
