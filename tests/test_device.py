@@ -19,7 +19,7 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
-from autobahn.wamp.types import SubscribeOptions
+from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from tests import qemu_device
 from tests.wamp_client import connect
@@ -256,7 +256,7 @@ async def _publish_until_cut(port: int, guest: qemu_device.Guest, cycle: int,
 
     async def one(n: int) -> None:
         await session.publish("sensor.powercut", temperature=20 + n / 100, cycle=cycle, n=n,
-                              options={"acknowledge": True, "retain": True})
+                              options=PublishOptions(acknowledge=True, retain=True))
         if not cut.is_set():
             acked.add(n)
 
