@@ -283,8 +283,10 @@ async def _publish_until_cut(port: int, guest: qemu_device.Guest, cycle: int,
 async def _stored(port: int) -> tuple[list[tuple[int, int]], dict]:
     session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
     sub = await session.call("wamp.subscription.lookup", "sensor", {"match": "prefix"})
-    events = await session.call("wamp.subscription.get_events", sub, topic="sensor.powercut",
+    result = await session.call("wamp.subscription.get_events", sub, topic="sensor.powercut",
                                 limit=1000)
+    events = result.results[0]   # (the result carries is_limit_reached in its kwargs)
+    assert not result.kwresults["is_limit_reached"]
     retained: asyncio.Future = asyncio.get_running_loop().create_future()
 
     def on_event(*args, **kwargs):
