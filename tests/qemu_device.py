@@ -164,7 +164,7 @@ class Guest:
             self.proc.wait(30)
 
     def poweroff(self, timeout: float = 180) -> None:
-        self.ssh("sudo systemctl poweroff", check=False, timeout=30)
+        self.ssh("sudo systemctl --no-block poweroff", check=False, timeout=30)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
