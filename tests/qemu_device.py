@@ -109,6 +109,8 @@ class Guest:
     def start(self, rtc_base: str | None = None) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.boots += 1
+        for stale in self.workdir.glob("ssh-*"):   # the last boot's SSH master socket
+            stale.unlink()
         self.console = self.workdir / f"console-{self.boots}.log"
         cmd = [
             "qemu-system-aarch64", "-M", "virt", "-cpu", "cortex-a72", "-smp", "2",
