@@ -63,8 +63,8 @@ def build_test_image(log: Path) -> tuple[Path, Path]:
     made = WORK / "out"
     if stamp.exists() and stamp.read_text().split("\n")[0] == source:
         prefix = Path(stamp.read_text().split("\n")[1])
-        if prefix.with_suffix(".img").exists():
-            return prefix.with_suffix(".img"), prefix.with_name(prefix.name + ".boot")
+        if prefix.with_name(prefix.name + ".img").exists():
+            return prefix.with_name(prefix.name + ".img"), prefix.with_name(prefix.name + ".boot")
     env = {**os.environ, "CAIRN_IMAGE_WORK": str(WORK),
            "CAIRN_SSH_PUBKEY": key.with_suffix(".pub").read_text().strip()}
     with open(log, "w") as out:
@@ -76,7 +76,7 @@ def build_test_image(log: Path) -> tuple[Path, Path]:
                            + log.read_text()[-3000:])
     prefix = Path(done.stdout.strip().splitlines()[-1])
     stamp.write_text(f"{source}\n{prefix}\n")
-    return prefix.with_suffix(".img"), prefix.with_name(prefix.name + ".boot")
+    return prefix.with_name(prefix.name + ".img"), prefix.with_name(prefix.name + ".boot")
 
 
 class Guest:
