@@ -33,15 +33,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# What the test image is made of (the payload's sources, the units, the recipe): a change
+# elsewhere (a test) does not rebuild it.
+IMAGE_SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway",
+                 "drivers", "sync", "systemd", "images"]
+
+
 def _source_key() -> str:
-    """What the test image is built from: the commit, uncommitted changes, the base's key."""
+    """The committed trees of IMAGE_SOURCES, their uncommitted changes and untracked files."""
     git = ["git", "-C", str(ROOT)]
-    parts = [subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout,
-             subprocess.run(git + ["diff", "HEAD"], capture_output=True, text=True).stdout,
-             subprocess.run(git + ["status", "--porcelain"], capture_output=True,
-                            text=True).stdout]
-    for name in ("packages", "initramfs-modules", "base.sh"):
-        parts.append((ROOT / "images" / "debian" / name).read_text())
+    parts = [subprocess.run(git + ["rev-parse"] + [f"HEAD:{p}" for p in IMAGE_SOURCES],
+                            capture_output=True, text=True).stdout,
+             subprocess.run(git + ["diff", "HEAD", "--"] + IMAGE_SOURCES, capture_output=True,
+                            text=True).stdout,
+             subprocess.run(git + ["status", "--porcelain", "--"] + IMAGE_SOURCES,
+                            capture_output=True, text=True).stdout]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
