@@ -110,7 +110,9 @@ class Guest:
         on QEMU's PL011 instead of the Pi's serial0 and HDMI."""
         words = (self.boot / "cmdline.txt").read_text().split()
         words = [w for w in words if not w.startswith("console=")]
-        return " ".join(words + ["console=ttyAMA0"])
+        # TCG on a shared 2-core host: udev's coldplug alone took over 90 s (systemd's
+        # default wait for a device) in some boots
+        return " ".join(words + ["console=ttyAMA0", "systemd.default_device_timeout_sec=600"])
 
     def start(self, rtc_base: str | None = None) -> None:
         assert self.proc is None or self.proc.poll() is not None, "already running"

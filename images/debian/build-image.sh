@@ -114,11 +114,14 @@ fi
 
 # -- 3. the appliance: the same script as the Raspberry Pi OS image --------------------------
 # One MBR disk identifier per build: root=PARTUUID=<id>-02 as Raspberry Pi OS does it.
+# /boot/firmware is nofail: only kernel and firmware upgrades need it, and a boot partition
+# slow to appear (the first QEMU boots on a loaded host: over 90 s) must not put the device
+# in emergency mode, unreachable over SSH.
 DISK_ID=$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')
 cat > "$R/etc/fstab" <<EOF
 # <file system>        <mount point>   <type>  <options>                 <dump> <pass>
 PARTUUID=$DISK_ID-02   /               ext4    defaults,noatime          0      1
-PARTUUID=$DISK_ID-01   /boot/firmware  vfat    defaults,noatime,umask=0077  0   2
+PARTUUID=$DISK_ID-01   /boot/firmware  vfat    defaults,noatime,umask=0077,nofail,x-systemd.device-timeout=5min  0  2
 EOF
 "$IMAGES/appliance/appliance.sh" "$R"
 
