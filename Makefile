@@ -1,5 +1,6 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint bench soak setup setup-test payload image
+.PHONY: run test lint bench soak setup setup-test setup-image payload image image-pi-gen \
+	appliance-test
 
 run: setup
 	.venv/bin/cairn demo
@@ -20,11 +21,22 @@ soak: setup-test  # the soak and fault suite (soak/), ~20 min; not part of `make
 payload: setup  # the files an image (or an existing Pi) installs: dist/cairn-payload-*.tar.gz
 	.venv/bin/python images/build_payload.py --out dist
 
-image: payload  # a Raspberry Pi OS Lite image with Cairn (pi-gen; needs Docker, see images/)
+image: setup setup-image  # the SD-card image from Debian's archive (as root): build/image/debian/out/
+	images/debian/build-image.sh
+
+image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh
+
+# The image booted in qemu-system-aarch64 and tested from here (tests/test_device.py, as
+# root); the base root file system is cached in ~/.cache/cairn, the test image in build/.
+appliance-test: setup-test setup-image
+	.venv/bin/pytest tests/test_device.py -m appliance -v -s
 
 setup:
 	scripts/setup.sh
 
 setup-test:
 	scripts/setup.sh test
+
+setup-image:
+	scripts/setup.sh image

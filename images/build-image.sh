@@ -60,7 +60,7 @@ fi
 
 # 3. Our stage and config inside the pi-gen tree (build-docker.sh copies only that tree).
 rm -rf "$PI_GEN/stage-cairn"
-cp -a "$HERE/pi-gen/stage-cairn" "$PI_GEN/stage-cairn"
+cp -aL "$HERE/pi-gen/stage-cairn" "$PI_GEN/stage-cairn"
 cp "$tarball" "$PI_GEN/stage-cairn/00-cairn/files/cairn-payload.tar.gz"
 render_config > "$PI_GEN/config"
 touch "$PI_GEN/stage2/SKIP_IMAGES"  # export only the Cairn image, not plain Lite as well

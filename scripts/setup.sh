@@ -2,6 +2,8 @@
 # Set up Cairn in ./.venv on a Debian machine with Python 3.11, installing what is missing.
 #   scripts/setup.sh            the router and drivers
 #   scripts/setup.sh test       plus the test tools (and the system packages tests use)
+#   scripts/setup.sh image      only the system packages that build the device image and
+#                               boot it in QEMU (make image, make appliance-test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -22,6 +24,15 @@ apt_install() {
     [ -n "$apt_updated" ] || { DEBIAN_FRONTEND=noninteractive apt-get update -qq; apt_updated=1; }
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
+
+if [ "$PROFILE" = image ]; then
+    # mmdebstrap runs arm64 packages' scripts through qemu-user (binfmt_misc); the image is
+    # assembled from files (mtools, mkfs.ext4 -d, sfdisk); the appliance test boots it in
+    # qemu-system-aarch64 and talks to it over ssh
+    apt_install mmdebstrap qemu-user-static binfmt-support arch-test dosfstools mtools \
+        e2fsprogs fdisk xz-utils qemu-system-arm openssh-client
+    exit 0
+fi
 
 pip_install() {  # quiet on success, the whole log on failure
     local log

@@ -611,30 +611,41 @@ def test_first_boot_refuses_when_the_root_has_taken_the_card(tmp_path):
 
 
 def _readonly_root(tmp_path: Path, proc_cmdline: str, data_is_mount: bool,
-                   raspi_adds: str) -> tuple[subprocess.CompletedProcess, str, str]:
-    """Run cairn-readonly-root with stand-ins for raspi-config, systemctl and mountpoint."""
+                   raspi_adds: str | None, root_type: str = "ext4",
+                   overlayroot_script: Path | None = None,
+                   ) -> tuple[subprocess.CompletedProcess, str, str]:
+    """Run cairn-readonly-root with stand-ins for raspi-config (none when ``raspi_adds`` is
+    None: Debian), systemctl and mountpoint."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"
     boot = tmp_path / "cmdline.txt"
     boot.write_text("console=serial0,115200 console=tty1 root=PARTUUID=1234-02 rootfstype=ext4"
                     " fsck.repair=yes rootwait\n")
-    for name, body in {
+    stand_ins = {
         "raspi-config": f'echo "raspi-config $*" >> {calls}\n'
                         f'sed -i "s/^/{raspi_adds} /" {boot}',
         "systemctl": f'echo "systemctl $*" >> {calls}',
         "mountpoint": "exit 0" if data_is_mount else "exit 1",
         "sync": "exit 0",
-    }.items():
+    }
+    if raspi_adds is None:
+        del stand_ins["raspi-config"]
+    for name, body in stand_ins.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / name).chmod(0o755)
     proc = tmp_path / "proc-cmdline"
     proc.write_text(proc_cmdline + "\n")
+    mounts = tmp_path / "proc-mounts"
+    mounts.write_text(f"/dev/mmcblk0p2 / {root_type} rw,noatime 0 0\n")
     flag = tmp_path / "readonly-root"
     flag.touch()
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "CAIRN_READONLY_FLAG": str(flag), "CAIRN_PROC_CMDLINE": str(proc),
-           "CAIRN_BOOT_CMDLINE": str(boot), "CAIRN_DATA_DIR": str(tmp_path)}
+           "CAIRN_PROC_MOUNTS": str(mounts), "CAIRN_BOOT_CMDLINE": str(boot),
+           "CAIRN_DATA_DIR": str(tmp_path),
+           "CAIRN_OVERLAYROOT_CONF": str(tmp_path / "overlayroot.local.conf"),
+           "CAIRN_OVERLAYROOT_SCRIPT": str(overlayroot_script or tmp_path / "absent")}
     done = run("sh", FIRSTBOOT / "cairn-readonly-root", env=env)
     return done, calls.read_text() if calls.exists() else "", boot.read_text()
 
@@ -657,6 +668,46 @@ def test_read_only_root_does_nothing_when_already_read_only(tmp_path):
     done, calls, _ = _readonly_root(tmp_path, "overlayroot=tmpfs:recurse=0 root=/dev/x", True,
                                     "boot=overlay")
     assert done.returncode == 0 and calls == ""
+
+
+def test_read_only_root_on_debian_writes_overlayroot_config_and_reboots(tmp_path):
+    script = tmp_path / "overlayroot-initramfs-script"
+    script.touch()
+    done, calls, boot = _readonly_root(tmp_path, "root=PARTUUID=1234-02 rootwait", True, None,
+                                       overlayroot_script=script)
+    assert done.returncode == 0, done.stderr
+    conf = (tmp_path / "overlayroot.local.conf").read_text()
+    # recurse=0: the overlay stays off /var/lib/cairn, the store stays on its partition
+    assert re.search(r'^overlayroot="tmpfs:recurse=0"$', conf, re.M), conf
+    assert calls.strip() == "systemctl --no-block reboot"
+    assert "overlay" not in boot  # the kernel command line is left as it is
+
+
+def test_read_only_root_on_debian_is_left_alone_once_the_root_is_an_overlay(tmp_path):
+    script = tmp_path / "overlayroot-initramfs-script"
+    script.touch()
+    done, calls, _ = _readonly_root(tmp_path, "root=PARTUUID=1234-02 rootwait", True, None,
+                                    root_type="overlay", overlayroot_script=script)
+    assert done.returncode == 0 and "read-only already" in done.stdout
+    assert calls == "" and not (tmp_path / "overlayroot.local.conf").exists()
+
+
+def test_read_only_root_on_debian_does_not_reboot_again_when_the_overlay_failed(tmp_path):
+    """Asked for at the last boot, but the root is still no overlay (the initramfs could
+    not make it): a second reboot would only loop."""
+    script = tmp_path / "overlayroot-initramfs-script"
+    script.touch()
+    (tmp_path / "overlayroot.local.conf").write_text('overlayroot="tmpfs:recurse=0"\n')
+    done, calls, _ = _readonly_root(tmp_path, "root=PARTUUID=1234-02 rootwait", True, None,
+                                    overlayroot_script=script)
+    assert done.returncode == 1 and "did not come up" in done.stderr
+    assert calls == ""
+
+
+def test_read_only_root_refuses_without_raspi_config_or_overlayroot(tmp_path):
+    done, calls, _ = _readonly_root(tmp_path, "root=PARTUUID=1234-02 rootwait", True, None)
+    assert done.returncode == 1 and "neither raspi-config nor overlayroot" in done.stderr
+    assert calls == ""
 
 
 def test_read_only_root_refuses_while_the_store_is_on_the_root(tmp_path):

@@ -1,0 +1,305 @@
+"""A Cairn device for the appliance tests: the Debian image built by
+images/debian/build-image.sh, its root file system booted in qemu-system-aarch64 (-M virt,
+TCG) with the image's own kernel and initrd, the whole image as a virtio disk grown like a
+card larger than the image (so first boot makes the data partition in the free space), SSH
+and the router's port forwarded to 127.0.0.1.
+
+The guest network is QEMU's user mode with ``restrict=on``: the guest reaches nothing but
+the forwarded ports (no NTP, no package archive), as an off-grid device would."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "image" / "debian-test"
+BOOT_TIMEOUT = 900          # s: first boot under TCG (data partition, host keys, a reboot)
+SSH_USER = "admin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# What the test image is made of (the payload's sources, the units, the recipe): a change
+# elsewhere (a test) does not rebuild it.
+IMAGE_SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway",
+                 "drivers", "sync", "systemd", "images"]
+
+
+def _source_key() -> str:
+    """The committed trees of IMAGE_SOURCES, their uncommitted changes and untracked files."""
+    git = ["git", "-C", str(ROOT)]
+    parts = [subprocess.run(git + ["rev-parse"] + [f"HEAD:{p}" for p in IMAGE_SOURCES],
+                            capture_output=True, text=True).stdout,
+             subprocess.run(git + ["diff", "HEAD", "--"] + IMAGE_SOURCES, capture_output=True,
+                            text=True).stdout,
+             subprocess.run(git + ["status", "--porcelain", "--"] + IMAGE_SOURCES,
+                            capture_output=True, text=True).stdout]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def test_key() -> Path:
+    key = WORK / "ssh" / "id_ed25519"
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "cairn-test",
+                        "-f", str(key)], check=True)
+    return key
+
+
+def build_test_image(log: Path) -> tuple[Path, Path]:
+    """The raw test image and its boot files, built unless the same sources built them
+    already (the base root file system is cached by build-image.sh itself)."""
+    key = test_key()
+    stamp = WORK / "built-from"
+    source = _source_key()
+    made = WORK / "out"
+    if stamp.exists() and stamp.read_text().split("\n")[0] == source:
+        prefix = Path(stamp.read_text().split("\n")[1])
+        if prefix.with_name(prefix.name + ".img").exists():
+            return prefix.with_name(prefix.name + ".img"), prefix.with_name(prefix.name + ".boot")
+    env = {**os.environ, "CAIRN_IMAGE_WORK": str(WORK),
+           "CAIRN_SSH_PUBKEY": key.with_suffix(".pub").read_text().strip()}
+    with open(log, "w") as out:
+        done = subprocess.run([str(ROOT / "images/debian/build-image.sh"), "--no-xz",
+                               "--out", str(made)], env=env, stdout=subprocess.PIPE,
+                              stderr=out, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"image build failed ({done.returncode}): see {log}\n"
+                           + log.read_text()[-3000:])
+    prefix = Path(done.stdout.strip().splitlines()[-1])
+    stamp.write_text(f"{source}\n{prefix}\n")
+    return prefix.with_name(prefix.name + ".img"), prefix.with_name(prefix.name + ".boot")
+
+
+class Guest:
+    """One device: its disk (a copy of the image, grown to ``disk_mib``) and the QEMU
+    process that boots it. ``start`` again after ``kill`` or ``poweroff`` boots the same disk."""
+
+    def __init__(self, image: Path, boot: Path, workdir: Path, disk_mib: int = 3072,
+                 sensor_uart: bool = True) -> None:
+        self.image, self.boot, self.workdir = image, boot, workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.disk = workdir / "disk.img"
+        subprocess.run(["cp", "--sparse=always", str(image), str(self.disk)], check=True)
+        os.truncate(self.disk, disk_mib * 2**20)
+        self.key = test_key()
+        self.ssh_port = free_port()
+        self.http_port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.boots = 0
+        self.sensor_uart = sensor_uart
+        self.serial_pty: str | None = None
+
+    # -- the machine ---------------------------------------------------------------------
+    def kernel_cmdline(self) -> str:
+        """The image's own cmdline.txt (as the Pi firmware would pass it), with the console
+        on QEMU's PL011 instead of the Pi's serial0 and HDMI."""
+        words = (self.boot / "cmdline.txt").read_text().split()
+        words = [w for w in words if not w.startswith("console=")]
+        # TCG on a shared 2-core host: udev's coldplug alone took over 90 s (systemd's
+        # default wait for a device) in some boots
+        return " ".join(words + ["console=ttyAMA0", "systemd.default_device_timeout_sec=600"])
+
+    def start(self, rtc_base: str | None = None) -> None:
+        assert self.proc is None or self.proc.poll() is not None, "already running"
+        self.boots += 1
+        for stale in self.workdir.glob("ssh-*"):   # the last boot's SSH master socket
+            stale.unlink()
+        self.console = self.workdir / f"console-{self.boots}.log"
+        cmd = [
+            "qemu-system-aarch64", "-M", "virt", "-cpu", "cortex-a72", "-smp", "2",
+            "-m", "1024", "-display", "none", "-monitor", "none",
+            "-serial", f"file:{self.console}",
+            "-kernel", str(self.boot / "vmlinuz"), "-initrd", str(self.boot / "initrd.img"),
+            "-append", self.kernel_cmdline(),
+            "-drive", f"if=none,id=card,file={self.disk},format=raw",
+            "-device", "virtio-blk-pci,drive=card",
+            "-netdev", "user,id=lan,restrict=on,"
+                       f"hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22,"
+                       f"hostfwd=tcp:127.0.0.1:{self.http_port}-:8080",
+            "-device", "virtio-net-pci,netdev=lan",
+            "-device", "virtio-rng-pci",
+        ]
+        if rtc_base:
+            # the guest's RTC starts there and runs on; the host clock is untouched
+            cmd += ["-rtc", f"base={rtc_base},clock=vm"]
+        if self.sensor_uart:
+            # a second UART (a 16550 on PCI, ttyS0 in the guest) wired to a host pty
+            cmd += ["-chardev", "pty,id=sensor", "-device", "pci-serial,chardev=sensor"]
+        self.qemu_log = self.workdir / f"qemu-{self.boots}.log"
+        with open(self.qemu_log, "w") as log:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT)
+        self.serial_pty = None
+        if self.sensor_uart:
+            # QEMU names the pty ("char device redirected to /dev/pts/N") as it starts
+            deadline = time.monotonic() + 30
+            while self.serial_pty is None:
+                m = re.search(r"(/dev/pts/\d+)", self.qemu_log.read_text())
+                if m:
+                    self.serial_pty = m.group(1)
+                elif not self.alive() or time.monotonic() > deadline:
+                    raise AssertionError("QEMU named no pty: " + self.qemu_log.read_text())
+                else:
+                    time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def console_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.console.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """Power cut: SIGKILL, nothing of the guest's page cache reaches the disk."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(30)
+
+    def poweroff(self, timeout: float = 180) -> None:
+        self.ssh("sudo systemctl --no-block poweroff", check=False, timeout=30)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError("the guest did not power off:\n"
+                                 + self.console_tail()) from None
+
+    # -- inside the guest ----------------------------------------------------------------
+    def ssh_command(self, *extra: str, shared: bool = True) -> list[str]:
+        """ssh to the guest. ``shared``: through one master connection per boot (a key
+        exchange costs the emulated CPU seconds; polling with a new one each time starved
+        the guest's first boot)."""
+        mux = ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.workdir}/ssh-%C",
+               "-o", "ControlPersist=120"] if shared else ["-o", "ControlPath=none"]
+        return ["ssh", "-i", str(self.key), "-p", str(self.ssh_port),
+                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+                *mux, *extra, f"{SSH_USER}@127.0.0.1"]
+
+    def ssh(self, command: str, check: bool = True, timeout: float = 120
+            ) -> subprocess.CompletedProcess:
+        done = subprocess.run(self.ssh_command() + [command], capture_output=True, text=True,
+                              timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"{command!r} in the guest exited {done.returncode}:\n"
+                                 f"{done.stdout}\n{done.stderr}")
+        return done
+
+    def ssh_stdin(self, command: str, stdin, timeout: float = 300) -> None:
+        done = subprocess.run(self.ssh_command() + [command], stdin=stdin,
+                              capture_output=True, text=False, timeout=timeout)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")
+
+    def wait_ready(self, timeout: float = BOOT_TIMEOUT, read_only_root: bool = True,
+                   after_boot: str | None = None) -> float:
+        """Until the root is the read-only overlay (after first boot's own reboot) and
+        systemd reports cairn-router active (Type=notify: READY=1 from the router). Asks
+        the guest over SSH; each try is bounded by SSH's own connect timeout. Returns the
+        seconds it took. ``after_boot``: a boot id that must have been left behind."""
+        started = time.monotonic()
+        probe = ("findmnt -no FSTYPE /; systemctl is-active cairn-router.service; "
+                 "cat /proc/sys/kernel/random/boot_id")
+        last = ""
+        while time.monotonic() - started < timeout:
+            if not self.alive():
+                raise AssertionError(f"QEMU exited ({self.proc.returncode}):\n"
+                                     + self.console_tail())
+            try:
+                done = self.ssh(probe, check=False, timeout=30)
+            except subprocess.TimeoutExpired:
+                continue
+            last = done.stdout + done.stderr
+            lines = done.stdout.split()
+            if len(lines) == 3 and lines[1] == "active" and lines[2] != after_boot and \
+                    (lines[0] == "overlay" or not read_only_root):
+                return time.monotonic() - started
+            if done.returncode == 255:
+                # sshd not up yet (connection refused or reset by QEMU's forwarder): the
+                # connect itself returned at once, so do not spin
+                time.sleep(1)
+            else:
+                # up, but the router not active yet or first boot not over (it reboots
+                # into the read-only root): wait for the unit inside the guest, then look
+                # again (also at the root and the boot id)
+                self.ssh("timeout 30 sh -c 'until systemctl is-active -q cairn-router; "
+                         "do sleep 1; done'", check=False, timeout=60)
+        raise AssertionError(f"not ready after {timeout} s (last answer {last!r}):\n"
+                             + self.console_tail())
+
+    @contextlib.contextmanager
+    def tunnel(self, guest_port: int = 8080):
+        """An SSH tunnel to the router's loopback listener, as the README tells an admin to
+        reach a device: ``ssh -L PORT:127.0.0.1:8080``. Yields the local port."""
+        port = free_port()
+        proc = subprocess.Popen(self.ssh_command("-N", "-o", "ExitOnForwardFailure=yes",
+                                                 "-L", f"127.0.0.1:{port}:127.0.0.1:{guest_port}",
+                                                 shared=False),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                if proc.poll() is not None:
+                    raise AssertionError(f"ssh -L exited: {proc.stderr.read()}")
+                with contextlib.suppress(OSError), socket.create_connection(
+                        ("127.0.0.1", port), timeout=2):
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError("the SSH tunnel did not open")
+                time.sleep(0.2)
+            yield port
+        finally:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+
+    def close(self) -> None:
+        self.kill()
+
+
+def partitions(disk: Path) -> list[dict]:
+    return json.loads(subprocess.run(["sfdisk", "--json", str(disk)], capture_output=True,
+                                     text=True, check=True).stdout)["partitiontable"]["partitions"]
+
+
+@contextlib.contextmanager
+def partition_device(disk: Path, number: int, read_only: bool = True):
+    """A loop device of one partition of a (powered off) guest's disk."""
+    part = partitions(disk)[number - 1]
+    cmd = ["losetup", "--find", "--show", "--offset", str(part["start"] * 512),
+           "--sizelimit", str(part["size"] * 512)] + (["--read-only"] if read_only else [])
+    dev = subprocess.run(cmd + [str(disk)], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def tools_missing() -> str | None:
+    for tool in ("qemu-system-aarch64", "mmdebstrap", "ssh", "sfdisk", "mkfs.vfat", "mcopy",
+                 "losetup", "e2fsck"):
+        if not shutil.which(tool):
+            return tool
+    return None

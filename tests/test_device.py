@@ -1,0 +1,341 @@
+"""The device as a user meets it: the Debian image of images/debian/build-image.sh, booted in
+qemu-system-aarch64 (tests/qemu_device.py), checked from this host over SSH and through the
+router's port as an admin reaches it. Run with ``make appliance-test`` (``-m appliance``; as
+root: the image build needs mmdebstrap and chroot, the fsck a loop device).
+
+What a QEMU guest cannot show (the Pi firmware's boot, real UART timing, the SD card's own
+write cache) is listed in images/README.md."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+from autobahn.wamp.types import PublishOptions, SubscribeOptions
+
+from tests import qemu_device
+from tests.wamp_client import connect
+
+pytestmark = [pytest.mark.appliance]
+
+missing = qemu_device.tools_missing()
+if missing or os.geteuid() != 0:
+    pytestmark.append(pytest.mark.skip(
+        reason=f"{missing} is not installed" if missing else "needs root"))
+
+
+@pytest.fixture(scope="session")
+def image(tmp_path_factory):
+    log = qemu_device.WORK.parent / "debian-test-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    built = qemu_device.build_test_image(log)
+    print(f"\n[appliance] image ready in {time.monotonic() - started:.0f} s: {built[0]} "
+          f"({built[0].stat().st_size / 2**20:.0f} MiB)")
+    return built
+
+
+@pytest.fixture(scope="module")
+def device(image, tmp_path_factory):
+    """One device for the module: first boot (data partition, host keys, the switch to the
+    read-only root and its reboot), then ready."""
+    img, boot = image
+    guest = qemu_device.Guest(img, boot, tmp_path_factory.mktemp("device"))
+    guest.start()
+    took = guest.wait_ready()
+    print(f"\n[appliance] first boot to cairn-router ready (incl. its reboot): {took:.0f} s")
+    yield guest
+    guest.close()
+
+
+def http_get(port: int, path: str, timeout: float = 30) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+# -- first boot and the appliance ---------------------------------------------------------------
+
+
+def test_first_boot_puts_the_store_on_its_own_noatime_partition(device):
+    done = device.ssh("findmnt -no SOURCE,FSTYPE,OPTIONS /var/lib/cairn; "
+                      "lsblk -no LABEL /dev/vda3")
+    source, fstype, options = done.stdout.split("\n")[0].split()
+    assert source == "/dev/vda3" and fstype == "ext4", done.stdout
+    assert {"noatime", "commit=60"} <= set(options.split(",")), options
+    assert done.stdout.split("\n")[1].strip() == "cairn-data"
+
+
+def test_root_is_read_only_and_the_journal_lives_in_ram(device):
+    done = device.ssh("findmnt -no FSTYPE /; findmnt -no OPTIONS /media/root-ro; "
+                      "journalctl --header -q | grep 'File path'")
+    lines = done.stdout.split("\n")
+    assert lines[0] == "overlay"
+    assert "ro" in lines[1].split(","), lines[1]   # the card's root, underneath
+    # Debian ships /var/log/journal, but with Storage=volatile every journal file is in RAM
+    paths = re.findall(r"File path: (\S+)", done.stdout)
+    assert paths and all(p.startswith("/run/log/journal/") for p in paths), paths
+
+
+def test_a_write_to_the_root_is_gone_after_a_reboot_but_the_store_is_not(device):
+    device.ssh("echo x | sudo tee /etc/cairn/written-on-overlay; "
+               "sudo -u cairn touch /var/lib/cairn/written-on-data-partition; sync")
+    boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    device.ssh("sudo systemctl --no-block reboot")
+    device.wait_ready(after_boot=boot_id)   # QEMU restarts the guest itself
+    done = device.ssh("sudo ls /etc/cairn/written-on-overlay "
+                      "/var/lib/cairn/written-on-data-partition 2>&1 || true")
+    assert re.search(r"written-on-overlay'?: No such file", done.stdout), done.stdout
+    assert done.stdout.split("\n")[1] == "/var/lib/cairn/written-on-data-partition", done.stdout
+
+
+def test_router_is_up_by_its_own_readiness_and_runs_under_the_watchdog(device):
+    done = device.ssh("systemctl show cairn-router.service -p ActiveState -p SubState "
+                      "-p Type -p WatchdogUSec -p NRestarts -p User")
+    props = dict(line.split("=", 1) for line in done.stdout.split())
+    assert props["ActiveState"] == "active" and props["SubState"] == "running", props
+    assert props["Type"] == "notify" and props["WatchdogUSec"] == "30s", props
+    assert props["NRestarts"] == "0" and props["User"] == "cairn", props
+
+
+def test_dashboard_and_metrics_answer_through_an_ssh_tunnel(device):
+    with device.tunnel() as port:
+        status, page = http_get(port, "/")
+        assert status == 200 and "<html" in page.lower()
+        status, metrics = http_get(port, "/metrics")
+        assert status == 200
+        assert re.search(r"^cairn_sessions(\{[^}]*\})? \d+", metrics, re.M), metrics[:500]
+
+
+def test_the_shipped_config_keeps_the_router_off_the_lan(device):
+    """QEMU forwards a host port to the guest's 8080 on its LAN address: with the shipped
+    /etc/cairn/cairn.toml (loopback only) nothing answers there."""
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        http_get(device.http_port, "/", timeout=15)
+
+
+def test_cairn_doctor_passes_on_the_device(device):
+    done = device.ssh("sudo -u cairn cairn doctor --config /etc/cairn/cairn.toml", check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ssh_accepts_keys_only(device):
+    done = subprocess.run(
+        ["ssh", "-p", str(device.ssh_port), "-o", "StrictHostKeyChecking=no",
+         "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
+         "-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,"
+         "keyboard-interactive", "-o", "ConnectTimeout=10", "admin@127.0.0.1", "true"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 255
+    assert "Permission denied (publickey)" in done.stderr, done.stderr
+
+
+def test_each_device_makes_its_own_ssh_host_keys(device, image):
+    """The image carries no SSH host keys (every card flashed from it would share them);
+    the device made its own on first boot, and they survived the switch to read-only."""
+    with qemu_device.partition_device(image[0], 2) as root:
+        listing = subprocess.run(["debugfs", "-R", "ls /etc/ssh", root], capture_output=True,
+                                 text=True, check=True).stdout
+    assert "sshd_config" in listing and "ssh_host_" not in listing, listing
+    done = device.ssh("ls /media/root-ro/etc/ssh/")
+    assert "ssh_host_ed25519_key.pub" in done.stdout, done.stdout
+
+
+# -- a sensor on a serial line ---------------------------------------------------------------
+
+SENSOR_CONFIG = """[driver]
+router = "rawsocket+unix:/run/cairn/wamp.sock"
+realm = "realm1"
+
+[[sensors]]
+id = "uart-1"
+kind = "line"
+port = "/dev/ttyS0"
+baudrate = 9600
+"""
+
+
+async def _sensor_readings(port: int, pty: str, count: int) -> tuple[list[dict], dict]:
+    """Play a $THS sensor on the host end of the guest's second UART, one sentence every
+    0.5 s (the sensor's own pace), until ``count`` readings reached a WAMP session on the
+    host; then what a new session gets retained."""
+    import tty
+
+    from drivers.line import ths_sentence
+    session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+    got: list[dict] = []
+    enough = asyncio.Event()
+
+    def on_reading(*args, **kwargs):
+        got.append(kwargs)
+        if len(got) >= count:
+            enough.set()
+
+    await session.subscribe(on_reading, "sensor.uart-1")
+    fd = os.open(pty, os.O_RDWR | os.O_NOCTTY)
+    tty.setraw(fd)
+    try:
+        seq = 0
+        deadline = time.monotonic() + 180
+        while not enough.is_set():
+            assert time.monotonic() < deadline, f"only {len(got)} readings arrived"
+            seq += 1
+            os.write(fd, ths_sentence("uart-1", seq, 20 + seq / 10, 40 + seq / 10).encode())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(enough.wait(), 0.5)
+    finally:
+        os.close(fd)
+    session.leave()
+    late = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+    retained: asyncio.Future = asyncio.get_running_loop().create_future()
+    await late.subscribe(lambda *a, **kw: retained.done() or retained.set_result(kw),
+                         "sensor.uart-1", options=SubscribeOptions(get_retained=True))
+    last = await asyncio.wait_for(retained, 30)
+    late.leave()
+    return got, last
+
+
+def test_a_serial_sensor_on_the_second_uart_reaches_a_host_client_retained(device):
+    device.ssh(f"printf '%s' '{SENSOR_CONFIG}' | sudo tee /etc/cairn/sensors/uart.toml "
+               "> /dev/null && sudo systemctl start cairn-sensor@uart.service")
+    try:
+        with device.tunnel() as port:
+            got, last = asyncio.run(_sensor_readings(port, device.serial_pty, count=5))
+        temps = [r["temperature"] for r in got]
+        assert len(temps) >= 5
+        # each reading is the sentence the host wrote (t = 20 + seq/10), in order
+        assert temps == sorted(temps) and all(20 < t < 40 for t in temps), temps
+        assert last["temperature"] >= temps[-1], (last, temps)
+        state = device.ssh("systemctl is-active cairn-sensor@uart.service").stdout.strip()
+        assert state == "active"
+    finally:
+        device.ssh("sudo systemctl stop cairn-sensor@uart.service", check=False)
+
+
+# -- a bad payload --------------------------------------------------------------------------
+
+
+def test_a_damaged_payload_is_refused_and_the_running_version_left_alone(device):
+    (tarball,) = (qemu_device.WORK / "payload").glob("cairn-payload-*.tar.gz")
+    before = device.ssh("readlink /opt/cairn; systemctl show -p MainPID --value cairn-router"
+                        ).stdout.split()
+    with open(tarball, "rb") as f:
+        device.ssh_stdin("rm -rf /tmp/p && mkdir /tmp/p && tar -xzf - -C /tmp/p "
+                         "--strip-components=1", f)
+    # one byte of the wheel changed, as a bad download or a bad card would
+    device.ssh("w=$(ls /tmp/p/wheels/*.whl) && printf X | "
+               "dd of=\"$w\" bs=1 seek=100 conv=notrunc status=none")
+    done = device.ssh("sudo /tmp/p/install.sh", check=False)
+    assert done.returncode == 1
+    assert "payload damaged (SHA256SUMS)" in done.stdout + done.stderr, done
+    after = device.ssh("readlink /opt/cairn; systemctl show -p MainPID --value cairn-router; "
+                       "systemctl is-active cairn-router").stdout.split()
+    assert after[:2] == before and after[2] == "active", (before, after)
+
+
+# -- power cuts ----------------------------------------------------------------------------
+
+CYCLES = int(os.environ.get("CAIRN_POWER_CUTS", "5"))
+
+
+async def _publish_until_cut(port: int, guest: qemu_device.Guest, cycle: int,
+                             acked_before_cut: int = 12, in_flight: int = 8) -> set[int]:
+    """Acknowledged, retained publishes from a host autobahn client, ``in_flight`` at a
+    time; the power is cut (QEMU SIGKILLed) once ``acked_before_cut`` have been
+    acknowledged, with the rest still in flight. Returns what was acknowledged."""
+    session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+    acked: set[int] = set()
+    cut = asyncio.Event()
+
+    async def one(n: int) -> None:
+        await session.publish("sensor.powercut", temperature=20 + n / 100, cycle=cycle, n=n,
+                              options=PublishOptions(acknowledge=True, retain=True))
+        if not cut.is_set():
+            acked.add(n)
+
+    tasks: set[asyncio.Task] = set()
+    n = 0
+    while len(acked) < acked_before_cut:
+        while len(tasks) < in_flight:
+            tasks.add(asyncio.ensure_future(one(n)))
+            n += 1
+        done, tasks = await asyncio.wait(tasks, timeout=120,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        assert done, "no acknowledgement in 120 s"
+        for t in done:
+            t.result()
+    # A commit window acknowledges a whole batch at once: send a fresh batch, let the event
+    # loop write it out, and cut the power while it waits for its commit.
+    while len(tasks) < in_flight:
+        tasks.add(asyncio.ensure_future(one(n)))
+        n += 1
+    await asyncio.sleep(0)
+    cut.set()
+    guest.kill()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return acked
+
+
+async def _stored(port: int) -> tuple[list[tuple[int, int]], dict]:
+    session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+    sub = await session.call("wamp.subscription.lookup", "sensor", {"match": "prefix"})
+    result = await session.call("wamp.subscription.get_events", sub, topic="sensor.powercut",
+                                limit=1000)
+    events = result.results[0]   # (the result carries is_limit_reached in its kwargs)
+    assert not result.kwresults["is_limit_reached"]
+    retained: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    def on_event(*args, **kwargs):
+        if not retained.done():
+            retained.set_result(kwargs)
+
+    await session.subscribe(on_event, "sensor.powercut",
+                            options=SubscribeOptions(get_retained=True))
+    last = await asyncio.wait_for(retained, 30)
+    session.leave()
+    return [(e["kwargs"]["cycle"], e["kwargs"]["n"]) for e in events], last
+
+
+def test_acknowledged_readings_survive_power_cuts(device):
+    device_log = []
+    all_acked: set[tuple[int, int]] = set()
+    for cycle in range(CYCLES):
+        with device.tunnel() as port:
+            acked = asyncio.run(_publish_until_cut(port, device, cycle))
+        all_acked |= {(cycle, n) for n in acked}
+        device.start()
+        took = device.wait_ready()
+        device_log.append(round(took))
+        with device.tunnel() as port:
+            stored, retained = asyncio.run(_stored(port))
+        missing = all_acked - set(stored)
+        assert not missing, f"cycle {cycle}: acknowledged but lost: {sorted(missing)}"
+        # the retained reading is the newest stored one, never older than an acknowledged one
+        assert (retained["cycle"], retained["n"]) == max(stored), (retained, max(stored))
+        check = device.ssh(
+            "sudo -u cairn python3 -c 'import sqlite3; print(\"integrity\", sqlite3.connect("
+            "\"file:/var/lib/cairn/cairn.db?mode=ro\", uri=True)"
+            ".execute(\"PRAGMA integrity_check\").fetchone()[0])'; "
+            "journalctl -b 0 -q -o cat -u 'systemd-fsck@*' | grep cairn-data")
+        assert "integrity ok" in check.stdout, check.stdout
+        # the boot's own fsck (fstab pass 2) replayed the journal and found it clean
+        assert re.search(r"cairn-data: clean", check.stdout), check.stdout
+        assert "UNEXPECTED INCONSISTENCY" not in check.stdout
+    print(f"\n[appliance] {CYCLES} power cuts; boot to ready after each: {device_log} s; "
+          f"{len(all_acked)} acknowledged readings, all kept")
+    # A clean shutdown, then the data partition checked from the host: clean.
+    device.poweroff()
+    with qemu_device.partition_device(device.disk, 3) as dev:
+        fsck = subprocess.run(["e2fsck", "-fn", dev], capture_output=True, text=True)
+    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
+    device.start()
+    device.wait_ready()
