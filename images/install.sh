@@ -13,6 +13,9 @@
 #   is kept, and the shipped version is put next to it as <name>.dist.
 # - The cairn system user (sysusers.d) and /etc/cairn (tmpfiles.d) are created.
 set -eu
+# The venv is the device's, not the caller's: a PYTHONPATH (or PYTHONHOME) of the shell that
+# runs this would leak into its pip and python (seen: the venv's cairn never got made)
+unset PYTHONPATH PYTHONHOME
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${PYTHON:-python3}
