@@ -21,8 +21,8 @@ from types import SimpleNamespace
 import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
+from harness.wamp_client import connect
 from tests import qemu_device
-from tests.wamp_client import connect
 
 pytestmark = [pytest.mark.appliance]
 
