@@ -1,5 +1,5 @@
 """The central jobs on a real Spark standalone cluster: a master and two workers, each its
-own JVM (``tests/spark_cluster.py``), bound to 127.0.0.1, torn down after the session.
+own JVM (``harness/spark_cluster.py``), bound to 127.0.0.1, torn down after the session.
 
 ``cairn spark ingest|report --master spark://...`` run as their own processes (a driver of
 their own, as a user runs them) and must give exactly what ``local[2]`` gives from the same
