@@ -18,33 +18,9 @@ from autobahn.wamp import message as m
 from gateway.retention import RetainedEvent
 from harness.config import router_table
 from harness.core import CoreRouter, Peer, of_type
+from tests.test_retention import ADMIN_SECRET, REALM
 
-ADMIN_SECRET = "admin-ticket"  # the user "root" authenticates with this ticket and is admin
-
-CONFIG = router_table("unused") + f"""
-[[realms]]
-name = "realm1"
-anonymous_role = "user"
-
-  [[realms.roles]]
-  name = "user"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call"] }},
-    {{ uri = "ctl.", match = "prefix", allow = ["subscribe"] }},
-    {{ uri = "private.", match = "prefix", allow = ["publish"] }},
-  ]
-
-  [[realms.roles]]
-  name = "admin"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call"] }},
-  ]
-
-  [[realms.users]]
-  authid = "root"
-  role = "admin"
-  secret = "{ADMIN_SECRET}"
-"""
+CONFIG = router_table("unused") + REALM
 
 SENTINEL = "sentinel"
 

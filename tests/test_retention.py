@@ -32,12 +32,8 @@ HELLO_ROLES = {"publisher": {}, "subscriber": {}, "caller": {}}
 
 ADMIN_SECRET = "admin-ticket"  # the user "root" authenticates with this ticket and is admin
 
-CONFIG = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0"]
-data_dir = "{data_dir}"
-
+# users and admins: the realm of the retention tests, on sockets and in memory
+REALM = f"""
 [[realms]]
 name = "realm1"
 anonymous_role = "user"
@@ -59,7 +55,14 @@ anonymous_role = "user"
   [[realms.users]]
   authid = "root"
   role = "admin"
-  secret = "{admin_secret}"
+  secret = "{ADMIN_SECRET}"
+"""
+
+ROUTER = """
+[router]
+listen = "127.0.0.1:0"
+rawsocket = ["127.0.0.1:0"]
+data_dir = "{data_dir}"
 """
 
 
@@ -125,8 +128,7 @@ class Cairn:
 @pytest.fixture
 async def cairn(tmp_path):
     """A router whose anonymous sessions are "user"s; ``cairn.connect("root")`` is admin."""
-    router = await Cairn(CONFIG.format(data_dir=tmp_path / "data",
-                                       admin_secret=ADMIN_SECRET)).start()
+    router = await Cairn(ROUTER.format(data_dir=tmp_path / "data") + REALM).start()
     yield router
     await router.close()
 
