@@ -20,11 +20,11 @@ from bench.store_data import (
     SPARSE_TOPIC,
     device_topic,
 )
-from gateway.clock import rfc3339
-from gateway.config import Limits
-from gateway.history import EventsQuery, history_query
-from gateway.patterns import wildcard_matches
-from gateway.store import Store, eligible
+from cairn.gateway.clock import rfc3339
+from cairn.gateway.config import Limits
+from cairn.gateway.history import EventsQuery, history_query
+from cairn.gateway.patterns import wildcard_matches
+from cairn.gateway.store import Store, eligible
 
 # -- 3. get_events ----------------------------------------------------------------------------
 

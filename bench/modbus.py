@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.pubsub import machine
-from drivers.modbus import ModbusError, ModbusMaster, frame_gap
-from drivers.serial_port import SerialPort
+from cairn.drivers.modbus import ModbusError, ModbusMaster, frame_gap
+from cairn.drivers.serial_port import SerialPort
 from harness.config import history_rule, open_realm
 from harness.process import RouterProcess, process_cpu_seconds
 
@@ -85,7 +85,7 @@ class Proc:
 def start_sim(workdir: Path, devices: int, baudrate: int, instant: bool = False) -> tuple[Proc,
                                                                                           Path]:
     sim_dir = workdir / f"sim-{baudrate}-{devices}{'-instant' if instant else ''}"
-    args = ["-m", "drivers.cli", "sensor", "sim", "--modbus", str(devices), "--line", "0",
+    args = ["-m", "cairn.drivers.cli", "sensor", "sim", "--modbus", str(devices), "--line", "0",
             "--baudrate", str(baudrate), "--dir", str(sim_dir)]
     proc = Proc(args + (["--instant"] if instant else []), workdir / f"{sim_dir.name}.log")
     link = sim_dir / "modbus0"
@@ -126,7 +126,7 @@ async def measure_throughput(link: Path, baudrate: int, duration: float) -> dict
 async def count_readings(url: str, seconds: float) -> int:
     from autobahn.wamp.types import SubscribeOptions
 
-    from drivers.runtime import open_session
+    from cairn.drivers.runtime import open_session
 
     session = await open_session(url, "realm1")
     seen = 0
@@ -157,7 +157,7 @@ def measure_cpu(workdir: Path, devices: int, baudrate: int, duration: float,
                            f'heartbeat = 0.5\n')
         config = workdir / "sensors.toml"
         config.write_text("\n".join(sensors))
-        driver = Proc(["-m", "drivers.cli", "sensor", "run", "--config", str(config),
+        driver = Proc(["-m", "cairn.drivers.cli", "sensor", "run", "--config", str(config),
                        "--log-level", "warning"], workdir / "driver.log")
         time.sleep(warmup)
         if not driver.alive():

@@ -6,7 +6,7 @@ Run from the repository root::
     .venv/bin/python -m bench.mqtt [--messages 20000] [--qos 0 1] [--backlog 1000]
 
 Each case starts its own Mosquitto (no persistence), router (``cairn router``, history on
-``sensor.`` as in the embedded default) and bridge (``python -m drivers.mqtt_cli bridge mqtt``,
+``sensor.`` as in the embedded default) and bridge (``python -m cairn.drivers.mqtt_cli bridge mqtt``,
 over the router's Unix socket as on the device), each a process on free loopback ports. A
 publisher process sends N small JSON objects ``{"seq": i, "t": 21.5, "rh": 48.0}`` to
 ``bench/data`` as fast as it can at the case's QoS (QoS 1 with up to 256 in flight); the map
@@ -141,7 +141,7 @@ def _publisher(port: int, n: int, qos: int, start: Any, result: Any) -> None:
 async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any]:
     from autobahn.wamp.types import SubscribeOptions
 
-    from drivers.runtime import open_session
+    from cairn.drivers.runtime import open_session
 
     workdir = Path(tempfile.mkdtemp(prefix="cairn-bench-mqtt-"))
     ws_port, rs_port = free_port(), free_port()
@@ -152,14 +152,14 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
         + open_realm(history=[history_rule("sensor")]))
     (workdir / "bridge.toml").write_text(BRIDGE_TOML.format(dir=workdir, backlog=backlog,
                                                             mqtt_port=mqtt_port))
-    router = Process("router", [sys.executable, "-m", "gateway.cli", "router", "--config",
+    router = Process("router", [sys.executable, "-m", "cairn.gateway.cli", "router", "--config",
                                 str(workdir / "router.toml")], workdir / "router.log", workdir)
     processes = [mosquitto, router]
     try:
         wait_for_ports([mqtt_port, ws_port, rs_port], lambda: all(
             p.proc.poll() is None for p in processes))
-        bridge = Process("bridge", [sys.executable, "-m", "drivers.mqtt_cli", "bridge", "mqtt",
-                                    "--config", str(workdir / "bridge.toml")],
+        bridge = Process("bridge", [sys.executable, "-m", "cairn.drivers.mqtt_cli", "bridge",
+                                    "mqtt", "--config", str(workdir / "bridge.toml")],
                          workdir / "bridge.log", workdir)
         processes.append(bridge)
         session = await open_session(f"rawsocket+tcp://127.0.0.1:{rs_port}", "realm1")

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.wire import TOPIC, Publisher, SubscriberSession, serve_fake_broker
-from gateway.metrics import quantile
+from cairn.gateway.metrics import quantile
 from harness.config import history_rule, open_realm
 from harness.process import (
     CLK_TCK,
@@ -96,7 +96,7 @@ class RouterProcess(HarnessRouterProcess):
         realm = open_realm(allow=("publish", "subscribe"),
                            history=[history_rule(*history)] if history is not None else [])
         cairn = Path(sys.executable).parent / "cairn"
-        cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "gateway.cli"]
+        cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "cairn.gateway.cli"]
         env: dict[str, str] = {}
         self.gc_log: Path | None = None
         if trace_gc:

@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.clock import rfc3339
-from sync.batch_format import encode_rows, manifest_name
-from sync.uploader import build_batch
+from cairn.gateway.clock import rfc3339
+from cairn.sync.batch_format import encode_rows, manifest_name
+from cairn.sync.uploader import build_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark.json"
 T0_MS = 1_795_000_000_000
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     sizes = [int(x) for x in opts.rows.split(",")]
 
-    from sync import spark as jobs
+    from cairn.sync import spark as jobs
 
     check_template()
     load_at_start = os.getloadavg()

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.spark import machine, table, tree_bytes
-from sync.batch_format import manifest_name
-from sync.uploader import build_batch
+from cairn.sync.batch_format import manifest_name
+from cairn.sync.uploader import build_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_fleet.json"
 T0_MS = 1_795_000_000_000  # 2026-11-18
@@ -139,7 +139,7 @@ def _load() -> float:
 
 
 def _floor(spark: Any, landing: Path, out: Path) -> dict[str, Any]:
-    from sync import spark as jobs
+    from cairn.sync import spark as jobs
 
     started = time.perf_counter()
     (spark.read.schema(jobs.EVENT_SCHEMA).json(str(landing / "*" / "*.jsonl.gz"))
@@ -151,7 +151,7 @@ def _floor(spark: Any, landing: Path, out: Path) -> dict[str, Any]:
 
 
 def _ingest(spark: Any, landing: Path, tbl: Path) -> dict[str, Any]:
-    from sync import spark as jobs
+    from cairn.sync import spark as jobs
 
     shutil.rmtree(tbl, ignore_errors=True)
     stats = jobs.ingest(spark, str(landing), str(tbl))
@@ -165,7 +165,7 @@ def _ingest(spark: Any, landing: Path, tbl: Path) -> dict[str, Any]:
 
 def _days(spark: Any, work: Path, repeats: int) -> dict[str, Any]:
     """One new day into a table of 1 day and one of 30 (built untimed, then copied)."""
-    from sync import spark as jobs
+    from cairn.sync import spark as jobs
 
     bases = {1: work / "days-table-1", 30: work / "days-table-30"}
     for held, landing in ((1, "day-00"), (30, "days-00-29")):
@@ -186,7 +186,7 @@ def _days(spark: Any, work: Path, repeats: int) -> dict[str, Any]:
 
 def drive(opts: argparse.Namespace) -> int:
     """The measurements in this process (a driver of ``opts.master``); JSON on stdout."""
-    from sync import spark as jobs
+    from cairn.sync import spark as jobs
 
     conf = {"spark.driver.memory": opts.driver_memory, "spark.ui.enabled": "false",
             **dict(c.split("=", 1) for c in opts.conf or [])}

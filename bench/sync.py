@@ -41,11 +41,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gateway.clock import Anchor
-from gateway.store import HistoryReader, Store, StoredPublication
-from sync import uploader as uploader_module
-from sync.sinks import DirectorySink
-from sync.uploader import Uploader
+from cairn.gateway.clock import Anchor
+from cairn.gateway.store import HistoryReader, Store, StoredPublication
+from cairn.sync import uploader as uploader_module
+from cairn.sync.sinks import DirectorySink
+from cairn.sync.uploader import Uploader
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sync.json"
 T0_MS = 1_795_000_000_000

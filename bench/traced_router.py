@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from gateway.cli import main
+from cairn.gateway.cli import main
 
 _started = 0.0
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pubsub import REPO, RESULTS_DIR, machine, source_version
-from gateway.metrics import quantile
+from cairn.gateway.metrics import quantile
 from harness.process import free_port
 
 IMAGE_MIB = 512
@@ -127,7 +127,7 @@ def missing_privileges() -> str | None:
 def router_config(path: Path, policy: str) -> Path:
     """The embedded default with a free HTTP port; a policy other than ``default`` sets the
     sensor rule's ``commit_window``."""
-    from gateway.config import EMBEDDED_TOML
+    from cairn.gateway.config import EMBEDDED_TOML
 
     text = EMBEDDED_TOML.replace(EMBEDDED_LISTEN, f'listen = "127.0.0.1:{free_port()}"')
     if policy != "default":
@@ -150,7 +150,7 @@ class Router:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "router", "--config", str(self.config)],
+                [sys.executable, "-m", "cairn.gateway.cli", "router", "--config", str(self.config)],
                 cwd=self.cwd, env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -198,7 +198,7 @@ def reading(rng: random.Random) -> dict[str, float]:
 
 
 async def join(url: str, n: int) -> list[Any]:
-    from drivers.runtime import open_session
+    from cairn.drivers.runtime import open_session
 
     sessions = []
     for _ in range(n):
@@ -216,8 +216,8 @@ async def leave(sessions: list[Any]) -> None:
 async def prefill(db: Path, sensors: int, rows: int, interval: float) -> None:
     """A history of ``rows`` readings of the sensors, ``interval`` s apart each, up to now,
     written with the store itself as the router would have (the router is not running)."""
-    from gateway import clock
-    from gateway.store import Store, StoredPublication
+    from cairn.gateway import clock
+    from cairn.gateway.store import Store, StoredPublication
 
     store = await Store.open(db)
     rng = random.Random(1)
@@ -241,7 +241,7 @@ async def prefill(db: Path, sensors: int, rows: int, interval: float) -> None:
 def at_the_bound(warm_up: int) -> int:
     """Rows to prefill so that after the warm-up the history is one over the embedded
     default's max_events and its slack: the first prune is due."""
-    from gateway.config import load
+    from cairn.gateway.config import load
 
     (rule,) = load(None).realms[0].history
     return rule.max_events + rule.max_events // 1000 + 1 - warm_up

@@ -2,7 +2,7 @@
 
 ``gateway.cli`` hooks this in with ``add_commands(subparsers)`` and hands the parsed
 arguments of ``cairn sensor ...`` to ``main(args)``. Standalone, for tests and benchmarks:
-``python -m drivers.cli sensor run --config FILE``.
+``python -m cairn.drivers.cli sensor run --config FILE``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from gateway.config import ConfigError
-from gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
+from cairn.gateway.config import ConfigError
+from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -108,8 +108,8 @@ async def _until_signal(work: Callable[[], Awaitable[object]]) -> None:
 
 
 def run_driver(config_path: str, log_level: str = "info") -> int:
-    from drivers import serial_config
-    from drivers.serial_driver import SerialDriver
+    from cairn.drivers import serial_config
+    from cairn.drivers.serial_driver import SerialDriver
 
     try:
         config = serial_config.load(config_path)
@@ -128,7 +128,7 @@ def run_driver(config_path: str, log_level: str = "info") -> int:
 
 
 def run_simulator(args: argparse.Namespace) -> int:
-    from drivers.simulator import Simulator
+    from cairn.drivers.simulator import Simulator
 
     if args.modbus == 0 and args.line == 0:
         print("cairn: nothing to simulate (--modbus 0 --line 0)", file=sys.stderr)

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.config import ConfigError, _secret, _Validator
-from gateway.config import read_document as read_toml  # noqa: F401  (drivers' entry point)
+from cairn.gateway.config import ConfigError, _secret, _Validator
+from cairn.gateway.config import read_document as read_toml  # noqa: F401  (drivers' entry point)
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ import tempfile
 import tomllib
 from typing import Any
 
-from drivers.serial_config import parse as parse_sensors
-from drivers.serial_driver import SerialDriver
-from drivers.simulator import Simulator
-from gateway import config as gateway_config
-from gateway.server import Node
+from cairn.drivers.serial_config import parse as parse_sensors
+from cairn.drivers.serial_driver import SerialDriver
+from cairn.drivers.simulator import Simulator
+from cairn.gateway import config as gateway_config
+from cairn.gateway.server import Node
 
 log = logging.getLogger("cairn.demo")
 

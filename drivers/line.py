@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from drivers.serial_port import SerialPort, keep_open
+from cairn.drivers.serial_port import SerialPort, keep_open
 
 log = logging.getLogger("cairn.line")
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from drivers.serial_port import SerialPort, keep_open
+from cairn.drivers.serial_port import SerialPort, keep_open
 
 log = logging.getLogger("cairn.modbus")
 

@@ -51,9 +51,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from drivers.config import DriverConfig, parse_driver
-from drivers.runtime import DeviceStatus, RouterLink, open_session
-from gateway.config import ConfigError, _secret, _Validator
+from cairn.drivers.config import DriverConfig, parse_driver
+from cairn.drivers.runtime import DeviceStatus, RouterLink, open_session
+from cairn.gateway.config import ConfigError, _secret, _Validator
 
 log = logging.getLogger("cairn.mqtt")
 

@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Any
 
-from gateway.console import EXIT_OK, EXIT_USAGE, setup_logging
+from cairn.gateway.console import EXIT_OK, EXIT_USAGE, setup_logging
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -34,9 +34,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from drivers import mqtt_bridge
-    from drivers.config import read_toml
-    from gateway.config import ConfigError
+    from cairn.drivers import mqtt_bridge
+    from cairn.drivers.config import read_toml
+    from cairn.gateway.config import ConfigError
 
     try:
         driver, config = mqtt_bridge.load(*read_toml(args.config))
@@ -60,7 +60,7 @@ async def _run(bridge_class: Any, *config: Any) -> None:
         await bridge.run()
 
 
-if __name__ == "__main__":  # python -m drivers.mqtt_cli bridge mqtt --config FILE
+if __name__ == "__main__":  # python -m cairn.drivers.mqtt_cli bridge mqtt --config FILE
     parser = argparse.ArgumentParser(prog="cairn")
     add_commands(parser.add_subparsers(dest="command", required=True))
     parsed = parser.parse_args()

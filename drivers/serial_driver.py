@@ -26,11 +26,11 @@ import logging
 import time
 from typing import Any
 
-from drivers.line import LineParser, LinePort, LineTarget, RegexFormat
-from drivers.modbus import ModbusBus, PollTarget
-from drivers.runtime import ChangeFilter, Device, RouterLink
-from drivers.serial_config import SensorConfig, SerialConfig
-from drivers.serial_port import SerialPort
+from cairn.drivers.line import LineParser, LinePort, LineTarget, RegexFormat
+from cairn.drivers.modbus import ModbusBus, PollTarget
+from cairn.drivers.runtime import ChangeFilter, Device, RouterLink
+from cairn.drivers.serial_config import SensorConfig, SerialConfig
+from cairn.drivers.serial_port import SerialPort
 
 log = logging.getLogger("cairn.sensor")
 

@@ -47,8 +47,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from pathlib import Path
 
-from drivers.line import ths_sentence
-from drivers.modbus import (
+from cairn.drivers.line import ths_sentence
+from cairn.drivers.modbus import (
     FUNCTIONS,
     MAX_REGISTERS,
     READ_HOLDING_REGISTERS,

@@ -12,8 +12,8 @@ import ipaddress
 from collections import Counter
 from typing import Any
 
-from gateway.config import Limits
-from gateway.limits import LimitHits
+from cairn.gateway.config import Limits
+from cairn.gateway.limits import LimitHits
 
 
 def peer_of(transport: Any) -> tuple[str, bool]:

@@ -28,9 +28,9 @@ from autobahn.wamp.message import Hello
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from gateway.config import Permission, RealmConfig, User
-from gateway.core import Session, WampError, global_id
-from gateway.patterns import matches
+from cairn.gateway.config import Permission, RealmConfig, User
+from cairn.gateway.core import Session, WampError, global_id
+from cairn.gateway.patterns import matches
 
 _KIND_RANK = {"exact": 3, "wildcard": 2, "prefix": 1}
 

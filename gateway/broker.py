@@ -19,10 +19,10 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
-from gateway.auth import Authorizer
-from gateway.clock import StepDetector
-from gateway.config import Limits
-from gateway.core import (
+from cairn.gateway.auth import Authorizer
+from cairn.gateway.clock import StepDetector
+from cairn.gateway.config import Limits
+from cairn.gateway.core import (
     LIMIT_REACHED,
     ClockStep,
     ForgetSubscription,
@@ -36,11 +36,11 @@ from gateway.core import (
     limit_reached,
     publication_id,
 )
-from gateway.history_rules import HistoryRules
-from gateway.limits import LimitHits
-from gateway.patterns import PatternMap
-from gateway.publication import StoredPublication
-from gateway.retention import RetainedEvent, Retention
+from cairn.gateway.history_rules import HistoryRules
+from cairn.gateway.limits import LimitHits
+from cairn.gateway.patterns import PatternMap
+from cairn.gateway.publication import StoredPublication
+from cairn.gateway.retention import RetainedEvent, Retention
 
 
 def utc_now() -> str:

@@ -7,12 +7,12 @@ import asyncio
 import logging
 import sys
 
-from drivers import cli as sensor_cli
-from drivers import demo, mqtt_cli
-from gateway import config as cfg
-from gateway import ops
-from gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
-from sync import cli as sync_cli
+from cairn.drivers import cli as sensor_cli
+from cairn.drivers import demo, mqtt_cli
+from cairn.gateway import config as cfg
+from cairn.gateway import ops
+from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
+from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
 COMPONENTS = (ops, demo, sensor_cli, mqtt_cli, sync_cli)
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_router(config: cfg.Config, log_level: str | None) -> int:
     import sqlite3
 
-    from gateway.server import serve
-    from gateway.store import SchemaTooNew
+    from cairn.gateway.server import serve
+    from cairn.gateway.store import SchemaTooNew
 
     setup_logging(log_level or config.router.log_level)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.patterns import MATCH_POLICIES
+from cairn.gateway.patterns import MATCH_POLICIES
 
 ACTIONS = ("publish", "subscribe", "call", "register")
 _URI_COMPONENT = re.compile(r"^[^\s.#]+$")

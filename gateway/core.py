@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp.message import Message
 
-from gateway.publication import StoredPublication
-from gateway.publication_ids import PublicationIds
+from cairn.gateway.publication import StoredPublication
+from cairn.gateway.publication_ids import PublicationIds
 
 if TYPE_CHECKING:
-    from gateway.clock import Anchor
+    from cairn.gateway.clock import Anchor
 
 
 def global_id() -> int:

@@ -18,12 +18,12 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
-from gateway.auth import Authorizer
-from gateway.broker import utc_now
-from gateway.config import Limits
-from gateway.core import Outbox, Read, Session, WampError, global_id, limit_reached
-from gateway.limits import LimitHits
-from gateway.patterns import PatternMap
+from cairn.gateway.auth import Authorizer
+from cairn.gateway.broker import utc_now
+from cairn.gateway.config import Limits
+from cairn.gateway.core import Outbox, Read, Session, WampError, global_id, limit_reached
+from cairn.gateway.limits import LimitHits
+from cairn.gateway.patterns import PatternMap
 
 log = logging.getLogger("cairn.dealer")
 

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gateway.limits import LimitHits
+from cairn.gateway.limits import LimitHits
 
 
 class WriteBatcher:

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
-from gateway.clock import parse_rfc3339, rfc3339
-from gateway.core import Session, WampError, brief, limit_reached
-from gateway.dealer import MetaResult, Query
-from gateway.publication import (
+from cairn.gateway.clock import parse_rfc3339, rfc3339
+from cairn.gateway.core import Session, WampError, brief, limit_reached
+from cairn.gateway.dealer import MetaResult, Query
+from cairn.gateway.publication import (
     HistoryRead,
     ReadAbandoned,
     ReadTimeout,
@@ -28,11 +28,11 @@ from gateway.publication import (
 )
 
 if TYPE_CHECKING:
-    from gateway.auth import Authorizer
-    from gateway.broker import Broker, Subscription
-    from gateway.config import Limits
-    from gateway.history_rules import HistoryRules
-    from gateway.limits import LimitHits
+    from cairn.gateway.auth import Authorizer
+    from cairn.gateway.broker import Broker, Subscription
+    from cairn.gateway.config import Limits
+    from cairn.gateway.history_rules import HistoryRules
+    from cairn.gateway.limits import LimitHits
 
 
 class Realm(Protocol):

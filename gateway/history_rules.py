@@ -6,8 +6,8 @@ subscription "has history" when a rule covers every topic its pattern can match.
 
 from __future__ import annotations
 
-from gateway.config import HistoryRule
-from gateway.patterns import matches
+from cairn.gateway.config import HistoryRule
+from cairn.gateway.patterns import matches
 
 
 class HistoryRules:

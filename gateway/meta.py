@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.core import Session, WampError
-from gateway.dealer import MetaProcedure
+from cairn.gateway.core import Session, WampError
+from cairn.gateway.dealer import MetaProcedure
 
 if TYPE_CHECKING:
-    from gateway.broker import Broker
-    from gateway.dealer import Dealer
+    from cairn.gateway.broker import Broker
+    from cairn.gateway.dealer import Dealer
 
 
 class Realm(Protocol):

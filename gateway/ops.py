@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from gateway import clock, wear
-from gateway.config import Config, ConfigError, load, read_document
-from gateway.data_dir import DB_NAME, lock_path
-from gateway.store import SCHEMA_VERSION
-from sync.sinks import redact_url
+from cairn.gateway import clock, wear
+from cairn.gateway.config import Config, ConfigError, load, read_document
+from cairn.gateway.data_dir import DB_NAME, lock_path
+from cairn.gateway.store import SCHEMA_VERSION
+from cairn.sync.sinks import redact_url
 
 MIN_FREE_BYTES = 64 * 1024 * 1024
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from gateway.publication_ids import PublicationIds
+from cairn.gateway.publication_ids import PublicationIds
 
 Slot = tuple[str, str, str]  # a retained slot: realm, topic, audience key
 

@@ -13,10 +13,10 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
-from gateway.config import Limits
-from gateway.core import Session
-from gateway.patterns import matches
-from gateway.publication import StoredPublication, audience_allows
+from cairn.gateway.config import Limits
+from cairn.gateway.core import Session
+from cairn.gateway.patterns import matches
+from cairn.gateway.publication import StoredPublication, audience_allows
 
 
 def session_eligible(pub: StoredPublication, session: Session) -> bool:

@@ -15,11 +15,11 @@ from typing import Any
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, Peer
-from gateway.broker import Broker
-from gateway.clock import StepDetector
-from gateway.config import Config, Limits, RealmConfig
-from gateway.core import (
+from cairn.gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, Peer
+from cairn.gateway.broker import Broker
+from cairn.gateway.clock import StepDetector
+from cairn.gateway.config import Config, Limits, RealmConfig
+from cairn.gateway.core import (
     ForgetRetained,
     ForgetSubscription,
     KeepSubscription,
@@ -31,13 +31,13 @@ from gateway.core import (
     WampError,
     global_id,
 )
-from gateway.dealer import Dealer, MetaProcedure
-from gateway.history import DEFAULT_PAGE_CAP, get_events_procedure
-from gateway.history_rules import HistoryRules
-from gateway.limits import LimitHits
-from gateway.meta import meta_procedures
-from gateway.publication import Restored
-from gateway.retention import Retention
+from cairn.gateway.dealer import Dealer, MetaProcedure
+from cairn.gateway.history import DEFAULT_PAGE_CAP, get_events_procedure
+from cairn.gateway.history_rules import HistoryRules
+from cairn.gateway.limits import LimitHits
+from cairn.gateway.meta import meta_procedures
+from cairn.gateway.publication import Restored
+from cairn.gateway.retention import Retention
 
 log = logging.getLogger("cairn.router")
 

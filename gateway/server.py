@@ -23,9 +23,9 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
-from gateway.admission import Admission
-from gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
-from gateway.core import (
+from cairn.gateway.admission import Admission
+from cairn.gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
+from cairn.gateway.core import (
     ClockStep,
     Effect,
     ForgetRetained,
@@ -39,19 +39,19 @@ from gateway.core import (
     Task,
     Timer,
 )
-from gateway.data_dir import db_path, read_sync_status
-from gateway.flow_control import StoreBackpressure, WriteBatcher
-from gateway.limits import LimitHits
-from gateway.metrics import MessageCounters
-from gateway.notify import keep_watchdog_fed, notify
-from gateway.ops import data_dir_lock
-from gateway.origins import BrowserGuard
-from gateway.publication import Restored
-from gateway.router import Realm, Router
-from gateway.store import PruneRule, Store, UnavailableStore
-from gateway.transport import HttpFront, rawsocket_factory, websocket_factory
-from gateway.wear import WearMeter, disk_of
-from gateway.web import Web
+from cairn.gateway.data_dir import db_path, read_sync_status
+from cairn.gateway.flow_control import StoreBackpressure, WriteBatcher
+from cairn.gateway.limits import LimitHits
+from cairn.gateway.metrics import MessageCounters
+from cairn.gateway.notify import keep_watchdog_fed, notify
+from cairn.gateway.ops import data_dir_lock
+from cairn.gateway.origins import BrowserGuard
+from cairn.gateway.publication import Restored
+from cairn.gateway.router import Realm, Router
+from cairn.gateway.store import PruneRule, Store, UnavailableStore
+from cairn.gateway.transport import HttpFront, rawsocket_factory, websocket_factory
+from cairn.gateway.wear import WearMeter, disk_of
+from cairn.gateway.web import Web
 
 log = logging.getLogger("cairn.server")
 

@@ -52,9 +52,9 @@ from typing import Any
 import aiosqlite
 import msgpack
 
-from gateway.clock import Anchor, rfc3339
-from gateway.patterns import matches
-from gateway.publication import (
+from cairn.gateway.clock import Anchor, rfc3339
+from cairn.gateway.patterns import matches
+from cairn.gateway.publication import (
     HistoryRead,
     ReadAbandoned,
     ReadTimeout,
@@ -65,7 +65,7 @@ from gateway.publication import (
     UnknownPublication,
     audience_allows,
 )
-from gateway.publication_ids import PublicationIds, new_key
+from cairn.gateway.publication_ids import PublicationIds, new_key
 
 log = logging.getLogger("cairn.store")
 

@@ -35,15 +35,15 @@ from autobahn.wamp.serializer import (
     Serializer,
 )
 
-from gateway.admission import Admission, Ticket, peer_of
-from gateway.core import Session, brief
-from gateway.flow_control import WriteBatcher
-from gateway.origins import BrowserGuard
+from cairn.gateway.admission import Admission, Ticket, peer_of
+from cairn.gateway.core import Session, brief
+from cairn.gateway.flow_control import WriteBatcher
+from cairn.gateway.origins import BrowserGuard
 
 if TYPE_CHECKING:
-    from gateway.config import Config
-    from gateway.flow_control import StoreBackpressure
-    from gateway.metrics import MessageCounters
+    from cairn.gateway.config import Config
+    from cairn.gateway.flow_control import StoreBackpressure
+    from cairn.gateway.metrics import MessageCounters
 
 
 class Pump(Protocol):

@@ -11,18 +11,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.clock import rfc3339
-from gateway.data_dir import read_sync_status
-from gateway.metrics import render as render_metrics
+from cairn.gateway.clock import rfc3339
+from cairn.gateway.data_dir import read_sync_status
+from cairn.gateway.metrics import render as render_metrics
 
 if TYPE_CHECKING:
-    from gateway.admission import Admission
-    from gateway.config import Config
-    from gateway.limits import LimitHits
-    from gateway.metrics import MessageCounters
-    from gateway.router import Realm, Router
-    from gateway.store import Store, UnavailableStore
-    from gateway.wear import WearMeter
+    from cairn.gateway.admission import Admission
+    from cairn.gateway.config import Config
+    from cairn.gateway.limits import LimitHits
+    from cairn.gateway.metrics import MessageCounters
+    from cairn.gateway.router import Realm, Router
+    from cairn.gateway.store import Store, UnavailableStore
+    from cairn.gateway.wear import WearMeter
 
 
 class Running(Protocol):

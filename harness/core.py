@@ -13,11 +13,11 @@ from typing import Any
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from gateway import config as cfg
-from gateway.core import Effect, Outbox, Persist, Read, Session, Timer
-from gateway.publication import Restored
-from gateway.publication_ids import PublicationIds, new_key
-from gateway.router import Router
+from cairn.gateway import config as cfg
+from cairn.gateway.core import Effect, Outbox, Persist, Read, Session, Timer
+from cairn.gateway.publication import Restored
+from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.gateway.router import Router
 
 CLIENT_ROLES = {"publisher": role.RolePublisherFeatures(), "subscriber":
                 role.RoleSubscriberFeatures(), "caller": role.RoleCallerFeatures(),

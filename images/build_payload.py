@@ -70,9 +70,10 @@ SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway", 
 SKIP = re.compile(r"(^|/)(__pycache__|node_modules|\.pytest_cache)(/|$)|\.py[co]$")
 # The dashboard's client bundle is fetched at build time (not committed): without it
 # the dashboard of the image would be broken, so its absence is an error.
-REQUIRED_IN_WHEEL = ["gateway/cli.py", "gateway/server.py", "drivers/__init__.py",
-                     "sync/cli.py", "gateway/dashboard/index.html",
-                     "gateway/dashboard/autobahn.min.js"]
+REQUIRED_IN_WHEEL = ["cairn/gateway/cli.py", "cairn/gateway/server.py",
+                     "cairn/drivers/__init__.py", "cairn/sync/cli.py",
+                     "cairn/gateway/dashboard/index.html",
+                     "cairn/gateway/dashboard/autobahn.min.js"]
 # The platform the image runs: Raspberry Pi OS (Debian 12) arm64, CPython 3.11.
 TARGET = {"python_version": "3.11", "python_full_version": "3.11.2", "os_name": "posix",
           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64",

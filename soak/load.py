@@ -19,7 +19,7 @@ from typing import Any
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from gateway.clock import parse_rfc3339
+from cairn.gateway.clock import parse_rfc3339
 from harness.process import RouterProcess
 from harness.wamp_client import Client, connect
 from soak.knobs import ROOT
@@ -304,7 +304,7 @@ class SyncRunner:
 
     async def once(self) -> None:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "sync", "--config", str(self.write_config()),
+            sys.executable, "-m", "cairn.gateway.cli", "sync", "--config", str(self.write_config()),
             "--once", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
         self.runs += 1
@@ -363,7 +363,7 @@ class SerialSensors:
     async def _spawn(self, *args: str) -> asyncio.subprocess.Process:
         log = (self.workdir / f"sensor-{args[0]}.log").open("ab")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "drivers.cli", "sensor", *args, cwd=ROOT,
+            sys.executable, "-m", "cairn.drivers.cli", "sensor", *args, cwd=ROOT,
             stdout=asyncio.subprocess.PIPE if args[0] == "sim" else log, stderr=log)
         self.procs.append(proc)
         return proc

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from gateway.clock import rfc3339
+from cairn.gateway.clock import rfc3339
 
 SCHEMA_VERSION = 1  # of the manifest and the rows; a job refuses other versions
 DATA_SUFFIX = ".jsonl.gz"

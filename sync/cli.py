@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway import config as gateway_config
-from gateway.config import ConfigError, _Validator, read_document
-from gateway.data_dir import db_path, sync_status_path
-from gateway.store import HistoryReader
-from sync.sinks import DirectorySink, HttpSink, SinkError
-from sync.uploader import Uploader
+from cairn.gateway import config as gateway_config
+from cairn.gateway.config import ConfigError, _Validator, read_document
+from cairn.gateway.data_dir import db_path, sync_status_path
+from cairn.gateway.store import HistoryReader
+from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
+from cairn.sync.uploader import Uploader
 
 log = logging.getLogger("cairn.sync")
 GATEWAY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -230,7 +230,7 @@ def spark_main(args: argparse.Namespace) -> int:
         args.spark_parser.print_help(sys.stderr)
         return 2
     try:
-        from sync import spark
+        from cairn.sync import spark
     except ModuleNotFoundError as e:
         if e.name is None or not e.name.startswith(("pyspark", "py4j")):
             raise

@@ -52,8 +52,8 @@ from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX, ManifestError, parse_manifest
-from sync.table_lock import locked
+from cairn.sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX, ManifestError, parse_manifest
+from cairn.sync.table_lock import locked
 
 log = logging.getLogger("cairn.spark")
 
@@ -425,7 +425,7 @@ def _check_lines(text: bytes, lines: int, gateway_id: str, first_seq: int,
     the line heads alone: parsing whole rows in Python would cost more than the ingest)."""
     import json as json_
 
-    from sync.batch_format import LINE_HEAD
+    from cairn.sync.batch_format import LINE_HEAD
 
     heads = LINE_HEAD.findall(text)
     if len(heads) != lines:
@@ -1206,7 +1206,7 @@ def _with_batches(gateways: DataFrame, store: TableDir) -> DataFrame:
 
 
 def _write_html(files: Files, frames: dict[str, DataFrame], path: str) -> None:
-    from sync import report_html
+    from cairn.sync import report_html
 
     def rows(name: str) -> list[dict[str, Any]]:
         return [r.asDict() for r in frames[name].collect()]

@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from gateway.clock import rfc3339
-from gateway.data_dir import AGING, SyncStatus, write_sync_status
-from gateway.store import HistoryReader
-from sync.batch_format import SCHEMA_VERSION, data_name, encode_rows, manifest_name
-from sync.sinks import SinkError
+from cairn.gateway.clock import rfc3339
+from cairn.gateway.data_dir import AGING, SyncStatus, write_sync_status
+from cairn.gateway.store import HistoryReader
+from cairn.sync.batch_format import SCHEMA_VERSION, data_name, encode_rows, manifest_name
+from cairn.sync.sinks import SinkError
 
 log = logging.getLogger("cairn.sync")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config as cfg
-from gateway.server import Node
+from cairn.gateway import config as cfg
+from cairn.gateway.server import Node
 from harness.config import open_realm, router_table
 from harness.wamp_client import Client, connect
 
@@ -77,7 +77,7 @@ async def client(router):
 def spark():
     """One local[2] Spark session for every Spark test (starting one costs ~15 s): two
     shuffle partitions, no UI."""
-    from sync import spark as jobs
+    from cairn.sync import spark as jobs
 
     session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
                                         "spark.default.parallelism": "2",

@@ -334,7 +334,7 @@ async def test_router_serves_under_memory_deny_write_execute(tmp_path):
         .replace('data_dir = "/var/lib/cairn"', f'data_dir = "{tmp_path / "data"}"'))
     log = (tmp_path / "router.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", MDWE_EXEC, sys.executable, "-m", "gateway.cli", "router",
+        [sys.executable, "-c", MDWE_EXEC, sys.executable, "-m", "cairn.gateway.cli", "router",
          "--config", str(config)], stdout=log, stderr=log, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -422,7 +422,7 @@ def test_payload_wheel_and_pins(payload):
     for module in ("gateway/cli.py", "gateway/ops.py", "gateway/metrics.py", "sync/cli.py",
                    "drivers/__init__.py", "gateway/dashboard/index.html",
                    "gateway/dashboard/autobahn.min.js"):
-        assert module in names, module
+        assert f"cairn/{module}" in names, module
     assert not [n for n in names if "__pycache__" in n or "node_modules" in n]
     pins = [line for line in (payload / "constraints.txt").read_text().splitlines()
             if line and not line.startswith("#")]
@@ -444,14 +444,14 @@ def test_payload_units_verify(payload, tmp_path):
 def test_payload_configs_validate(payload, tmp_path):
     config = payload / "rootfs/etc/cairn/cairn.toml"
     done = run(CAIRN if CAIRN.exists() else sys.executable, *(
-        [] if CAIRN.exists() else ["-m", "gateway.cli"]), "check-config", config,
+        [] if CAIRN.exists() else ["-m", "cairn.gateway.cli"]), "check-config", config,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert "ok" in done.stdout
     # the driver samples, through the drivers' own parsers
-    serial_config = pytest.importorskip("drivers.serial_config")
-    mqtt_bridge = pytest.importorskip("drivers.mqtt_bridge")
-    from drivers.config import read_toml
+    serial_config = pytest.importorskip("cairn.drivers.serial_config")
+    mqtt_bridge = pytest.importorskip("cairn.drivers.mqtt_bridge")
+    from cairn.drivers.config import read_toml
 
     sensors = serial_config.load(payload / "rootfs/etc/cairn/sensors/example.toml.sample")
     assert sensors.driver.router == "rawsocket+unix:/run/cairn/wamp.sock"
@@ -463,7 +463,7 @@ def test_payload_configs_validate(payload, tmp_path):
 def test_the_documented_way_to_open_the_router_validates(tmp_path):
     """The comments of the shipped config: listen on the LAN, drop anonymous, add users
     with secret files. `cairn check-config` must accept the result."""
-    from gateway import config as cfg
+    from cairn.gateway import config as cfg
 
     for name in ("dashboard", "drivers"):
         (tmp_path / name).write_text("s3cret-" + name)

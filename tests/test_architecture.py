@@ -8,17 +8,23 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ("gateway.core", "gateway.router", "gateway.broker", "gateway.dealer", "gateway.meta",
-        "gateway.retention", "gateway.history", "gateway.auth")
-PACKAGES = ("gateway", "drivers", "sync")
-FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", "gateway.store", "gateway.server",
-             "gateway.transport", "gateway.flow_control", "gateway.admission")
+CORE = tuple(f"cairn.gateway.{name}" for name in (
+    "core", "router", "broker", "dealer", "meta", "retention", "history", "auth"))
+FOLDERS = ("gateway", "drivers", "sync")  # installed as cairn.gateway, cairn.drivers, cairn.sync
+PACKAGES = tuple(f"cairn.{folder}" for folder in FOLDERS)
+FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", *(f"cairn.gateway.{name}" for name in (
+    "store", "server", "transport", "flow_control", "admission")))
+
+
+def source(module: str) -> Path:
+    """cairn.gateway.core -> gateway/core.py"""
+    return ROOT / (module.removeprefix("cairn.").replace(".", "/") + ".py")
 
 
 def imports_of(module: str, typing_too: bool = False) -> set[str]:
     """The modules ``module`` imports at run time (and, ``typing_too``, for type hints under
     ``if TYPE_CHECKING``)."""
-    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    tree = ast.parse(source(module).read_text())
     found: set[str] = set()
     for node in ast.walk(tree):
         typing_only = isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
@@ -29,7 +35,7 @@ def imports_of(module: str, typing_too: bool = False) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-            if node.module in PACKAGES:  # from gateway import clock
+            if node.module in PACKAGES:  # from cairn.gateway import clock
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
 
@@ -42,8 +48,8 @@ def forbidden_chains(start: str) -> list[list[str]]:
         for name in sorted(imports_of(chain[-1])):
             if any(name == f or name.startswith(f + ".") for f in FORBIDDEN):
                 chains.append([*chain, name])
-            elif name.startswith("gateway.") and name not in seen and \
-                    (ROOT / (name.replace(".", "/") + ".py")).exists():
+            elif name.startswith("cairn.gateway.") and name not in seen and \
+                    source(name).exists():
                 seen.add(name)
                 todo.append([*chain, name])
     return chains
@@ -56,15 +62,15 @@ def test_the_protocol_core_imports_neither_the_event_loop_nor_the_store():
 
 def test_the_import_check_finds_what_the_shell_imports():
     """The check itself: the shell's modules do reach the event loop and the store."""
-    reached = {chain[-1] for chain in forbidden_chains("gateway.server")}
-    assert {"asyncio", "sqlite3", "gateway.store", "gateway.transport"} <= reached
+    reached = {chain[-1] for chain in forbidden_chains("cairn.gateway.server")}
+    assert {"asyncio", "sqlite3", "cairn.gateway.store", "cairn.gateway.transport"} <= reached
 
 
 def import_graph() -> dict[str, set[str]]:
     """Each of Cairn's modules and the ones of Cairn it imports, type hints included."""
-    modules = {".".join(path.relative_to(ROOT).with_suffix("").parts): path
-               for package in PACKAGES
-               for path in (ROOT / package).glob("*.py") if path.stem != "__init__"}
+    modules = {"cairn." + ".".join(path.relative_to(ROOT).with_suffix("").parts): path
+               for folder in FOLDERS
+               for path in (ROOT / folder).glob("*.py") if path.stem != "__init__"}
     return {m: {d for d in imports_of(m, typing_too=True) if d in modules and d != m}
             for m in modules}
 
@@ -107,4 +113,4 @@ def test_cairns_modules_import_each_other_in_no_circle():
 
 def test_the_circle_check_finds_circles_and_sees_imports_of_other_packages():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert {"drivers.cli", "sync.cli"} <= import_graph()["gateway.cli"]
+    assert {"cairn.drivers.cli", "cairn.sync.cli"} <= import_graph()["cairn.gateway.cli"]

@@ -35,8 +35,8 @@ from autobahn.wamp.cryptosign import CryptosignKey
 from autobahn.wamp.serializer import JsonSerializer
 from autobahn.wamp.types import PublishOptions
 
-from gateway import config as cfg
-from gateway.auth import AuthThrottle, Peer
+from cairn.gateway import config as cfg
+from cairn.gateway.auth import AuthThrottle, Peer
 from harness.process import ROOT, RouterProcess
 from harness.wamp import ABORT, AUTHENTICATE, CHALLENGE, HELLO, WELCOME
 from harness.wamp_client import Client, RawSocketPeer, connect
@@ -591,8 +591,8 @@ def test_check_config_refuses_an_empty_secret_naming_the_key(tmp_path, form):
     realm, key, env = empty_secret_config(tmp_path, form)
     config = tmp_path / "cairn.toml"
     config.write_text(router_toml(tmp_path / "data", realm))
-    result = subprocess.run([sys.executable, "-m", "gateway.cli", "check-config", str(config)],
-                            capture_output=True, text=True, timeout=30,
+    result = subprocess.run([sys.executable, "-m", "cairn.gateway.cli", "check-config",
+                             str(config)], capture_output=True, text=True, timeout=30,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert result.returncode == 2, result.stdout
     assert f"{config}: {key}: " in result.stderr and "empty" in result.stderr

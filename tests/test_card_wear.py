@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from gateway import wear
-from gateway.wear import WearMeter, disk_of
+from cairn.gateway import wear
+from cairn.gateway.wear import WearMeter, disk_of
 from harness.process import ROOT, RouterProcess
 from harness.wamp_client import connect
 from tests.test_ops import REALM, cairn, doctor_lines, parse_prometheus

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import config as cfg
+from cairn.gateway import config as cfg
 
 FULL = """
 [router]

@@ -8,7 +8,7 @@ import pytest
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from gateway.core import (
+from cairn.gateway.core import (
     ClockStep,
     IllegalTransition,
     KeepSubscription,
@@ -17,7 +17,7 @@ from gateway.core import (
     Session,
     SessionState,
 )
-from gateway.publication import HistoryRead, StorageError
+from cairn.gateway.publication import HistoryRead, StorageError
 from harness.config import history_rule, open_realm, router_table
 from harness.core import CoreRouter, Peer, of_type
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from autobahn.wamp import message as m
 
-from gateway.retention import RetainedEvent
+from cairn.gateway.retention import RetainedEvent
 from harness.config import router_table
 from harness.core import CoreRouter, Peer, of_type
 from tests.test_retention import ADMIN_SECRET, REALM

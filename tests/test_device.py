@@ -168,7 +168,7 @@ async def _sensor_readings(port: int, pty: str, count: int) -> tuple[list[dict],
     host; then what a new session gets retained."""
     import tty
 
-    from drivers.line import ths_sentence
+    from cairn.drivers.line import ths_sentence
     session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
     got: list[dict] = []
     enough = asyncio.Event()

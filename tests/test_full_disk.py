@@ -126,7 +126,7 @@ async def live_and_refused(node) -> tuple[list, ApplicationError]:
 
 @pytest.fixture
 def quick_retry(monkeypatch):
-    from gateway.server import Node
+    from cairn.gateway.server import Node
     monkeypatch.setattr(Node, "store_retry_interval", 0.2)
 
 

@@ -20,8 +20,8 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-import gateway.clock
-from gateway.clock import parse_rfc3339
+from cairn.gateway import clock as gateway_clock
+from cairn.gateway.clock import parse_rfc3339
 from harness.wamp_client import Client
 from tests.test_broker import SENTINEL, TIMEOUT, Inbox, session_id
 from tests.test_retention import ADMIN_SECRET, Cairn, acked
@@ -91,7 +91,7 @@ class WallClock:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.ms = T0_MS
-        monkeypatch.setattr(gateway.clock, "wall_ns", lambda: self.ms * 1_000_000)
+        monkeypatch.setattr(gateway_clock, "wall_ns", lambda: self.ms * 1_000_000)
 
 
 @pytest.fixture

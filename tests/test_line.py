@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from drivers.line import (
+from cairn.drivers.line import (
     ChecksumError,
     LineParser,
     LinePort,
@@ -22,8 +22,8 @@ from drivers.line import (
     parse_ths,
     ths_sentence,
 )
-from drivers.serial_port import SerialPort
-from drivers.simulator import Simulator
+from cairn.drivers.serial_port import SerialPort
+from cairn.drivers.simulator import Simulator
 from harness.waiting import until
 
 GOOD = ths_sentence("shed", 7, 21.5, 48.3)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from drivers.modbus import (
+from cairn.drivers.modbus import (
     XY_MD02,
     CRCError,
     ExceptionResponse,
@@ -28,8 +28,8 @@ from drivers.modbus import (
     register_block,
     with_crc,
 )
-from drivers.serial_port import PortError, SerialPort
-from drivers.simulator import Simulator
+from cairn.drivers.serial_port import PortError, SerialPort
+from cairn.drivers.simulator import Simulator
 from harness.waiting import until
 
 BAUD = 115200

@@ -25,9 +25,9 @@ import aiomqtt
 import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from drivers import mqtt_cli
-from drivers.mqtt_bridge import MapRule, MqttBridge, load
-from drivers.runtime import open_session
+from cairn.drivers import mqtt_cli
+from cairn.drivers.mqtt_bridge import MapRule, MqttBridge, load
+from cairn.drivers.runtime import open_session
 from harness.process import ROOT, RouterProcess, free_port
 from harness.waiting import until
 from tests.test_durability import REALM
@@ -390,7 +390,7 @@ def test_missing_mqtt_table_exits_2_from_the_command_line(tmp_path):
     path = tmp_path / "bridge.toml"
     path.write_text('[driver]\nrealm = "realm1"\n')
     result = subprocess.run(
-        [sys.executable, "-m", "drivers.mqtt_cli", "bridge", "mqtt", "--config", str(path)],
+        [sys.executable, "-m", "cairn.drivers.mqtt_cli", "bridge", "mqtt", "--config", str(path)],
         capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert result.returncode == 2
     assert f"cairn: bad config: {path}: mqtt: missing" in result.stderr

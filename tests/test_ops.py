@@ -21,16 +21,16 @@ from pathlib import Path
 import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from gateway import ops
-from gateway.metrics import MessageCounters
-from gateway.metrics import render as render_metrics
-from gateway.store import SCHEMA_VERSION, Store, StoredPublication
+from cairn.gateway import ops
+from cairn.gateway.metrics import MessageCounters
+from cairn.gateway.metrics import render as render_metrics
+from cairn.gateway.store import SCHEMA_VERSION, Store, StoredPublication
 from harness.config import history_rule, open_realm
 from harness.process import ROOT, RouterProcess, free_port
 from harness.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")
-COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "gateway.cli"]
+COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "cairn.gateway.cli"]
 
 REALM = open_realm(history=[history_rule("sensor")])
 

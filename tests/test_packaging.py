@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLE = "gateway/dashboard/autobahn.min.js"
+BUNDLE = "gateway/dashboard/autobahn.min.js"  # in the source tree; in the wheel: cairn/...
 
 
 def fresh_checkout(into: Path) -> Path:
@@ -34,19 +34,37 @@ def pip_wheel(source: Path, out: Path, path: str | None = None) -> subprocess.Co
                           env=env, timeout=600)
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("npm") is None, reason="npm fetches the dashboard's client")
-def test_a_wheel_built_by_pip_alone_carries_the_dashboards_client(tmp_path):
-    source = fresh_checkout(tmp_path / "src")
-    done = pip_wheel(source, tmp_path / "out")
+@pytest.fixture(scope="module")
+def wheel_files(tmp_path_factory) -> dict[str, bytes]:
+    """The files of a wheel that pip alone built from a fresh checkout."""
+    if shutil.which("npm") is None:
+        pytest.skip("npm fetches the dashboard's client")
+    tmp_path = tmp_path_factory.mktemp("wheel")
+    done = pip_wheel(fresh_checkout(tmp_path / "src"), tmp_path / "out")
     assert done.returncode == 0, done.stderr
     [wheel] = (tmp_path / "out").glob("cairn-*.whl")
     with zipfile.ZipFile(wheel) as files:
-        names = set(files.namelist())
-        bundle = files.read(BUNDLE)
+        return {name: files.read(name) for name in files.namelist()}
+
+
+@pytest.mark.slow
+def test_a_wheel_built_by_pip_alone_carries_the_dashboards_client(wheel_files):
+    bundle = wheel_files[f"cairn/{BUNDLE}"]
     assert b"autobahn" in bundle and len(bundle) > 100_000
-    assert "gateway/dashboard/autobahn.LICENSE.txt" in names
-    assert not [n for n in names if "node_modules" in n or n.endswith("package-lock.json")]
+    assert "cairn/gateway/dashboard/autobahn.LICENSE.txt" in wheel_files
+    assert not [n for n in wheel_files if "node_modules" in n or n.endswith("package-lock.json")]
+
+
+@pytest.mark.slow
+def test_the_wheel_puts_nothing_but_cairn_at_the_top_of_site_packages(wheel_files):
+    """gateway/, drivers/ and sync/ install as cairn.gateway, cairn.drivers, cairn.sync:
+    generic names of their own would collide in an analyst's Spark environment."""
+    tops = {name.split("/")[0] for name in wheel_files}
+    assert tops == {"cairn", "cairn-0.1.0.dist-info"}, tops
+    assert {"cairn/gateway/cli.py", "cairn/drivers/cli.py", "cairn/sync/spark.py"} <= \
+        set(wheel_files)
+    entry_points = wheel_files["cairn-0.1.0.dist-info/entry_points.txt"].decode()
+    assert "cairn = cairn.gateway.cli:main" in entry_points
 
 
 @pytest.mark.slow

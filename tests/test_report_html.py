@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 from html.parser import HTMLParser
 
-from sync import report_html
+from cairn.sync import report_html
 
 GATEWAYS = [
     {"gateway_id": "gw-1", "events": 900, "min_seq": 1, "max_seq": 1000, "gaps": 2,

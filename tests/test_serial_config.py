@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from drivers.modbus import XY_MD02, Register
-from drivers.serial_config import load, parse
-from gateway.config import ConfigError
+from cairn.drivers.modbus import XY_MD02, Register
+from cairn.drivers.serial_config import load, parse
+from cairn.gateway.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 MODBUS = '[[sensors]]\nid = "gh1"\nkind = "modbus"\nport = "/dev/ttyUSB0"\n'
@@ -129,7 +129,7 @@ def test_a_mistake_is_named_by_key(text, key, problem):
 
 
 def cairn_sensor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "drivers.cli", "sensor", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "cairn.drivers.cli", "sensor", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=20)
 
 
@@ -152,7 +152,7 @@ def test_sensor_without_a_subcommand_exits_2():
 
 def test_sensor_sim_prints_its_ports_and_a_config_that_validates(tmp_path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "drivers.cli", "sensor", "sim", "--modbus", "3", "--line", "2",
+        [sys.executable, "-m", "cairn.drivers.cli", "sensor", "sim", "--modbus", "3", "--line", "2",
          "--dir", str(tmp_path / "sim")], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     links = [tmp_path / "sim" / name for name in ("modbus0", "line0", "line1")]

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import SubscribeOptions
 
-from drivers import serial_config
-from drivers.serial_driver import SerialDriver
-from drivers.simulator import Simulator
+from cairn.drivers import serial_config
+from cairn.drivers.serial_driver import SerialDriver
+from cairn.drivers.simulator import Simulator
 from harness.process import RouterProcess
 from harness.waiting import until
 from harness.wamp_client import connect
@@ -327,7 +327,7 @@ async def test_sensor_run_publishes_until_sigterm(router, sim, tmp_path, watch):
     config = tmp_path / "sensors.toml"
     config.write_text(f'[driver]\nrouter = "{router.ws_url}"\n\n' + modbus(sim, "cli"))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "drivers.cli", "sensor", "run", "--config", str(config),
+        sys.executable, "-m", "cairn.drivers.cli", "sensor", "run", "--config", str(config),
         cwd=Path(__file__).resolve().parent.parent, stderr=asyncio.subprocess.PIPE)
     try:
         await until(lambda: watch.readings("cli"), what="a reading from the subprocess")

@@ -13,7 +13,7 @@ import pytest
 from autobahn.wamp import message
 from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 
-import gateway.router
+from cairn.gateway import router as gateway_router
 from harness.wamp_client import RawSocketPeer, connect
 from tests.conftest import RunningRouter, router_config, start_router
 
@@ -109,9 +109,9 @@ async def test_session_ids_are_distinct_and_in_the_global_id_range(client, route
 
 
 async def test_a_session_id_already_in_use_is_never_given_out_again(client, monkeypatch):
-    real_global_id = gateway.router.global_id
+    real_global_id = gateway_router.global_id
     draws = iter([4711, 4711, 4711, 4712])  # the second session draws 4711 twice
-    monkeypatch.setattr(gateway.router, "global_id", lambda: next(draws, 0) or real_global_id())
+    monkeypatch.setattr(gateway_router, "global_id", lambda: next(draws, 0) or real_global_id())
     first = await client()
     second = await client()
     assert (first.session_id, second.session_id) == (4711, 4712)

@@ -23,10 +23,10 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from gateway import cli  # noqa: E402
-from sync import spark as jobs  # noqa: E402
-from sync.batch_format import manifest_name  # noqa: E402
-from sync.uploader import Batch, build_batch  # noqa: E402
+from cairn.gateway import cli  # noqa: E402
+from cairn.sync import spark as jobs  # noqa: E402
+from cairn.sync.batch_format import manifest_name  # noqa: E402
+from cairn.sync.uploader import Batch, build_batch  # noqa: E402
 from tests.test_sync import restored_logging, run_flaky_upload  # noqa: E402
 
 pytestmark = pytest.mark.spark

@@ -16,9 +16,9 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from sync import spark as jobs  # noqa: E402
-from sync.batch_format import encode_rows, manifest_name  # noqa: E402
-from sync.uploader import build_batch  # noqa: E402
+from cairn.sync import spark as jobs  # noqa: E402
+from cairn.sync.batch_format import encode_rows, manifest_name  # noqa: E402
+from cairn.sync.uploader import build_batch  # noqa: E402
 from tests.test_spark import events, land  # noqa: E402
 
 pytestmark = pytest.mark.spark

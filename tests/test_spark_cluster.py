@@ -24,7 +24,7 @@ if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
 from harness import spark_cluster  # noqa: E402
-from sync import spark as jobs  # noqa: E402
+from cairn.sync import spark as jobs  # noqa: E402
 from tests.test_spark import T0_MS, clock_boots, events, land  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -142,7 +142,7 @@ def csv_rows(path: Path) -> list[list[str]]:
 
 PROBE = textwrap.dedent("""
     import importlib.util, json, os, sys
-    from sync import spark as jobs
+    from cairn.sync import spark as jobs
 
     def where(_):
         import importlib.util, os

@@ -21,8 +21,8 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from sync import spark as jobs  # noqa: E402
-from sync.table_lock import TableBusy  # noqa: E402
+from cairn.sync import spark as jobs  # noqa: E402
+from cairn.sync.table_lock import TableBusy  # noqa: E402
 from tests.test_spark import clock_boots, events, keys, land  # noqa: E402
 from tests.test_spark_cluster import CAIRN, cairn  # noqa: E402
 
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from sync.table_lock import locked
+    from cairn.sync.table_lock import locked
     with locked(sys.argv[1], None, exclusive=True, wait=0, what="a test holder"):
         print("held", flush=True)
         time.sleep(float(sys.argv[2]))
@@ -95,8 +95,8 @@ def test_two_ingests_at_once_add_every_row_exactly_once(spark, tmp_path):
 
 READER = textwrap.dedent("""
     import json, os, sys, time
-    from sync import spark as jobs
-    from sync.table_lock import locked
+    from cairn.sync import spark as jobs
+    from cairn.sync.table_lock import locked
     table, record, stop = sys.argv[1:4]
     spark = jobs.session("local[1]", {"spark.ui.enabled": "false"}, app="reader")
     files = jobs.Files(spark)

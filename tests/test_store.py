@@ -10,8 +10,8 @@ import sqlite3
 import struct
 from pathlib import Path
 
-from gateway.publication_ids import PublicationIds, new_key
-from gateway.store import PruneRule, Store, StoredPublication
+from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.gateway.store import PruneRule, Store, StoredPublication
 
 BOOT = "7a9e4c2e-0d4b-4a43-9d0e-1f3b5f2c6a10"
 T0 = 1_700_000_000_000

@@ -7,7 +7,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
-from gateway.store import (
+from cairn.gateway.store import (
     _LEGACY_SEQ_OF_PUBLICATION,
     MIGRATIONS,
     SCHEMA_VERSION,

@@ -28,14 +28,14 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from gateway import cli
-from gateway.clock import Anchor
-from gateway.store import HistoryReader, Store, StoredPublication
+from cairn.gateway import cli
+from cairn.gateway.clock import Anchor
+from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from harness.config import history_rule, open_realm, router_table
 from harness.landing import landed
 from harness.wamp_client import connect
-from sync.sinks import DirectorySink, HttpSink, SinkError
-from sync.uploader import Uploader
+from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
+from cairn.sync.uploader import Uploader
 from tests.conftest import RunningRouter, start_router
 
 GATEWAY = "gw-test"
