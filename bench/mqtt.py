@@ -6,7 +6,8 @@ Run from the repository root::
     .venv/bin/python -m bench.mqtt [--messages 20000] [--qos 0 1] [--backlog 1000]
 
 Each case starts its own Mosquitto (no persistence), router (``cairn router``, history on
-``sensor.`` as in the embedded default) and bridge (``python -m cairn.drivers.mqtt_cli bridge mqtt``,
+``sensor.`` as in the embedded default) and bridge
+(``python -m cairn.drivers.mqtt_cli bridge mqtt``,
 over the router's Unix socket as on the device), each a process on free loopback ports. A
 publisher process sends N small JSON objects ``{"seq": i, "t": 21.5, "rh": 48.0}`` to
 ``bench/data`` as fast as it can at the case's QoS (QoS 1 with up to 256 in flight); the map

@@ -200,14 +200,15 @@ def _prepare(spark: SparkSession) -> None:
     ship_code(spark)
 
 
-# Cairn's packages the executors import (sync.spark and what it imports). Workers of a
-# cluster need Python and PySpark, not Cairn: the job ships these itself.
+# Cairn's packages the executors import (cairn.sync.spark and what it imports), by their
+# folders. Workers of a cluster need Python and PySpark, not Cairn: the job ships these itself.
 SHIPPED_PACKAGES = ("sync", "gateway")
 
 
 def code_zip(directory: str | None = None) -> str:
-    """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files), named by its content's hash
-    so that a changed Cairn gets a new name (Spark refuses a second file of the same name)."""
+    """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files, under ``cairn/`` as installed),
+    named by its content's hash so that a changed Cairn gets a new name (Spark refuses a
+    second file of the same name)."""
     import hashlib
     import tempfile
     import zipfile
@@ -228,8 +229,9 @@ def code_zip(directory: str | None = None) -> str:
     if not os.path.exists(target):  # write aside and rename: concurrent jobs share the name
         temp = f"{target}.{os.getpid()}.tmp"
         with zipfile.ZipFile(temp, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("cairn/__init__.py", "")  # zipimport finds regular packages only
             for rel in sources:
-                z.write(os.path.join(root, rel), rel)
+                z.write(os.path.join(root, rel), f"cairn/{rel}")
         os.replace(temp, target)
     return target
 

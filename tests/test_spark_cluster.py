@@ -23,8 +23,8 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from harness import spark_cluster  # noqa: E402
 from cairn.sync import spark as jobs  # noqa: E402
+from harness import spark_cluster  # noqa: E402
 from tests.test_spark import T0_MS, clock_boots, events, land  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -146,7 +146,7 @@ PROBE = textwrap.dedent("""
 
     def where(_):
         import importlib.util, os
-        spec = importlib.util.find_spec("sync")
+        spec = importlib.util.find_spec("cairn") and importlib.util.find_spec("cairn.sync")
         return (os.environ.get("CAIRN_WORKER_PYTHON"), spec and spec.origin)
 
     spark = jobs.session(sys.argv[1], json.loads(sys.argv[2]), app="cairn-probe")
@@ -167,5 +167,5 @@ def test_executors_import_cairn_only_from_the_zip_the_job_ships(cluster):
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["before"] == [["without-cairn", None]] * 4
     zipped = Path(jobs.code_zip()).name
-    assert all(python == "without-cairn" and f"{zipped}/sync/__init__.py" in origin
+    assert all(python == "without-cairn" and f"{zipped}/cairn/sync/__init__.py" in origin
                for python, origin in seen["after"])

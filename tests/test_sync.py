@@ -31,11 +31,11 @@ from autobahn.wamp.types import PublishOptions
 from cairn.gateway import cli
 from cairn.gateway.clock import Anchor
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
+from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
+from cairn.sync.uploader import Uploader
 from harness.config import history_rule, open_realm, router_table
 from harness.landing import landed
 from harness.wamp_client import connect
-from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
-from cairn.sync.uploader import Uploader
 from tests.conftest import RunningRouter, start_router
 
 GATEWAY = "gw-test"
