@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import sys
+from importlib import metadata
 
 from cairn.drivers import cli as sensor_cli
 from cairn.drivers import demo, mqtt_cli
@@ -18,11 +19,20 @@ from cairn.sync import cli as sync_cli
 COMPONENTS = (ops, demo, sensor_cli, mqtt_cli, sync_cli)
 
 
+def installed_version() -> str:
+    """The version of the installed distribution (the wheel's), which an upgrade changes."""
+    try:
+        return metadata.version("cairn")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cairn",
         description="Cairn: an off-grid IoT edge gateway built around a WAMP router.",
     )
+    parser.add_argument("--version", action="version", version=f"cairn {installed_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     router = commands.add_parser(
         "router", help="run the WAMP router",

@@ -44,6 +44,14 @@ def test_help_describes_the_commands():
         assert word in result.stdout
 
 
+def test_version_names_the_installed_distribution():
+    from importlib import metadata
+
+    result = cairn("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"cairn {metadata.version('cairn')}"
+
+
 def test_router_help_describes_its_options():
     result = cairn("router", "--help")
     assert result.returncode == 0, result.stderr
