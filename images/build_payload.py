@@ -8,6 +8,8 @@ Layout of ``DIR/cairn-payload-<version>/``::
 
     install.sh                      installs all of it (into the image chroot, or on a Pi)
     wheels/cairn-<version>-py3-none-any.whl
+    wheels/deps/*.whl               every pinned dependency, built for the device (linux
+                                    aarch64, CPython 3.11): install.sh needs no network there
     constraints.txt                 the dependency versions this wheel was tested with
     rootfs/                         files copied to / as they are
         usr/lib/systemd/system/     cairn-router.service, cairn-sensor@.service, ...
@@ -79,6 +81,12 @@ TARGET = {"python_version": "3.11", "python_full_version": "3.11.2", "os_name": 
           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64",
           "platform_python_implementation": "CPython", "implementation_name": "cpython",
           "extra": ""}
+
+
+# Wheel tags pip may take for the device: glibc 2.36 (bookworm) runs every manylinux wheel up
+# to 2.36; pip does not widen a --platform it is given, so each one is listed.
+DEVICE_PLATFORMS = ["manylinux2014_aarch64",
+                    *[f"manylinux_2_{v}_aarch64" for v in (17, 24, 26, 27, 28, 31, 34, 35, 36)]]
 
 
 class PayloadError(Exception):
@@ -188,6 +196,25 @@ def dependency_pins(requires: list[str]) -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(pins.items())]
 
 
+def download_dependencies(pins: list[str], into: Path) -> list[str]:
+    """The pinned dependencies as wheels for the device (binary only: a device cannot build
+    an sdist offline). Returns their file names; PayloadError names what has no such wheel."""
+    into.mkdir(parents=True)
+    constraints = into / "pins.txt"
+    constraints.write_text("\n".join(pins) + "\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+           "--no-deps", "--only-binary=:all:", "--python-version", TARGET["python_version"],
+           "--implementation", "cp", "--dest", str(into), "--requirement", str(constraints)]
+    for platform in DEVICE_PLATFORMS:
+        cmd += ["--platform", platform]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    constraints.unlink()
+    if done.returncode != 0:
+        raise PayloadError("could not fetch the dependencies as wheels for linux aarch64, "
+                           "CPython 3.11 (pip download):\n" + done.stderr.strip()[-2000:])
+    return sorted(p.name for p in into.glob("*.whl"))
+
+
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -196,7 +223,10 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def assemble(out: Path, wheel: Path | None = None, tar: bool = True) -> Path:
+def assemble(out: Path, wheel: Path | None = None, tar: bool = True,
+             dependencies: bool = True) -> Path:
+    """``dependencies``: carry the dependencies' wheels for the device (wheels/deps/);
+    without them install.sh fetches the dependencies from the package index."""
     epoch = source_date_epoch()
     with tempfile.TemporaryDirectory(prefix="cairn-payload-") as tmp:
         if wheel is None:
@@ -209,6 +239,7 @@ def assemble(out: Path, wheel: Path | None = None, tar: bool = True) -> Path:
             shutil.rmtree(payload)
         (payload / "wheels").mkdir(parents=True)
         shutil.copy2(wheel, payload / "wheels" / wheel.name)
+    deps = download_dependencies(pins, payload / "wheels" / "deps") if dependencies else []
 
     (payload / "constraints.txt").write_text(
         "# Versions of Cairn's dependencies this payload was built and tested with;\n"
@@ -231,7 +262,9 @@ def assemble(out: Path, wheel: Path | None = None, tar: bool = True) -> Path:
         "source": git_describe(), "source_date_epoch": epoch,
         "target": "Raspberry Pi OS Lite (bookworm) arm64, Python 3.11",
         "units": UNITS, "enable": ["cairn-router.service"],
-        "dependencies": pins, "files": entries,
+        "dependencies": pins, "dependency_wheels": {"platform": "linux_aarch64",
+                                                    "files": [f"wheels/deps/{d}" for d in deps]},
+        "files": entries,
     }
     (payload / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     sums = "".join(f"{e['sha256']}  {e['path']}\n" for e in entries)
@@ -271,10 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheel", type=Path,
                         help="use this wheel instead of building one from the sources")
     parser.add_argument("--no-tar", action="store_true", help="only the directory")
+    parser.add_argument("--no-dependencies", action="store_true",
+                        help="leave out the dependencies' wheels (install.sh then fetches "
+                             "them from the package index)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        payload = assemble(args.out.resolve(), args.wheel, tar=not args.no_tar)
+        payload = assemble(args.out.resolve(), args.wheel, tar=not args.no_tar,
+                           dependencies=not args.no_dependencies)
     except PayloadError as e:
         print(f"build_payload: {e}", file=sys.stderr)
         return 1

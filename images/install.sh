@@ -29,6 +29,15 @@ cd "$HERE"
 sha256sum --quiet --strict -c SHA256SUMS || { say "payload damaged (SHA256SUMS)" >&2; exit 1; }
 VERSION=$(sed -n 's/^ *"version": "\(.*\)",$/\1/p' manifest.json | head -n 1)
 WHEEL=$(ls wheels/cairn-*.whl)
+# The dependencies come from the payload (wheels/deps, built for linux aarch64) and nowhere
+# else: a device off the grid has no package index. Elsewhere (an x86-64 box, a payload
+# built with --no-dependencies) pip fetches them from the index.
+if [ "$(uname -m)" = aarch64 ] && ls wheels/deps/*.whl > /dev/null 2>&1; then
+    SOURCES="--no-index --find-links wheels/deps"
+else
+    SOURCES=""
+    say "no dependency wheels for $(uname -m) in this payload: pip fetches them from the index"
+fi
 
 # -- files --------------------------------------------------------------------------------
 # what the previous install shipped, to tell an edited config file from an old shipped one
@@ -68,7 +77,7 @@ if [ ! -x "$VENV/bin/cairn" ]; then
     trap 'rm -rf "$VENV"' EXIT
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --no-cache-dir --disable-pip-version-check \
-        --constraint constraints.txt "$WHEEL"
+        $SOURCES --constraint constraints.txt "$WHEEL"
     trap - EXIT
 fi
 "$VENV/bin/cairn" --help >/dev/null

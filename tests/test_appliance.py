@@ -432,6 +432,26 @@ def test_payload_wheel_and_pins(payload):
     assert "pytest" not in pinned and "pyspark" not in pinned  # extras stay out
 
 
+def test_payload_carries_every_pinned_dependency_as_a_wheel_the_device_runs(payload):
+    """A device off the grid installs from the payload alone: one wheel per pin, at the
+    pinned version, pure Python or built for linux aarch64 with CPython 3.11."""
+    from packaging.tags import Tag
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    manifest = json.loads((payload / "manifest.json").read_text())
+    pins = dict(line.split("==") for line in manifest["dependencies"])
+    wheels = sorted((payload / "wheels" / "deps").glob("*.whl"))
+    assert [f"wheels/deps/{w.name}" for w in wheels] == manifest["dependency_wheels"]["files"]
+    found = {}
+    for wheel in wheels:
+        name, version, _, tags = parse_wheel_filename(wheel.name)
+        found[canonicalize_name(name)] = str(version)
+        assert any(t.platform == "any" or t.platform.endswith("_aarch64") for t in tags), wheel
+        assert any(t.interpreter in ("py3", "cp311") or t.abi == "abi3" for t in tags), wheel
+        assert Tag("cp311", "cp311", "linux_x86_64") not in tags, wheel
+    assert found == pins
+
+
 @needs_systemd_analyze
 def test_payload_units_verify(payload, tmp_path):
     root = fake_device_root(tmp_path / "root")

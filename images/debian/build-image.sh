@@ -87,22 +87,15 @@ tarball="$payload.tar.gz"
 say "payload $(basename "$tarball") sha256 $(sha256sum "$tarball" | cut -d' ' -f1)"
 mkdir -p "$R/tmp/cairn-payload"
 tar -xzf "$tarball" -C "$R/tmp/cairn-payload" --strip-components=1 --no-same-owner
-# A private mount namespace: /proc, /dev, the host's resolv.conf and CA bundle (pip fetches
-# the wheel's dependencies, maybe through this host's TLS proxy) are visible to the chroot
-# only, and gone when it ends; none of them is left in the image.
-cp /etc/resolv.conf "$WORK/resolv.conf"
-HOST_CA=${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}
+# A private mount namespace: /proc and /dev are visible to the chroot only, and gone when it
+# ends. Nothing is fetched: the payload carries every dependency as an arm64 wheel
+# (wheels/deps), as a device off the grid needs it to.
 unshare --mount --propagation private bash -euc '
     R=$1
     mount -t proc proc "$R/proc"; mount --rbind /dev "$R/dev"; mount -t tmpfs tmpfs "$R/run"
-    rm -f "$R/etc/resolv.conf"; touch "$R/etc/resolv.conf"   # the resolver symlink is made again below
-    mount --bind "$2" "$R/etc/resolv.conf"
-    touch "$R/tmp/host-ca.crt"; mount --bind "$3" "$R/tmp/host-ca.crt"
     chroot "$R" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-        PIP_CERT=/tmp/host-ca.crt PIP_DEFAULT_TIMEOUT=120 \
         CAIRN_ENABLE=cairn-router.service /tmp/cairn-payload/install.sh
-' sh "$R" "$WORK/resolv.conf" "$HOST_CA"
-rm -f "$R/tmp/host-ca.crt"
+' sh "$R"
 cp "$R/tmp/cairn-payload/manifest.json" "$WORK/payload-manifest.json"
 rm -rf "$R/tmp/cairn-payload"
 if [ -n "${CAIRN_CONFIG:-}" ]; then
@@ -183,6 +176,11 @@ systemctl --root="$R" enable cairn-ssh-host-keys.service
 # "auto" finds on the device itself; in a chroot it would probe the build host's /dev).
 sed -i -E -e "s|^#?ROOTPART=.*|ROOTPART=PARTUUID=$DISK_ID-02|" \
     -e 's|^#?CONSOLES=.*|CONSOLES="ttyS1,115200 tty0"|' "$R/etc/default/raspi-firmware"
+# "ro" (after raspi-firmware's own "rw"; the last word wins): the initramfs mounts the card's
+# root read-only, so under the overlay root /media/root-ro stays read-only, as on Ubuntu;
+# before the overlay is on, systemd-remount-fs makes / writable from fstab as usual. The file
+# outlives kernel upgrades, which rewrite cmdline.txt.
+echo ro > "$R/etc/default/raspi-extra-cmdline"
 KVER=$(basename "$(ls -d "$R"/lib/modules/* | sort -V | tail -n 1)")
 mkdir -p "$R/boot/firmware"
 in_chroot env DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmware "$KVER"
