@@ -27,10 +27,11 @@ image: setup setup-image  # the SD-card image from Debian's archive (as root): b
 image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh
 
-# The image booted in qemu-system-aarch64 and tested from here (tests/test_device.py, as
-# root); the base root file system is cached in ~/.cache/cairn, the test image in build/.
+# The image booted in qemu-system-aarch64 and tested from here, as root (tests/test_device.py;
+# tests/test_device_clock.py boots a second device with its clock in 2000); the base root
+# file system is cached in ~/.cache/cairn, the test image in build/.
 appliance-test: setup-test setup-image
-	.venv/bin/pytest tests/test_device.py -m appliance -v -s
+	.venv/bin/pytest tests/test_device.py tests/test_device_clock.py -m appliance -v -s
 
 setup:
 	scripts/setup.sh

@@ -28,9 +28,10 @@ apt_install() {
 if [ "$PROFILE" = image ]; then
     # mmdebstrap runs arm64 packages' scripts through qemu-user (binfmt_misc); the image is
     # assembled from files (mtools, mkfs.ext4 -d, sfdisk); the appliance test boots it in
-    # qemu-system-aarch64 and talks to it over ssh
+    # qemu-system-aarch64 and talks to it over ssh; socat carries each of the guest's
+    # connections to a host service (QEMU guestfwd)
     apt_install mmdebstrap qemu-user-static binfmt-support arch-test dosfstools mtools \
-        e2fsprogs fdisk xz-utils qemu-system-arm openssh-client
+        e2fsprogs fdisk xz-utils qemu-system-arm openssh-client socat
     exit 0
 fi
 

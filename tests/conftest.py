@@ -84,3 +84,20 @@ def spark():
                                         "spark.ui.enabled": "false"}, app="cairn-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def image():
+    """The Debian test image and its boot files (tests/qemu_device.py), built once per run
+    for every appliance test module, rebuilt only when its sources changed."""
+    import time
+
+    from tests import qemu_device
+
+    log = qemu_device.WORK.parent / "debian-test-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    built = qemu_device.build_test_image(log)
+    print(f"\n[appliance] image ready in {time.monotonic() - started:.0f} s: {built[0]} "
+          f"({built[0].stat().st_size / 2**20:.0f} MiB)")
+    return built

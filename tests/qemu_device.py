@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -114,7 +115,11 @@ class Guest:
         # default wait for a device) in some boots
         return " ".join(words + ["console=ttyAMA0", "systemd.default_device_timeout_sec=600"])
 
-    def start(self, rtc_base: str | None = None) -> None:
+    def start(self, rtc_base: str | None = None, host_services: dict[str, int] | None = None
+              ) -> None:
+        """Boot. ``rtc_base``: where the guest's RTC starts (QEMU's ``-rtc base=``).
+        ``host_services``: guest address ``IP:PORT`` -> a port on the host's loopback, the
+        only host services the guest can reach (QEMU's guestfwd)."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.boots += 1
         for stale in self.workdir.glob("ssh-*"):   # the last boot's SSH master socket
@@ -130,7 +135,11 @@ class Guest:
             "-device", "virtio-blk-pci,drive=card",
             "-netdev", "user,id=lan,restrict=on,"
                        f"hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22,"
-                       f"hostfwd=tcp:127.0.0.1:{self.http_port}-:8080",
+                       f"hostfwd=tcp:127.0.0.1:{self.http_port}-:8080"
+                       # cmd: a socat per connection (a chardev would be one connection,
+                       # made once when QEMU starts)
+                       + "".join(f",guestfwd=tcp:{guest}-cmd:socat - TCP:127.0.0.1:{port}"
+                                 for guest, port in (host_services or {}).items()),
             "-device", "virtio-net-pci,netdev=lan",
             "-device", "virtio-rng-pci",
         ]
@@ -245,6 +254,33 @@ class Guest:
         raise AssertionError(f"not ready after {timeout} s (last answer {last!r}):\n"
                              + self.console_tail())
 
+    def step_clock_to_host_time(self) -> float:
+        """What NTP does at its first answer: step the guest's wall clock to this host's
+        time and say it is synchronized (the flag file timesyncd writes). The host's time is
+        sent once the guest's side is running and waiting for it, so the step is off by
+        the SSH session's one-way latency only. Returns the step in seconds."""
+        script = ("import os, sys, time\n"
+                  "print('ready', flush=True)\n"
+                  "now = float(sys.stdin.readline())\n"
+                  "step = now - time.time()\n"
+                  "time.clock_settime(time.CLOCK_REALTIME, now)\n"
+                  "os.makedirs('/run/systemd/timesync', exist_ok=True)\n"
+                  "open('/run/systemd/timesync/synchronized', 'w').close()\n"
+                  "print(step)\n")
+        proc = subprocess.Popen(self.ssh_command() + [f"sudo python3 -c {shlex.quote(script)}"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+            proc.stdin.write(f"{time.time():.6f}\n")
+            proc.stdin.flush()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err
+        return float(out)
+
     @contextlib.contextmanager
     def tunnel(self, guest_port: int = 8080):
         """An SSH tunnel to the router's loopback listener, as the README tells an admin to
@@ -299,7 +335,7 @@ def partition_device(disk: Path, number: int, read_only: bool = True):
 
 def tools_missing() -> str | None:
     for tool in ("qemu-system-aarch64", "mmdebstrap", "ssh", "sfdisk", "mkfs.vfat", "mcopy",
-                 "losetup", "e2fsck"):
+                 "losetup", "e2fsck", "socat"):
         if not shutil.which(tool):
             return tool
     return None

@@ -12,16 +12,19 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from harness.wamp_client import connect
+from harness.wamp_client import connect, retained_values
 from tests import qemu_device
 
 pytestmark = [pytest.mark.appliance]
@@ -30,17 +33,6 @@ missing = qemu_device.tools_missing()
 if missing or os.geteuid() != 0:
     pytestmark.append(pytest.mark.skip(
         reason=f"{missing} is not installed" if missing else "needs root"))
-
-
-@pytest.fixture(scope="session")
-def image(tmp_path_factory):
-    log = qemu_device.WORK.parent / "debian-test-build.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    built = qemu_device.build_test_image(log)
-    print(f"\n[appliance] image ready in {time.monotonic() - started:.0f} s: {built[0]} "
-          f"({built[0].stat().st_size / 2**20:.0f} MiB)")
-    return built
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +179,8 @@ async def _sensor_readings(port: int, pty: str, count: int) -> tuple[list[dict],
         while not enough.is_set():
             assert time.monotonic() < deadline, f"only {len(got)} readings arrived"
             seq += 1
-            os.write(fd, ths_sentence("uart-1", seq, 20 + seq / 10, 40 + seq / 10).encode())
+            sentence = ths_sentence("uart-1", seq, 20 + seq / 10, 40 + seq / 10)
+            os.write(fd, f"{sentence}\r\n".encode())  # the sensor ends each line with CR LF
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(enough.wait(), 0.5)
     finally:
@@ -230,7 +223,7 @@ def test_a_damaged_payload_is_refused_and_the_running_version_left_alone(device)
         device.ssh_stdin("rm -rf /tmp/p && mkdir /tmp/p && tar -xzf - -C /tmp/p "
                          "--strip-components=1", f)
     # one byte of the wheel changed, as a bad download or a bad card would
-    device.ssh("w=$(ls /tmp/p/wheels/*.whl) && printf X | "
+    device.ssh("w=$(ls /tmp/p/wheels/cairn-*.whl) && printf X | "
                "dd of=\"$w\" bs=1 seek=100 conv=notrunc status=none")
     done = device.ssh("sudo /tmp/p/install.sh", check=False)
     assert done.returncode == 1
@@ -239,6 +232,113 @@ def test_a_damaged_payload_is_refused_and_the_running_version_left_alone(device)
                        "systemctl is-active cairn-router").stdout.split()
     assert after[:2] == before and after[2] == "active", (before, after)
 
+
+
+# -- an upgrade and its rollback --------------------------------------------------------------
+
+# /run is the one directory of the running device that overlayroot-chroot shares with the
+# card's root (it binds /proc, /run and /sys): the payload waits there.
+UPGRADE_DIR = "/run/cairn-upgrade"
+
+
+@pytest.fixture(scope="module")
+def newer_payload(tmp_path_factory) -> tuple[str, Path]:
+    """(version, tarball): the same sources released as a newer version, a payload of its
+    own (wheel and the device's dependency wheels), as build_payload.py makes one."""
+    import tomllib
+
+    from images import build_payload
+
+    tmp = tmp_path_factory.mktemp("newer")
+    source = tmp / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.pyc")
+    for name in build_payload.SOURCES:
+        path = qemu_device.ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, source / name, ignore=ignore)
+        else:
+            source.mkdir(exist_ok=True)
+            shutil.copy2(path, source / name)
+    pyproject = source / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+    newer = f"{version}.post1"
+    pyproject.write_text(pyproject.read_text().replace(f'version = "{version}"',
+                                                       f'version = "{newer}"', 1))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                           str(tmp / "wheel"), str(source)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    (wheel,) = (tmp / "wheel").glob(f"cairn-{newer}-*.whl")
+    done = subprocess.run([sys.executable, str(qemu_device.ROOT / "images/build_payload.py"),
+                           "--out", str(tmp / "out"), "--wheel", str(wheel)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return newer, tmp / "out" / f"cairn-payload-{newer}.tar.gz"
+
+
+def _reboot(device: qemu_device.Guest) -> None:
+    boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    device.ssh("sudo systemctl --no-block reboot")
+    device.wait_ready(after_boot=boot_id)
+
+
+def _running_version(device: qemu_device.Guest) -> tuple[str, str]:
+    """(the venv /opt/cairn points at, ``cairn --version`` of the running router's binary)."""
+    venv = device.ssh("readlink /opt/cairn").stdout.strip()
+    pid = device.ssh("systemctl show -p MainPID --value cairn-router").stdout.strip()
+    python = device.ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout.split()[0]
+    assert python == f"/opt/{venv}/bin/python", (python, venv)  # what really runs
+    return venv, device.ssh("/opt/cairn/bin/cairn --version").stdout.strip()
+
+
+async def _publish_and_read_retained(port: int, value: int | None) -> int:
+    """Publish ``value`` retained to sensor.upgrade (unless None); then the retained value a
+    new session gets."""
+    router = SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port)
+    if value is not None:
+        session = await connect(router)
+        await session.publish("sensor.upgrade", value,
+                              options=PublishOptions(acknowledge=True, retain=True))
+        session.leave()
+    session = await connect(router)
+    retained = await retained_values(session, "sensor.upgrade")
+    session.leave()
+    return retained["sensor.upgrade"]
+
+
+def test_an_upgrade_on_the_read_only_root_keeps_the_data_and_rolls_back(device,
+                                                                          newer_payload):
+    """As images/README.md tells it: install.sh of the newer payload through
+    overlayroot-chroot (the card's root, writable for the while; no network), a reboot
+    into the new version, then the rollback to the venv kept beside it."""
+    newer, tarball = newer_payload
+    old_venv, old_version = _running_version(device)
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, 1)) == 1
+    with open(tarball, "rb") as f:
+        device.ssh_stdin(f"sudo rm -rf {UPGRADE_DIR} && sudo mkdir {UPGRADE_DIR} && "
+                         f"sudo tar -xzf - -C {UPGRADE_DIR} --strip-components=1", f)
+    # sh: /run is noexec. overlayroot-chroot exits 0 whatever its command did, so the
+    # outcome is read from what install.sh said and from the card's root itself
+    done = device.ssh(f"sudo overlayroot-chroot sh {UPGRADE_DIR}/install.sh", timeout=1200)
+    said = done.stdout + done.stderr
+    assert "install.sh: done" in said and "from the index" not in said, said  # offline
+    lower = device.ssh("readlink /media/root-ro/opt/cairn").stdout.strip()
+    assert lower.startswith(f"cairn-{newer}-"), said
+    _reboot(device)
+    new_venv, new_version = _running_version(device)
+    assert new_venv.startswith(f"cairn-{newer}-") and new_version == f"cairn {newer}"
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, None)) == 1   # the data came along
+        assert asyncio.run(_publish_and_read_retained(port, 2)) == 2
+
+    device.ssh(f"sudo overlayroot-chroot sh -c 'ln -sfn {old_venv} /opt/cairn.new && "
+               "mv -T /opt/cairn.new /opt/cairn'")
+    assert device.ssh("readlink /media/root-ro/opt/cairn").stdout.strip() == old_venv
+    _reboot(device)
+    assert _running_version(device) == (old_venv, old_version)
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, None)) == 2
 
 # -- power cuts ----------------------------------------------------------------------------
 
