@@ -5,9 +5,10 @@ complete, its ``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_st
 (Structured Streaming, ``availableNow``, checkpointed) both hand the manifests they find to
 :func:`ingest_manifests`, which
 
-1. checks each manifest and its batch: the data file exists, has the manifest's size and
-   sha256, is a complete gzip stream with ``count`` lines, and its first and last lines are
-   the manifest's gateway and first/last seq. A batch that fails is moved to the quarantine
+1. checks each manifest and its batch, in the JVM next to the data (:func:`_verify`): the
+   data file exists, has the manifest's size and sha256, holds ``count`` lines (a short gzip
+   stream holds fewer), each beginning with the manifest's gateway and a seq, increasing
+   from its first to its last seq. A batch that fails is moved to the quarantine
    directory (or left in place and logged when there is none) with one clear report line,
    and the job goes on with the rest;
 2. reads the good batches, drops rows already in the table with an anti-join on
@@ -47,12 +48,19 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from cairn.sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX, ManifestError, parse_manifest
+from cairn.sync.batch_format import (
+    DATA_SUFFIX,
+    LINE_HEAD,
+    MANIFEST_SUFFIX,
+    ManifestError,
+    parse_manifest,
+)
 from cairn.sync.table_lock import locked
 
 log = logging.getLogger("cairn.spark")
@@ -72,6 +80,9 @@ JOB_CONF = {
     # write a few date partitions at once instead of sorting each task's rows by date first
     # (halves the time of the append on two cores)
     "spark.sql.maxConcurrentOutputFileWriters": "16",
+    # a read of N listed files first checks them in a Spark job of min(N, 10000) tasks:
+    # for thousands of small batches that alone took 20 s per read; 32 tasks list as fast
+    "spark.sql.sources.parallelPartitionDiscovery.parallelism": "32",
 }
 
 # One line of a batch, as the uploader writes it. ``args``, ``kwargs``, ``details`` and
@@ -264,17 +275,12 @@ class Files:
         p = self._path(path)
         return self._fs(p).makeQualified(p).toString().rstrip("/")
 
-    def from_uri(self, uri: str) -> str:
-        """A path as Spark's ``_metadata.file_path`` gives it (URL-encoded) -> plain."""
-        return self._jvm.org.apache.hadoop.fs.Path(self._jvm.java.net.URI(uri)).toString()
-
-    def size(self, path: str) -> int | None:
-        p = self._path(path)
-        fs = self._fs(p)
-        if not fs.exists(p):
-            return None
-        status = fs.getFileStatus(p)
-        return None if status.isDirectory() else status.getLen()
+    @staticmethod
+    def from_uri(uri: str) -> str:
+        """A path as Spark's ``_metadata.file_path`` gives it (URL-encoded) -> plain, as
+        Hadoop's ``Path(URI).toString()`` has it (decoded in Python: a call into the JVM
+        per file cost seconds per thousand batches)."""
+        return unquote(uri)
 
     def exists(self, path: str) -> bool:
         p = self._path(path)
@@ -284,6 +290,12 @@ class Files:
         p = self._path(pattern)
         found = self._fs(p).globStatus(p)
         return [] if found is None else [s.getPath().toString() for s in found]
+
+    def matches(self, pattern: str) -> bool:
+        """Whether anything matches ``pattern`` (without a call per match, as glob makes)."""
+        p = self._path(pattern)
+        found = self._fs(p).globStatus(p)
+        return found is not None and len(found) > 0
 
     def children(self, path: str) -> list[str]:
         p = self._path(path)
@@ -401,49 +413,8 @@ def _with_event_time(rows: DataFrame, refs: DataFrame) -> DataFrame:
 
 # -- checking batches ----------------------------------------------------------------------
 
-def _check_content(content: bytes, expected: tuple[str, str, int, int, int]) -> str | None:
-    """Runs on the executors: None when the batch file is what its manifest says."""
-    import gzip
-    import hashlib
-    import zlib
-
-    sha256, gateway_id, count, first_seq, last_seq = expected
-    digest = hashlib.sha256(content).hexdigest()
-    if digest != sha256:
-        return f"sha256 {digest[:16]}... differs from the manifest's {sha256[:16]}..."
-    try:
-        text = gzip.decompress(content)
-    except (OSError, EOFError, zlib.error) as e:
-        return f"not a complete gzip stream ({e})"
-    lines = text.count(b"\n") + (0 if not text or text.endswith(b"\n") else 1)
-    if lines != count:
-        return f"{lines} lines, the manifest says {count}"
-    return _check_lines(text, lines, gateway_id, first_seq, last_seq)
-
-
-def _check_lines(text: bytes, lines: int, gateway_id: str, first_seq: int,
-                 last_seq: int) -> str | None:
-    """Every line of the batch's gateway, seqs increasing from first to last (checked on
-    the line heads alone: parsing whole rows in Python would cost more than the ingest)."""
-    import json as json_
-
-    from cairn.sync.batch_format import LINE_HEAD
-
-    heads = LINE_HEAD.findall(text)
-    if len(heads) != lines:
-        return (f"{lines - len(heads)} lines do not begin with gateway_id, timestamp and "
-                "seq (not the batch format)")
-    own = json_.dumps(gateway_id).encode()
-    others = sorted({g for g, _ in heads if g != own})
-    if others:
-        named = ", ".join(json_.loads(g) for g in others[:3])
-        return f"rows of gateway {named} in a batch of {gateway_id!r}"
-    seqs = [int(s) for _, s in heads]
-    if seqs[0] != first_seq or seqs[-1] != last_seq:
-        return (f"seqs {seqs[0]}..{seqs[-1]}, the manifest says {first_seq}..{last_seq}")
-    if any(a >= b for a, b in zip(seqs, seqs[1:], strict=False)):
-        return "seqs are not strictly increasing"
-    return None
+# the head of one line (batch_format.LINE_HEAD) as a Java regex: gateway_id (JSON), seq
+LINE_HEAD_REGEX = LINE_HEAD.pattern.decode()
 
 
 @dataclass
@@ -451,6 +422,7 @@ class _Candidate:
     manifest_path: str
     data_path: str
     manifest: dict[str, Any]
+    data_uri: str = ""  # data_path as Spark's _metadata.file_path gives it (URL-encoded)
 
     @property
     def name(self) -> str:
@@ -459,24 +431,87 @@ class _Candidate:
 
 def _verify(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
     """{data path: problem} for the batches whose content is not what the manifest says.
-    Hashing and unzipping run on the executors, next to the data."""
+    Two passes in the JVM, next to the data, each bringing back one row per batch: the raw
+    bytes (length, sha256), then every line's head (gateway, seq) of the batches whose
+    bytes are right. No row is parsed in Python."""
     if not candidates:
         return {}
-    expected = {c.data_path: (c.manifest["sha256"], c.manifest["gateway_id"],
-                              c.manifest["count"], c.manifest["first_seq"],
-                              c.manifest["last_seq"]) for c in candidates}
-    check = _check_content
-    found = (spark.read.format("binaryFile").load([c.data_path for c in candidates])
-             .select("path", "content").rdd
-             .map(lambda r: (r.path, check(bytes(r.content), expected[r.path])
-                             if r.path in expected else None))
-             .collect())
-    problems = {path: problem for path, problem in found if problem}
-    seen = {path for path, _ in found}
+    sums = {r.uri: (r.length, r.sha256) for r in (
+        spark.read.format("binaryFile").load([c.data_path for c in candidates])
+        .select(F.col("_metadata.file_path").alias("uri"), "length",
+                F.sha2("content", 256).alias("sha256"))
+        .collect())}
+    problems: dict[str, str] = {}
+    sound = []
     for c in candidates:
-        if c.data_path not in seen:
-            problems[c.data_path] = "Spark could not read the data file"
+        problem = _bytes_problem(c.manifest, *sums.get(c.data_uri, (None, None)))
+        if problem:
+            problems[c.data_path] = problem
+        else:
+            sound.append(c)
+    return problems | _line_problems(spark, sound)
+
+
+def _bytes_problem(manifest: dict[str, Any], length: int | None,
+                   sha256: str | None) -> str | None:
+    if length is None or sha256 is None:
+        return "Spark could not read the data file"
+    if length != manifest["bytes"]:
+        return f"{length} bytes, the manifest says {manifest['bytes']} (truncated?)"
+    if sha256 != manifest["sha256"]:
+        return (f"sha256 {sha256[:16]}... differs from the manifest's "
+                f"{manifest['sha256'][:16]}...")
+    return None
+
+
+def _line_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+    """Per batch: its lines, those without the batch format's head, the first and last seq,
+    the gateways named, and the seqs not above the line before (a window over each file's
+    lines in read order: gzip is not splittable, so one task reads a file top to bottom)."""
+    if not candidates:
+        return {}
+    lines = (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
+             .text([c.data_path for c in candidates])
+             .select(F.col("_metadata.file_path").alias("uri"),
+                     F.monotonically_increasing_id().alias("pos"),
+                     F.regexp_extract("value", LINE_HEAD_REGEX, 1).alias("gateway"),
+                     F.regexp_extract("value", LINE_HEAD_REGEX, 2).try_cast("long")
+                     .alias("seq")))
+    in_order = Window.partitionBy("uri").orderBy("pos")
+    per_file = (lines.withColumn("back", F.col("seq") <= F.lag("seq").over(in_order))
+                .groupBy("uri")
+                .agg(F.count(F.lit(1)).alias("lines"),
+                     F.count_if(F.col("seq").isNull()).alias("headless"),
+                     F.min_by("seq", "pos").alias("first"), F.max_by("seq", "pos").alias("last"),
+                     F.count_if("back").alias("back"),
+                     F.collect_set("gateway").alias("gateways")))
+    found = {r.uri: r for r in per_file.collect()}
+    problems = {}
+    for c in candidates:
+        problem = _lines_problem(c.manifest, found.get(c.data_uri))
+        if problem:
+            problems[c.data_path] = problem
     return problems
+
+
+def _lines_problem(manifest: dict[str, Any], lines: Any) -> str | None:
+    count, gateway_id = manifest["count"], manifest["gateway_id"]
+    if lines is None or lines.lines != count:
+        return f"{0 if lines is None else lines.lines} lines, the manifest says {count}"
+    if lines.headless:
+        return (f"{lines.headless} lines do not begin with gateway_id, timestamp and seq "
+                "(not the batch format)")
+    own = json.dumps(gateway_id)
+    others = sorted(g for g in lines.gateways if g != own)
+    if others:
+        named = ", ".join(json.loads(g) for g in others[:3])
+        return f"rows of gateway {named} in a batch of {gateway_id!r}"
+    if lines.first != manifest["first_seq"] or lines.last != manifest["last_seq"]:
+        return (f"seqs {lines.first}..{lines.last}, the manifest says "
+                f"{manifest['first_seq']}..{manifest['last_seq']}")
+    if lines.back:
+        return "seqs are not strictly increasing"
+    return None
 
 
 # -- ingest --------------------------------------------------------------------------------
@@ -612,35 +647,48 @@ def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None
 
 def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
                    quarantine: str | None, chunk: int) -> IngestStats:
-    """Gateway directory by gateway directory, ``chunk`` batches at a time: a landing
-    directory of millions of files is never listed, read or verified all at once."""
+    """The landing listed once, by Spark (one job, no call into the JVM per file), then its
+    manifests ``chunk`` at a time: a landing of millions of files is never read or verified
+    all at once."""
+    started = time.monotonic()
     TableDir(spark, files, table).recover()
+    landed = _landed(spark, files, landing)
+    manifest_uris = sorted(u for u in landed if u.endswith(MANIFEST_SUFFIX))
     stats = IngestStats()
-    pending: list[str] = []
-    for gateway_dir in sorted(files.children(landing)):
-        manifest_paths = files.glob(f"{gateway_dir}/*{MANIFEST_SUFFIX}")
-        have = {p.removesuffix(MANIFEST_SUFFIX) for p in manifest_paths}
-        stats.waiting += sum(1 for p in files.glob(f"{gateway_dir}/*{DATA_SUFFIX}")
-                             if p.removesuffix(DATA_SUFFIX) not in have)
-        pending += manifest_paths
-        while len(pending) >= chunk:
-            stats.add(_ingest_paths(spark, files, pending[:chunk], table, quarantine))
-            pending = pending[chunk:]
-    if pending or not stats.manifests:
-        stats.add(_ingest_paths(spark, files, pending, table, quarantine))
+    stats.timed("listing", started)
+    stats.waiting = sum(1 for u in landed if u.endswith(DATA_SUFFIX)
+                        and u.removesuffix(DATA_SUFFIX) + MANIFEST_SUFFIX not in landed)
+    for start in range(0, max(len(manifest_uris), 1), chunk):
+        stats.add(_ingest_paths(spark, files, manifest_uris[start:start + chunk], table,
+                                quarantine, landed))
     return stats
 
 
-def _ingest_paths(spark: SparkSession, files: Files, manifest_paths: list[str], table: str,
-                  quarantine: str | None) -> IngestStats:
+def _landed(spark: SparkSession, files: Files, landing: str) -> set[str]:
+    """The URIs (as ``_metadata.file_path`` gives them) of the files in the gateway
+    directories of ``landing``."""
+    pattern = f"{landing}/*/*"
+    if not files.matches(pattern):
+        return set()
+    listed = (spark.read.format("binaryFile").load(pattern)
+              .select("path", F.col("_metadata.file_path").alias("uri")).collect())
+    # the glob also matches directories, whose files Spark lists too: not batches
+    return {r.uri for r in listed if r.path[len(landing) + 1:].count("/") == 1}
+
+
+def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str], table: str,
+                  quarantine: str | None, landed: set[str]) -> IngestStats:
+    started = time.monotonic()
     manifests: list[tuple[str, str]] = []
-    if manifest_paths:
+    if manifest_uris:
         # (text()'s own wholetext argument would override an option)
-        frame = (spark.read.text(manifest_paths, wholetext=True)
+        frame = (spark.read.text([files.from_uri(u) for u in manifest_uris], wholetext=True)
                  .select(F.col("_metadata.file_path").alias("path"), "value"))
-        manifests = [(files.from_uri(r.path), r.value) for r in frame.collect()]
-    stats = ingest_manifests(spark, manifests, table, quarantine, files)
-    if len(manifest_paths) > 1:
+        manifests = [(r.path, r.value) for r in frame.collect()]
+    read_s = time.monotonic() - started
+    stats = ingest_manifests(spark, manifests, table, quarantine, files, landed)
+    stats.phases["manifests"] = stats.phases.get("manifests", 0.0) + read_s
+    if len(manifest_uris) > 1:
         log.info("%s", stats.summary())
     return stats
 
@@ -672,7 +720,7 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
     total = IngestStats()
 
     def each(frame: DataFrame, batch_id: int) -> None:
-        manifests = [(files.from_uri(r.path), r.value) for r in frame.collect()]
+        manifests = [(r.path, r.value) for r in frame.collect()]
         stats = ingest_manifests(frame.sparkSession, manifests, table, quarantine, files)
         total.add(stats)
         total.micro_batches += 1
@@ -690,9 +738,11 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
 
 
 def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], table: str,
-                     quarantine: str | None = None, files: Files | None = None) -> IngestStats:
-    """Verify, dedupe, re-base and append the batches of ``manifests`` ([(manifest path,
-    manifest text)], paths qualified) into ``table``."""
+                     quarantine: str | None = None, files: Files | None = None,
+                     landed: set[str] | None = None) -> IngestStats:
+    """Verify, dedupe, re-base and append the batches of ``manifests`` ([(manifest URI as
+    Spark's ``_metadata.file_path`` gives it, manifest text)]) into ``table``. ``landed``:
+    the URIs of the files known to be there (else each data file is looked for)."""
     started = time.monotonic()
     files = files or Files(spark)
     store = TableDir(spark, files, table)
@@ -712,37 +762,35 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
                          m.get("first_seq"), m.get("last_seq"), m.get("count"), "quarantined",
                          reason, manifest_path, run, None))
 
-    parsed: list[tuple[str, str, dict[str, Any]]] = []
-    for manifest_path, text in manifests:
+    parsed: list[_Candidate] = []
+    for manifest_uri, text in manifests:
+        manifest_path = files.from_uri(manifest_uri)
         data_path = manifest_path.removesuffix(MANIFEST_SUFFIX) + DATA_SUFFIX
         try:
-            parsed.append((manifest_path, data_path, parse_manifest(text)))
+            parsed.append(_Candidate(manifest_path, data_path, parse_manifest(text),
+                                     manifest_uri.removesuffix(MANIFEST_SUFFIX) + DATA_SUFFIX))
         except ManifestError as e:
             reject(manifest_path, data_path, None, str(e))
     done = set()
     if parsed:  # which of these batches are in the table already (same file, same bytes)
-        names = sorted({m["file"] for _, _, m in parsed})
+        names = sorted({c.manifest["file"] for c in parsed})
         done = {(r.file, r.sha256) for r in store.batch_frame()
                 .where((F.col("status") == "ingested") & F.col("file").isin(names))
                 .select("file", "sha256").collect()}
     candidates: list[_Candidate] = []
-    for manifest_path, data_path, m in parsed:
+    for c in parsed:
+        m = c.manifest
         if (m["file"], m["sha256"]) in done:
             stats.already += 1
-            continue
-        if m["file"] != _name(data_path) or not m["file"].startswith(m["gateway_id"] + "/"):
+        elif m["file"] != c.name or not m["file"].startswith(m["gateway_id"] + "/"):
             # a manifest vouches only for the file beside it, in its own gateway's directory
-            reject(manifest_path, data_path, m,
+            reject(c.manifest_path, c.data_path, m,
                    f"manifest of gateway {m['gateway_id']!r} names {m['file']}")
-            continue
-        size = files.size(data_path)
-        if size is None:
-            reject(manifest_path, data_path, m, "the data file is missing")
-        elif size != m["bytes"]:
-            reject(manifest_path, data_path, m,
-                   f"{size} bytes, the manifest says {m['bytes']} (truncated?)")
+        elif (c.data_uri not in landed) if landed is not None else (
+                not files.exists(c.data_path)):
+            reject(c.manifest_path, c.data_path, m, "the data file is missing")
         else:
-            candidates.append(_Candidate(manifest_path, data_path, m))
+            candidates.append(c)
     clock = stats.timed("manifests", started)
     problems = _verify(spark, candidates)
     clock = stats.timed("verify", clock)
@@ -906,8 +954,8 @@ def _conflicts(spark: SparkSession, store: TableDir,
 
 def _read_batches(spark: SparkSession, paths: list[str]) -> DataFrame:
     return (spark.read.schema(EVENT_SCHEMA).json(paths)
-            .withColumn("batch", F.regexp_extract(F.col("_metadata.file_path"),
-                                                  r"([^/]+/[^/]+)$", 1))
+            # gateway/file (a regular expression here cost half the time of the read)
+            .withColumn("batch", F.substring_index(F.col("_metadata.file_path"), "/", -2))
             .where(F.col("seq").isNotNull() & F.col("gateway_id").isNotNull()))
 
 

@@ -282,36 +282,50 @@ class Guest:
         return float(out)
 
     @contextlib.contextmanager
-    def tunnel(self, guest_port: int = 8080):
+    def tunnel(self, guest_port: int = 8080, timeout: float = 120):
         """An SSH tunnel to the router's loopback listener, as the README tells an admin to
         reach a device: ``ssh -L PORT:127.0.0.1:8080``. Yields the local port."""
         port = free_port()
-        proc = subprocess.Popen(self.ssh_command("-N", "-o", "ExitOnForwardFailure=yes",
-                                                 "-L", f"127.0.0.1:{port}:127.0.0.1:{guest_port}",
-                                                 shared=False),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+        proc = self._open_tunnel(port, guest_port, time.monotonic() + timeout)
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    raise AssertionError(f"ssh -L exited: {proc.stderr.read()}")
-                with contextlib.suppress(OSError), socket.create_connection(
-                        ("127.0.0.1", port), timeout=2):
-                    break
-                if time.monotonic() > deadline:
-                    raise AssertionError("the SSH tunnel did not open")
-                time.sleep(0.2)
             yield port
         finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            if proc.poll() is None:
-                proc.kill()
+            _stop(proc)
+
+    def _open_tunnel(self, port: int, guest_port: int, deadline: float) -> subprocess.Popen:
+        """Starts ssh -L and waits for the local port. An ssh that gives up (the emulated
+        CPU, busy just after a boot, can take longer than ConnectTimeout to answer the key
+        exchange) is started again until ``deadline``."""
+        while True:
+            proc = subprocess.Popen(
+                self.ssh_command("-N", "-o", "ExitOnForwardFailure=yes",
+                                 "-L", f"127.0.0.1:{port}:127.0.0.1:{guest_port}",
+                                 shared=False),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                text=True)
+            while proc.poll() is None:
+                with contextlib.suppress(OSError), socket.create_connection(
+                        ("127.0.0.1", port), timeout=2):
+                    return proc
+                if time.monotonic() > deadline:
+                    _stop(proc)
+                    raise AssertionError("the SSH tunnel did not open")
+                time.sleep(0.2)
+            error = proc.stderr.read()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"ssh -L exited: {error}")
+            time.sleep(1)
 
     def close(self) -> None:
         self.kill()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+    if proc.poll() is None:
+        proc.kill()
 
 
 def partitions(disk: Path) -> list[dict]:

@@ -110,6 +110,27 @@ def test_lines_out_of_seq_order_are_quarantined(spark, ingested):
     assert ingest_bad(spark, ingested) == {name: "seqs are not strictly increasing"}
 
 
+def test_a_batch_with_fewer_lines_than_its_manifest_counts_is_quarantined(spark, ingested):
+    rows = events(range(101, 111))
+    name = land_bytes(ingested[0], "gw-a", rows, encode_rows("gw-a", rows[:9]), 100)
+    assert ingest_bad(spark, ingested) == {name: "9 lines, the manifest says 10"}
+
+
+def test_a_batch_that_is_not_gzip_is_quarantined_even_with_its_checksum(spark, ingested):
+    rows = events(range(101, 111))
+    name = land_bytes(ingested[0], "gw-a", rows, b"PK\x03\x04 not a gzip stream", 100)
+    assert ingest_bad(spark, ingested) == {name: "0 lines, the manifest says 10"}
+
+
+def test_lines_that_are_not_the_batch_format_are_quarantined(spark, ingested):
+    rows = events(range(101, 111))
+    lines = gzip.decompress(encode_rows("gw-a", rows)).splitlines(keepends=True)
+    lines[4] = b'{"seq": 105, "gateway_id": "gw-a"}\n'
+    name = land_bytes(ingested[0], "gw-a", rows, gzip.compress(b"".join(lines), mtime=0), 100)
+    assert ingest_bad(spark, ingested) == {
+        name: "1 lines do not begin with gateway_id, timestamp and seq (not the batch format)"}
+
+
 def test_a_large_landing_is_ingested_a_chunk_of_batches_at_a_time(spark, tmp_path):
     """Chunks of two batches over three gateways' directories: every row once, the
     overlapping re-send in a later chunk than the rows it repeats dropped as duplicates."""
