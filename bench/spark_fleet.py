@@ -2,7 +2,9 @@
 ``cairn spark ingest`` on ``local[2]`` and on a 2-worker standalone cluster, each against
 the floor measured in the same session: a bare ``spark.read.json(the same files)
 .write.parquet(...)`` (same explicit schema, no verification, dedupe or re-basing). Then
-one new day into tables holding 1 and 30 days (the anti-join must not grow with the table).
+one new day into tables holding 1 and 30 days (the anti-join must not grow with the table),
+and streaming: every gateway lands a batch a minute, a streaming run (``availableNow``, as a
+timer would start it) follows each minute; the time until the rows are queryable.
 
 Run from the repository root (not part of ``make test``)::
 
@@ -184,6 +186,53 @@ def _days(spark: Any, work: Path, repeats: int) -> dict[str, Any]:
     return {str(k): v for k, v in runs.items()}
 
 
+MINUTE_ROWS = 60_000 // STEP_MS  # one gateway's rows per minute
+
+
+def _land_minute(landing: Path, gateways: int, minute: int) -> int:
+    """Each gateway lands its batch of one minute (what an uploader shipping every minute
+    writes); returns the rows landed."""
+    first = minute * MINUTE_ROWS
+    for g in range(gateways):
+        gw, boot = f"gw-{g:04d}", f"boot-gw-{g:04d}-s"
+        rows = [_row(gw, first + i + 1, T0_MS + (first + i) * STEP_MS, boot,
+                     10**9 + (first + i) * STEP_MS * 10**6, True, i % 20)
+                for i in range(MINUTE_ROWS)]
+        anchor = {"id": 1, "reason": "start", "boot_id": boot, "boottime_ns": 10**9,
+                  "wall_ns": T0_MS * 10**6, "offset_before_ns": None, "clock_synced": True,
+                  "after_seq": 0}
+        _write(landing, build_batch(gw, rows, first, [anchor], []))
+    return gateways * MINUTE_ROWS
+
+
+def _streaming(spark: Any, work: Path, gateways: int, minutes: int) -> list[dict[str, Any]]:
+    """``minutes`` rounds of: every gateway lands a batch, then a streaming run (what a
+    timer starts each minute) makes them queryable. Time from the last batch landing to
+    its rows being counted in the table."""
+    from pyspark.sql import functions as F
+
+    from cairn.sync import spark as jobs
+
+    base = work / "streaming"
+    shutil.rmtree(base, ignore_errors=True)
+    landing, table = base / "landing", base / "table"
+    rounds = []
+    for minute in range(minutes):
+        landed = _land_minute(landing, gateways, minute)
+        started = time.perf_counter()
+        stats = jobs.ingest_stream(spark, str(landing), str(table), str(base / "checkpoint"),
+                                   max_batches=gateways)
+        first, last = minute * MINUTE_ROWS + 1, (minute + 1) * MINUTE_ROWS
+        queryable = (spark.read.parquet(str(table)).where(F.col("seq").between(first, last))
+                     .count())
+        rounds.append({"minute": minute, "landed_rows": landed, "queryable_rows": queryable,
+                       "seconds": round(time.perf_counter() - started, 1),
+                       "micro_batches": stats.micro_batches, "load": _load(),
+                       "phases_s": {k: round(v, 1) for k, v in stats.phases.items()}})
+        print(f"streaming minute {minute}: {rounds[-1]}", file=sys.stderr)
+    return rounds
+
+
 def drive(opts: argparse.Namespace) -> int:
     """The measurements in this process (a driver of ``opts.master``); JSON on stdout."""
     from cairn.sync import spark as jobs
@@ -204,6 +253,8 @@ def drive(opts: argparse.Namespace) -> int:
             print(f"{opts.master} {what}: {out[what][-1]}", file=sys.stderr)
     if opts.days:
         out["days"] = _days(spark, work, opts.repeats)
+    if opts.streaming_minutes:
+        out["streaming"] = _streaming(spark, work, opts.gateways, opts.streaming_minutes)
     spark.stop()
     print(json.dumps(out))
     return 0
@@ -215,7 +266,9 @@ def _run_driver(master: str, work: Path, opts: argparse.Namespace, conf: list[st
                 days: bool) -> dict[str, Any]:
     args = [sys.executable, "-m", "bench.spark_fleet", "--drive", "--master", master,
             "--work", str(work), "--repeats", str(opts.repeats),
-            "--driver-memory", opts.driver_memory, *(["--days"] if days else [])]
+            "--driver-memory", opts.driver_memory, "--gateways", str(opts.gateways),
+            "--streaming-minutes", str(opts.streaming_minutes if days else 0),
+            *(["--days"] if days else [])]
     for c in conf:
         args += ["--conf", c]
     done = subprocess.run(args, stdout=subprocess.PIPE, text=True)
@@ -293,6 +346,15 @@ def _report(opts: argparse.Namespace, landed: dict[str, Any], results: dict[str,
                               "ratio": round(d30 / d1, 2)}
         print(f"one new day ({opts.day_rows:,} rows) into a table of 1 day: {d1:.1f} s, "
               f"of 30 days: {d30:.1f} s (x{d30 / d1:.2f}; local[2], medians)")
+    streaming = results["local[2]"].get("streaming")
+    if streaming:
+        after = [r["seconds"] for r in streaming]
+        summary["streaming"] = {"minutes": len(after), "median_s": statistics.median(after),
+                                "max_s": max(after), "all_queryable": all(
+                                    r["queryable_rows"] == r["landed_rows"] for r in streaming)}
+        print(f"streaming, {opts.gateways:,} gateways landing a batch a minute: queryable "
+              f"{statistics.median(after):.1f} s after the minute's batches landed (median "
+              f"of {len(after)} minutes, max {max(after):.1f} s; add the timer's period)")
     opts.output.parent.mkdir(parents=True, exist_ok=True)
     opts.output.write_text(json.dumps({
         "benchmark": "cairn spark ingest, fleet", "machine": machine(), "landed": landed,
@@ -309,6 +371,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--day-rows", type=int, default=100_000, help="rows per day (days test)")
     p.add_argument("--day-gateways", type=int, default=100)
+    p.add_argument("--streaming-minutes", type=int, default=10,
+                   help="minutes of batches for the streaming test (local[2]; 0: none)")
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--worker-memory", default="3g")
     p.add_argument("--dir", help="work here and keep it (default: a temporary directory)")

@@ -574,12 +574,12 @@ class TableDir:
         self.staging = f"{root}/_staging"
 
     def events(self) -> DataFrame | None:
-        if not self.files.glob(f"{self.root}/date=*"):
+        if not self.files.matches(f"{self.root}/date=*"):
             return None
         return self.spark.read.schema(TABLE_SCHEMA).parquet(self.root)
 
     def _side(self, path: str, schema: T.StructType) -> DataFrame:
-        if not self.files.glob(f"{path}/*.parquet"):
+        if not self.files.matches(f"{path}/*.parquet"):
             return self.spark.createDataFrame([], schema)
         return self.spark.read.schema(schema).parquet(path)
 

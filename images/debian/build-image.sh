@@ -152,13 +152,13 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin no
 EOF
-# Host keys are made on each device's first boot (before the root turns read-only), never
-# shared by every card flashed from this image.
+# Host keys are made on each device's first boot (cairn-readonly-root waits for them), never
+# shared by every card flashed from this image. `ssh-keygen -A` makes only the missing ones,
+# so a first boot cut short during it finishes the set on the next.
 rm -f "$R"/etc/ssh/ssh_host_*
 cat > "$R/etc/systemd/system/cairn-ssh-host-keys.service" <<'EOF'
 [Unit]
 Description=SSH host keys of this device (made on first boot)
-ConditionPathExistsGlob=!/etc/ssh/ssh_host_*_key
 Before=ssh.service
 
 [Service]
