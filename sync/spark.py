@@ -874,11 +874,16 @@ def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
             gw, m = c.manifest["gateway_id"], c.manifest
             lo, hi = ranges.get(gw, (m["first_seq"], m["last_seq"]))
             ranges[gw] = (min(lo, m["first_seq"]), max(hi, m["last_seq"]))
-        where = None
-        for gw, (lo, hi) in ranges.items():
-            one = (F.col("gateway_id") == gw) & F.col("seq").between(lo, hi)
-            where = one if where is None else where | one
-        keys = existing.where(where).select("gateway_id", "seq")
+        # a broadcast semi-join on the ranges, not one OR per gateway (a thousand of those
+        # overflowed the JVM's stack); the coarse filter lets Parquet skip row groups
+        bounds = spark.createDataFrame([(gw, lo, hi) for gw, (lo, hi) in ranges.items()],
+                                       "range_gateway string, lo long, hi long")
+        coarse = (F.col("gateway_id").isin(list(ranges))
+                  & F.col("seq").between(min(lo for lo, _ in ranges.values()),
+                                         max(hi for _, hi in ranges.values())))
+        keys = (existing.where(coarse).select("gateway_id", "seq")
+                .join(F.broadcast(bounds), (F.col("gateway_id") == F.col("range_gateway"))
+                      & F.col("seq").between(F.col("lo"), F.col("hi")), "left_semi"))
         held = keys.count()
         clock = stats.timed("existing keys", clock)
         if held:

@@ -361,6 +361,22 @@ def test_a_landing_whose_path_needs_url_encoding_is_ingested(spark, tmp_path):
     assert (quarantine / bad.name).exists() and not (landing / bad.name).exists()
 
 
+def test_a_fleet_of_a_thousand_gateways_lands_on_an_existing_table(spark, tmp_path):
+    """One run with batches of 1,000 gateways into a table that holds rows of each: the
+    anti-join looks up each gateway's seq range (it once built one OR per gateway, and the
+    JVM's stack overflowed)."""
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    gateways = [f"g{g:04d}" for g in range(1000)]
+    for gw in gateways:
+        land(landing, gw, events(range(1, 3)), 0)
+    jobs.ingest(spark, str(landing), str(table))
+    for gw in gateways:
+        land(landing, gw, events(range(2, 5)), 1)  # seq 2 again, 3 and 4 new
+    stats = jobs.ingest(spark, str(landing), str(table))
+    assert (stats.ingested, stats.rows_read, stats.rows_added) == (1000, 3000, 2000)
+    assert keys(spark, table) == [(gw, s) for gw in gateways for s in range(1, 5)]
+
+
 def test_gzip_batches_are_what_spark_reads(tmp_path):
     """The uploader's batch bytes are plain gzip JSON Lines (no Spark needed to check)."""
     batch = build_batch("gw", events(range(1, 4)), 0, [], [])
