@@ -2,8 +2,7 @@
 
 A batch is ``<gateway_id>/<first_seq:012d>-<last_seq:012d>.jsonl.gz``: gzip of JSON Lines,
 one history publication per line, in seq order, each line beginning with ``gateway_id``,
-``timestamp`` and ``seq`` in that order (:data:`LINE_HEAD`: the job checks every line's
-gateway and seq without parsing the rest), bytes as ``{"$bytes": base64}``; and beside
+``timestamp`` and ``seq`` (readable at a glance), bytes as ``{"$bytes": base64}``; and beside
 it a ``.manifest.json`` written last: schema, gateway_id, file, after_seq, first_seq,
 last_seq, count, bytes, sha256, created, clock
 anchors and gap records. The uploader writes it with :func:`data_name`,
@@ -15,7 +14,6 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-import re
 from typing import Any
 
 from cairn.gateway.clock import rfc3339
@@ -23,9 +21,6 @@ from cairn.gateway.clock import rfc3339
 SCHEMA_VERSION = 1  # of the manifest and the rows; a job refuses other versions
 DATA_SUFFIX = ".jsonl.gz"
 MANIFEST_SUFFIX = ".manifest.json"
-# the start of every line: the gateway (as a JSON string) and the seq
-LINE_HEAD = re.compile(rb'^\{"gateway_id":("(?:[^"\\]|\\.)*"),"timestamp":"[^"]*","seq":(\d+),',
-                       re.MULTILINE)
 
 
 def data_name(gateway_id: str, first_seq: int, last_seq: int) -> str:

@@ -5,10 +5,11 @@ complete, its ``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_st
 (Structured Streaming, ``availableNow``, checkpointed) both hand the manifests they find to
 :func:`ingest_manifests`, which
 
-1. checks each manifest and its batch, in the JVM next to the data (:func:`_verify`): the
-   data file exists, has the manifest's size and sha256, holds ``count`` lines (a short gzip
-   stream holds fewer), each beginning with the manifest's gateway and a seq, increasing
-   from its first to its last seq. A batch that fails is moved to the quarantine
+1. checks each manifest and its batch, in the JVM next to the data: the data file exists,
+   has the manifest's size and sha256 (:func:`_bytes_problems`), and, parsed once
+   (:func:`_read_lines`), holds ``count`` lines (a short gzip stream holds fewer), each a
+   whole event of the manifest's gateway, seqs increasing from its first to its last
+   (:func:`_line_problems`). A batch that fails is moved to the quarantine
    directory (or left in place and logged when there is none) with one clear report line,
    and the job goes on with the rest;
 2. reads the good batches, drops rows already in the table with an anti-join on
@@ -50,13 +51,13 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from cairn.sync.batch_format import (
     DATA_SUFFIX,
-    LINE_HEAD,
     MANIFEST_SUFFIX,
     ManifestError,
     parse_manifest,
@@ -413,8 +414,9 @@ def _with_event_time(rows: DataFrame, refs: DataFrame) -> DataFrame:
 
 # -- checking batches ----------------------------------------------------------------------
 
-# the head of one line (batch_format.LINE_HEAD) as a Java regex: gateway_id (JSON), seq
-LINE_HEAD_REGEX = LINE_HEAD.pattern.decode()
+# the fields every event has (NOT NULL in the gateway's store)
+REQUIRED = ("gateway_id", "seq", "publication", "realm", "topic", "wall_ms", "boot_id",
+            "boottime_ns", "clock_synced")
 
 
 @dataclass
@@ -429,11 +431,9 @@ class _Candidate:
         return _name(self.data_path)
 
 
-def _verify(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
-    """{data path: problem} for the batches whose content is not what the manifest says.
-    Two passes in the JVM, next to the data, each bringing back one row per batch: the raw
-    bytes (length, sha256), then every line's head (gateway, seq) of the batches whose
-    bytes are right. No row is parsed in Python."""
+def _bytes_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+    """{data path: problem} for the batches whose raw bytes are not what the manifest says:
+    one pass in the JVM, next to the data, bringing back a length and a sha256 per batch."""
     if not candidates:
         return {}
     sums = {r.uri: (r.length, r.sha256) for r in (
@@ -441,15 +441,12 @@ def _verify(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]
         .select(F.col("_metadata.file_path").alias("uri"), "length",
                 F.sha2("content", 256).alias("sha256"))
         .collect())}
-    problems: dict[str, str] = {}
-    sound = []
+    problems = {}
     for c in candidates:
         problem = _bytes_problem(c.manifest, *sums.get(c.data_uri, (None, None)))
         if problem:
             problems[c.data_path] = problem
-        else:
-            sound.append(c)
-    return problems | _line_problems(spark, sound)
+    return problems
 
 
 def _bytes_problem(manifest: dict[str, Any], length: int | None,
@@ -464,27 +461,38 @@ def _bytes_problem(manifest: dict[str, Any], length: int | None,
     return None
 
 
-def _line_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
-    """Per batch: its lines, those without the batch format's head, the first and last seq,
-    the gateways named, and the seqs not above the line before (a window over each file's
-    lines in read order: gzip is not splittable, so one task reads a file top to bottom)."""
+def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
+    """Every line of the batches, parsed once and kept (memory, then disk): the line checks,
+    the conflict check and the append all read this, not the files again. ``pos`` is the
+    line's read position (gzip is not splittable: one task reads a file top to bottom)."""
+    return (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
+            .schema(EVENT_SCHEMA).json([c.data_path for c in candidates])
+            .select(F.col("_metadata.file_path").alias("uri"),
+                    F.monotonically_increasing_id().alias("pos"), *EVENT_SCHEMA.names)
+            # gateway/file (a regular expression here cost half the time of the read)
+            .withColumn("batch", F.substring_index("uri", "/", -2))
+            .persist(StorageLevel.MEMORY_AND_DISK))
+
+
+def _line_problems(lines: DataFrame, candidates: list[_Candidate]) -> dict[str, str]:
+    """Per batch: its lines, those that are not whole events (and the first of them), the
+    first and last seq, the gateways named, and the seqs not above the line before."""
     if not candidates:
         return {}
-    lines = (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
-             .text([c.data_path for c in candidates])
-             .select(F.col("_metadata.file_path").alias("uri"),
-                     F.monotonically_increasing_id().alias("pos"),
-                     F.regexp_extract("value", LINE_HEAD_REGEX, 1).alias("gateway"),
-                     F.regexp_extract("value", LINE_HEAD_REGEX, 2).try_cast("long")
-                     .alias("seq")))
+    missing = F.filter(F.array(*[F.when(F.col(f).isNull(), F.lit(f)) for f in REQUIRED]),
+                       lambda f: f.isNotNull())
     in_order = Window.partitionBy("uri").orderBy("pos")
-    per_file = (lines.withColumn("back", F.col("seq") <= F.lag("seq").over(in_order))
+    per_file = (lines.select("uri", "pos", "gateway_id", "seq", missing.alias("missing"),
+                             F.row_number().over(in_order).alias("line"),
+                             (F.col("seq") <= F.lag("seq").over(in_order)).alias("back"))
                 .groupBy("uri")
                 .agg(F.count(F.lit(1)).alias("lines"),
-                     F.count_if(F.col("seq").isNull()).alias("headless"),
+                     F.count_if(F.size("missing") > 0).alias("incomplete"),
+                     F.min_by(F.struct("line", "missing"),
+                              F.when(F.size("missing") > 0, F.col("pos"))).alias("first_bad"),
                      F.min_by("seq", "pos").alias("first"), F.max_by("seq", "pos").alias("last"),
                      F.count_if("back").alias("back"),
-                     F.collect_set("gateway").alias("gateways")))
+                     F.collect_set("gateway_id").alias("gateways")))
     found = {r.uri: r for r in per_file.collect()}
     problems = {}
     for c in candidates:
@@ -494,22 +502,24 @@ def _line_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[st
     return problems
 
 
-def _lines_problem(manifest: dict[str, Any], lines: Any) -> str | None:
+def _lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
+    """What is wrong with one batch's lines (``batch``: its row of the per-file checks)."""
     count, gateway_id = manifest["count"], manifest["gateway_id"]
-    if lines is None or lines.lines != count:
-        return f"{0 if lines is None else lines.lines} lines, the manifest says {count}"
-    if lines.headless:
-        return (f"{lines.headless} lines do not begin with gateway_id, timestamp and seq "
-                "(not the batch format)")
-    own = json.dumps(gateway_id)
-    others = sorted(g for g in lines.gateways if g != own)
+    if batch is None or batch.lines != count:
+        return f"{0 if batch is None else batch.lines} lines, the manifest says {count}"
+    if batch.incomplete:
+        bad = batch.first_bad
+        what = ("is not JSON" if len(bad.missing) == len(REQUIRED)
+                else f"has no {', '.join(bad.missing)}")
+        return (f"{batch.incomplete} lines are not events of the batch format: "
+                f"line {bad.line} {what}")
+    others = sorted(g for g in batch.gateways if g != gateway_id)
     if others:
-        named = ", ".join(json.loads(g) for g in others[:3])
-        return f"rows of gateway {named} in a batch of {gateway_id!r}"
-    if lines.first != manifest["first_seq"] or lines.last != manifest["last_seq"]:
-        return (f"seqs {lines.first}..{lines.last}, the manifest says "
+        return f"rows of gateway {', '.join(others[:3])} in a batch of {gateway_id!r}"
+    if batch.first != manifest["first_seq"] or batch.last != manifest["last_seq"]:
+        return (f"seqs {batch.first}..{batch.last}, the manifest says "
                 f"{manifest['first_seq']}..{manifest['last_seq']}")
-    if lines.back:
+    if batch.back:
         return "seqs are not strictly increasing"
     return None
 
@@ -792,20 +802,29 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
         else:
             candidates.append(c)
     clock = stats.timed("manifests", started)
-    problems = _verify(spark, candidates)
-    clock = stats.timed("verify", clock)
-    problems.update(_conflicts(spark, store, [c for c in candidates
-                                              if c.data_path not in problems]))
-    clock = stats.timed("conflicts", clock)
-    good = []
-    for c in candidates:
-        if c.data_path in problems:
-            reject(c.manifest_path, c.data_path, c.manifest, problems[c.data_path])
-        else:
-            good.append(c)
-
-    if good:
-        _append_rows(spark, store, good, stats, run)
+    problems = _bytes_problems(spark, candidates)
+    clock = stats.timed("verify bytes", clock)
+    sound = [c for c in candidates if c.data_path not in problems]
+    lines = _read_lines(spark, sound) if sound else None
+    try:
+        problems.update(_line_problems(lines, sound) if lines is not None else {})
+        clock = stats.timed("read+verify lines", clock)
+        problems.update(_conflicts(spark, store, lines, [c for c in sound
+                                                         if c.data_path not in problems]))
+        clock = stats.timed("conflicts", clock)
+        good = []
+        for c in candidates:
+            if c.data_path in problems:
+                reject(c.manifest_path, c.data_path, c.manifest, problems[c.data_path])
+            else:
+                good.append(c)
+        if good:
+            kept = lines if len(good) == len(sound) else lines.where(
+                F.col("uri").isin([c.data_uri for c in good]))
+            _append_rows(spark, store, kept, good, stats, run)
+    finally:
+        if lines is not None:
+            lines.unpersist()
     clock = time.monotonic()
     for c in good:
         m = c.manifest
@@ -826,8 +845,9 @@ def _now() -> Any:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
-                 stats: IngestStats, run: str) -> None:
+def _append_rows(spark: SparkSession, store: TableDir, lines: DataFrame,
+                 good: list[_Candidate], stats: IngestStats, run: str) -> None:
+    """Append the rows of ``lines`` (the parsed lines of the ``good`` batches)."""
     stats.rows_read = sum(c.manifest["count"] for c in good)
     clock = time.monotonic()
 
@@ -860,13 +880,11 @@ def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
     # (only batches that overlap another of this run are deduped among themselves: a
     # shuffle of every row would cost more than the whole read)
     overlapping = _overlapping(good)
-    alone = [c.data_path for c in good if c.data_path not in overlapping]
-    rows = None
-    for paths, dedupe in ((alone, False), (sorted(overlapping), True)):
-        if paths:
-            part = _read_batches(spark, paths)
-            part = part.dropDuplicates(["gateway_id", "seq"]) if dedupe else part
-            rows = part if rows is None else rows.unionByName(part)
+    rows = lines
+    if overlapping:
+        shared = F.col("uri").isin([c.data_uri for c in good if c.data_path in overlapping])
+        rows = lines.where(~shared).unionByName(
+            lines.where(shared).dropDuplicates(["gateway_id", "seq"]))
     existing = store.events()
     if existing is not None:
         ranges: dict[str, tuple[int, int]] = {}
@@ -922,26 +940,26 @@ def _append_rows(spark: SparkSession, store: TableDir, good: list[_Candidate],
 IDENTITY = ["publication", "topic", "wall_ms", "boot_id", "boottime_ns", "kwargs"]
 
 
-def _conflicts(spark: SparkSession, store: TableDir,
+def _conflicts(spark: SparkSession, store: TableDir, lines: DataFrame | None,
                candidates: list[_Candidate]) -> dict[str, str]:
     """{data path: problem} for batches re-using seqs the table holds for other events (a
-    gateway whose store was reset, or another gateway under its id). Only batches whose
-    range overlaps an ingested batch's are read for this."""
+    gateway whose store was reset, or another gateway under its id). Only the rows of
+    batches whose range overlaps an ingested batch's are compared."""
     existing = store.events()
-    if existing is None or not candidates:
+    if existing is None or lines is None or not candidates:
         return {}
     ranges = spark.createDataFrame(
-        [(c.data_path, c.manifest["gateway_id"], c.manifest["first_seq"],
+        [(c.data_uri, c.manifest["gateway_id"], c.manifest["first_seq"],
           c.manifest["last_seq"]) for c in candidates],
-        "path string, gw string, lo long, hi long")
+        "uri string, gw string, lo long, hi long")
     log_ = store.batch_frame().where(F.col("status") == "ingested")
-    touching = sorted(r.path for r in F.broadcast(ranges).join(
+    touching = sorted(r.uri for r in F.broadcast(ranges).join(
         log_, (F.col("gw") == log_.gateway_id) & (F.col("lo") <= log_.last_seq)
-        & (F.col("hi") >= log_.first_seq)).select("path").distinct().collect())
+        & (F.col("hi") >= log_.first_seq)).select("uri").distinct().collect())
     if not touching:
         return {}
-    new = _read_batches(spark, touching).select("gateway_id", "seq", "batch", *IDENTITY)
-    old = (existing.join(F.broadcast(ranges.where(F.col("path").isin(touching))),
+    new = lines.where(F.col("uri").isin(touching)).select("gateway_id", "seq", "uri", *IDENTITY)
+    old = (existing.join(F.broadcast(ranges.where(F.col("uri").isin(touching))),
                          (existing.gateway_id == F.col("gw"))
                          & existing.seq.between(F.col("lo"), F.col("hi")), "left_semi")
            .select("gateway_id", "seq", *[F.col(c).alias(f"old_{c}") for c in IDENTITY]))
@@ -949,19 +967,12 @@ def _conflicts(spark: SparkSession, store: TableDir,
     for c in IDENTITY:
         one = ~F.col(c).eqNullSafe(F.col(f"old_{c}"))
         differs = one if differs is None else differs | one
-    found = (new.join(old, ["gateway_id", "seq"]).where(differs).groupBy("batch")
+    found = (new.join(old, ["gateway_id", "seq"]).where(differs).groupBy("uri")
              .agg(F.count(F.lit(1)).alias("n"), F.min("seq").alias("seq")).collect())
-    by_name = {_name(p): p for p in touching}
-    return {by_name[r.batch]: f"{r.n} rows re-use seqs the table holds for other events "
+    by_uri = {c.data_uri: c.data_path for c in candidates}
+    return {by_uri[r.uri]: f"{r.n} rows re-use seqs the table holds for other events "
             f"(first: seq {r.seq}); was the gateway's store reset, or is another gateway "
             "using its id?" for r in found}
-
-
-def _read_batches(spark: SparkSession, paths: list[str]) -> DataFrame:
-    return (spark.read.schema(EVENT_SCHEMA).json(paths)
-            # gateway/file (a regular expression here cost half the time of the read)
-            .withColumn("batch", F.substring_index(F.col("_metadata.file_path"), "/", -2))
-            .where(F.col("seq").isNotNull() & F.col("gateway_id").isNotNull()))
 
 
 def _overlapping(good: list[_Candidate]) -> set[str]:

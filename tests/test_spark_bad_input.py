@@ -122,13 +122,28 @@ def test_a_batch_that_is_not_gzip_is_quarantined_even_with_its_checksum(spark, i
     assert ingest_bad(spark, ingested) == {name: "0 lines, the manifest says 10"}
 
 
-def test_lines_that_are_not_the_batch_format_are_quarantined(spark, ingested):
+def land_lines(ingested, replace: dict[int, bytes]) -> str:
+    """A batch of gw-a, seqs 101..110, whose lines ``replace`` changes (index: new line),
+    with a manifest that vouches for the changed bytes."""
     rows = events(range(101, 111))
     lines = gzip.decompress(encode_rows("gw-a", rows)).splitlines(keepends=True)
-    lines[4] = b'{"seq": 105, "gateway_id": "gw-a"}\n'
-    name = land_bytes(ingested[0], "gw-a", rows, gzip.compress(b"".join(lines), mtime=0), 100)
+    for index, line in replace.items():
+        lines[index] = line
+    return land_bytes(ingested[0], "gw-a", rows, gzip.compress(b"".join(lines), mtime=0), 100)
+
+
+def test_lines_that_are_not_whole_events_are_quarantined_with_the_first_one(spark, ingested):
+    name = land_lines(ingested, {4: b'{"seq": 105, "gateway_id": "gw-a", "topic": "t"}\n',
+                                 6: b'{"seq": 107}\n'})
     assert ingest_bad(spark, ingested) == {
-        name: "1 lines do not begin with gateway_id, timestamp and seq (not the batch format)"}
+        name: "2 lines are not events of the batch format: line 5 has no publication, realm, "
+              "wall_ms, boot_id, boottime_ns, clock_synced"}
+
+
+def test_a_line_that_is_not_json_is_quarantined(spark, ingested):
+    name = land_lines(ingested, {2: b'seq=103 temperature=20.5\n'})
+    assert ingest_bad(spark, ingested) == {
+        name: "1 lines are not events of the batch format: line 3 is not JSON"}
 
 
 def test_a_large_landing_is_ingested_a_chunk_of_batches_at_a_time(spark, tmp_path):
