@@ -159,6 +159,7 @@ def _ingest(spark: Any, landing: Path, tbl: Path) -> dict[str, Any]:
     stats = jobs.ingest(spark, str(landing), str(tbl))
     result = {"seconds": round(stats.seconds, 1), "rows_read": stats.rows_read,
               "rows_added": stats.rows_added, "estimated": stats.rows_estimated,
+              "batches": stats.ingested, "one_pass": stats.one_pass,
               "quarantined": len(stats.quarantined), "load": _load(),
               "phases_s": {k: round(v, 1) for k, v in stats.phases.items()}}
     shutil.rmtree(tbl, ignore_errors=True)

@@ -5,16 +5,18 @@ complete, its ``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_st
 (Structured Streaming, ``availableNow``, checkpointed) both hand the manifests they find to
 :func:`ingest_manifests`, which
 
-1. checks each manifest and its batch, in the JVM next to the data: the data file exists,
-   has the manifest's size and sha256 (:func:`_bytes_problems`), and, parsed once
-   (:func:`_read_lines`), holds ``count`` lines (a short gzip stream holds fewer), each a
-   whole event of the manifest's gateway, seqs increasing from its first to its last
-   (:func:`_line_problems`). A batch that fails is moved to the quarantine
-   directory (or left in place and logged when there is none) with one clear report line,
-   and the job goes on with the rest;
-2. reads the good batches, drops rows already in the table with an anti-join on
-   ``(gateway_id, seq)`` (and duplicates between the batches of this run), so re-running
-   over the same files adds nothing;
+1. checks each manifest and its batch, in the JVM next to the data: the data file exists
+   and has the manifest's size and sha256 (:func:`_bytes_problems`); its lines number
+   ``count`` (a short gzip stream holds fewer), each a whole event of the manifest's
+   gateway, no seq twice, the lowest and highest the manifest's. A batch that fails is moved to
+   the quarantine directory (or left in place and logged when there is none) with one clear
+   report line, and the job goes on with the rest;
+2. reads the good batches once, and appends their rows without those the table (or another
+   batch of this run) already holds, so re-running over the same files adds nothing. Most
+   batches (seqs first..last without a hole, nothing in the table or the run overlapping
+   them) are read, checked and written in one pass into staging, then moved in
+   (:func:`_write_one_pass`); the others are read and kept, checked one by one, deduped with
+   an anti-join on ``(gateway_id, seq)``, then written (:func:`_check_lines`);
 3. re-bases the time of rows recorded before the gateway's clock was synchronized (see
    :func:`reference_anchors`), keeping the raw ``timestamp``/``wall_ms``, and appends the rows
    partitioned by the UTC date of the corrected ``event_time``;
@@ -30,7 +32,7 @@ Layout of the table directory (a local path or any Hadoop file system: hdfs://, 
     TABLE/_anchors/    clock anchors from the manifests (read deduplicated on gateway_id, id)
     TABLE/_gaps/       loss records of the gateways (events dropped there)
     TABLE/_batches/    the ingest log: one row per batch ingested or quarantined
-    TABLE/_staging/    partition rewrites in progress
+    TABLE/_staging/    appends and partition rewrites in progress
     TABLE/_lock        the table lock (sync.table_lock): ingests exclusive, reports shared
 
 Spark skips names starting with ``_`` when it reads TABLE, so the table reads as the events
@@ -52,7 +54,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Observation, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Observation, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -469,29 +471,27 @@ def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
             .schema(EVENT_SCHEMA).json([c.data_path for c in candidates])
             .select(F.col("_metadata.file_path").alias("uri"),
                     F.monotonically_increasing_id().alias("pos"), *EVENT_SCHEMA.names)
-            # gateway/file (a regular expression here cost half the time of the read)
-            .withColumn("batch", F.substring_index("uri", "/", -2))
             .persist(StorageLevel.MEMORY_AND_DISK))
 
 
 def _line_problems(lines: DataFrame, candidates: list[_Candidate]) -> dict[str, str]:
     """Per batch: its lines, those that are not whole events (and the first of them), the
-    first and last seq, the gateways named, and the seqs not above the line before."""
+    lowest and highest seq, the seqs that are there more than once, the gateways named.
+    (A file's lines have consecutive read positions: one task reads it top to bottom.)"""
     if not candidates:
         return {}
     missing = F.filter(F.array(*[F.when(F.col(f).isNull(), F.lit(f)) for f in REQUIRED]),
                        lambda f: f.isNotNull())
-    in_order = Window.partitionBy("uri").orderBy("pos")
-    per_file = (lines.select("uri", "pos", "gateway_id", "seq", missing.alias("missing"),
-                             F.row_number().over(in_order).alias("line"),
-                             (F.col("seq") <= F.lag("seq").over(in_order)).alias("back"))
+    per_file = (lines.select("uri", "pos", "gateway_id", "seq", missing.alias("missing"))
                 .groupBy("uri")
                 .agg(F.count(F.lit(1)).alias("lines"),
                      F.count_if(F.size("missing") > 0).alias("incomplete"),
-                     F.min_by(F.struct("line", "missing"),
-                              F.when(F.size("missing") > 0, F.col("pos"))).alias("first_bad"),
-                     F.min_by("seq", "pos").alias("first"), F.max_by("seq", "pos").alias("last"),
-                     F.count_if("back").alias("back"),
+                     (F.min_by(F.struct("pos", "missing"), F.when(F.size("missing") > 0,
+                                                                 F.col("pos")))
+                      .alias("first_bad")),
+                     F.min("pos").alias("top"),
+                     F.min("seq").alias("first"), F.max("seq").alias("last"),
+                     F.count_distinct("seq").alias("seqs"),
                      F.collect_set("gateway_id").alias("gateways")))
     found = {r.uri: r for r in per_file.collect()}
     problems = {}
@@ -512,15 +512,15 @@ def _lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
         what = ("is not JSON" if len(bad.missing) == len(REQUIRED)
                 else f"has no {', '.join(bad.missing)}")
         return (f"{batch.incomplete} lines are not events of the batch format: "
-                f"line {bad.line} {what}")
+                f"line {bad.pos - batch.top + 1} {what}")
     others = sorted(g for g in batch.gateways if g != gateway_id)
     if others:
         return f"rows of gateway {', '.join(others[:3])} in a batch of {gateway_id!r}"
     if batch.first != manifest["first_seq"] or batch.last != manifest["last_seq"]:
         return (f"seqs {batch.first}..{batch.last}, the manifest says "
                 f"{manifest['first_seq']}..{manifest['last_seq']}")
-    if batch.back:
-        return "seqs are not strictly increasing"
+    if batch.seqs != count:
+        return f"{count - batch.seqs} lines repeat a seq of the batch"
     return None
 
 
@@ -530,6 +530,7 @@ def _lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
 class IngestStats:
     manifests: int = 0        # manifests looked at
     ingested: int = 0         # batches read into the table
+    one_pass: int = 0         # of those, batches read, checked and written in one pass
     already: int = 0          # batches skipped: the same file was ingested before
     quarantined: list[tuple[str, str]] = field(default_factory=list)  # (batch, reason)
     waiting: int = 0          # data files whose manifest has not landed (batch mode)
@@ -550,9 +551,13 @@ class IngestStats:
     def duplicates(self) -> int:
         return self.rows_read - self.rows_added
 
+    def count_added(self, totals: dict[str, Any]) -> None:
+        self.rows_added += int(totals.get("rows") or 0)
+        self.rows_estimated += int(totals.get("estimated") or 0)
+
     def add(self, other: IngestStats) -> None:
-        for name in ("manifests", "ingested", "already", "waiting", "rows_read", "rows_added",
-                     "rows_estimated", "rows_rebased"):
+        for name in ("manifests", "ingested", "one_pass", "already", "waiting", "rows_read",
+                     "rows_added", "rows_estimated", "rows_rebased"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.quarantined += other.quarantined
         for phase, seconds in other.phases.items():
@@ -560,8 +565,9 @@ class IngestStats:
 
     def summary(self) -> str:
         rate = self.rows_read / self.seconds if self.seconds else 0.0
-        text = (f"{self.manifests} manifests: {self.ingested} batches ingested, "
-                f"{self.already} already in the table, {len(self.quarantined)} quarantined"
+        text = (f"{self.manifests} manifests: {self.ingested} batches ingested"
+                + (f" ({self.one_pass} in one pass)" if self.one_pass else "")
+                + f", {self.already} already in the table, {len(self.quarantined)} quarantined"
                 + (f", {self.waiting} data files waiting for their manifest"
                    if self.waiting else "")
                 + f"; {self.rows_read} rows read, {self.rows_added} added "
@@ -618,15 +624,30 @@ class TableDir:
                 self.files.delete(part)
 
     def recover(self) -> None:
-        """Finish a partition swap that a crash interrupted; drop unfinished staging."""
+        """Finish a partition swap or a commit that a crash interrupted; drop unfinished
+        staging."""
         for stage in self.files.children(self.staging):
             journal = f"{stage}/_SWAP"
             if self.files.exists(journal):
                 dates = json.loads(self.files.read_text(journal))
                 log.warning("finishing an interrupted rewrite of %d partitions", len(dates))
                 self.swap(stage, dates)
+            elif self.files.exists(f"{stage}/_COMMIT"):
+                log.warning("finishing an interrupted commit of staged rows")
+                self._move_in(stage)
             else:
                 self.files.delete(stage)
+
+    def commit(self, stage: str) -> None:
+        """Move the files of a staged append (``stage/date=D/*.parquet``) into the table.
+        The journal written first makes the next run finish a move a crash interrupted."""
+        self.files.write_text(f"{stage}/_COMMIT", "")
+        self._move_in(stage)
+
+    def _move_in(self, stage: str) -> None:
+        for part in self.files.glob(f"{stage}/date=*/*.parquet"):
+            self.files.move(part, f"{self.root}/{_name(part)}")  # date=D/part-...parquet
+        self.files.delete(stage)
 
     def swap(self, stage: str, dates: list[str]) -> None:
         for d in dates:
@@ -805,26 +826,45 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
     problems = _bytes_problems(spark, candidates)
     clock = stats.timed("verify bytes", clock)
     sound = [c for c in candidates if c.data_path not in problems]
-    lines = _read_lines(spark, sound) if sound else None
+    had_rows = store.events() is not None
+    one_pass = _one_pass_batches(spark, store, sound)
+    clock = stats.timed("existing keys", clock)
+    in_one_pass = {c.data_path for c in one_pass}
+    read: list[DataFrame] = []  # the lines read and kept, to let go of at the end
     try:
-        problems.update(_line_problems(lines, sound) if lines is not None else {})
-        clock = stats.timed("read+verify lines", clock)
-        problems.update(_conflicts(spark, store, lines, [c for c in sound
-                                                         if c.data_path not in problems]))
-        clock = stats.timed("conflicts", clock)
-        good = []
+        problems.update(_check_lines(spark, store, [c for c in sound
+                                                     if c.data_path not in in_one_pass], read))
+        clock = stats.timed("read+check lines", clock)
+        good = [c for c in candidates if c.data_path not in problems]
+        anchors = _anchors(spark, store, good)
+        stats.rows_read = sum(c.manifest["count"] for c in good)
+        if one_pass:
+            stage = _write_one_pass(spark, store, one_pass, anchors, stats, run)
+            if stage:
+                store.commit(stage)
+                stats.one_pass = len(one_pass)
+            else:
+                log.warning("%d batches read in one pass are not all what their manifests "
+                            "say: checking them one by one", len(one_pass))
+                found = _check_lines(spark, store, one_pass, read)
+                problems.update(found)
+                in_one_pass = set()
+                if found:
+                    good = [c for c in good if c.data_path not in found]
+                    anchors = _anchors(spark, store, good)
+                    stats.rows_read = sum(c.manifest["count"] for c in good)
+            clock = stats.timed("read+check+write in one pass", clock)
         for c in candidates:
             if c.data_path in problems:
                 reject(c.manifest_path, c.data_path, c.manifest, problems[c.data_path])
-            else:
-                good.append(c)
+        checked = [c for c in good if c.data_path not in in_one_pass]
+        if checked:
+            _append_checked(spark, store, read, checked, anchors, stats, run)
         if good:
-            kept = lines if len(good) == len(sound) else lines.where(
-                F.col("uri").isin([c.data_uri for c in good]))
-            _append_rows(spark, store, kept, good, stats, run)
+            _record_anchors(spark, store, anchors, had_rows, stats)
     finally:
-        if lines is not None:
-            lines.unpersist()
+        for frame in read:
+            frame.unpersist()
     clock = time.monotonic()
     for c in good:
         m = c.manifest
@@ -845,23 +885,27 @@ def _now() -> Any:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def _append_rows(spark: SparkSession, store: TableDir, lines: DataFrame,
-                 good: list[_Candidate], stats: IngestStats, run: str) -> None:
-    """Append the rows of ``lines`` (the parsed lines of the ``good`` batches)."""
-    stats.rows_read = sum(c.manifest["count"] for c in good)
-    clock = time.monotonic()
+@dataclass
+class _Anchors:
+    """What the good batches of a run bring besides rows."""
+    new: dict[tuple[str, int], dict[str, Any]]  # clock anchors the table does not have yet
+    refs: dict[tuple[str, str], dict[str, Any]]  # the reference anchor of each boot
+    frame: DataFrame                             # refs, to join rows with
+    gaps: dict[tuple[str, int], tuple]           # loss records
 
-    # clock anchors: what the table knows plus what this run brought
+
+def _anchors(spark: SparkSession, store: TableDir, good: list[_Candidate]) -> _Anchors:
+    """The clock anchors the table knows plus those ``good`` brings, and its loss records."""
     known = [r.asDict() for r in store.anchor_frame().collect()]
     known_keys = {(a["gateway_id"], a["id"]) for a in known}
-    new_anchors: dict[tuple[str, int], dict[str, Any]] = {}
+    new: dict[tuple[str, int], dict[str, Any]] = {}
     gaps: dict[tuple[str, int], tuple] = {}
     for c in good:
         gw = c.manifest["gateway_id"]
         for a in c.manifest.get("anchors", []):
             key = (gw, int(a["id"]))
             if key not in known_keys:
-                new_anchors[key] = {
+                new[key] = {
                     "gateway_id": gw, "id": int(a["id"]), "reason": str(a["reason"]),
                     "boot_id": str(a["boot_id"]), "boottime_ns": int(a["boottime_ns"]),
                     "wall_ns": int(a["wall_ns"]),
@@ -872,68 +916,167 @@ def _append_rows(spark: SparkSession, store: TableDir, lines: DataFrame,
             gaps[gw, int(g["id"])] = (gw, int(g["id"]), g.get("realm"), g.get("rule"),
                                       g.get("first_seq"), g.get("last_seq"), g.get("count"),
                                       g.get("reason"), g.get("wall_ms"))
-    refs = reference_anchors(known + list(new_anchors.values()))
-    refs_frame = _refs_frame(spark, refs)
-    clock = stats.timed("anchors", clock)
+    refs = reference_anchors(known + list(new.values()))
+    return _Anchors(new, refs, _refs_frame(spark, refs), gaps)
 
-    # the new rows, without what the table (or another batch of this run) already holds
-    # (only batches that overlap another of this run are deduped among themselves: a
-    # shuffle of every row would cost more than the whole read)
+
+def _record_anchors(spark: SparkSession, store: TableDir, anchors: _Anchors, had_rows: bool,
+                    stats: IngestStats) -> None:
+    """Re-base rows ingested earlier whose boot got a (better) reference anchor in this run,
+    then add the new anchors and loss records to their side tables."""
+    clock = time.monotonic()
+    boots = {(a["gateway_id"], a["boot_id"]) for a in anchors.new.values()}
+    if boots and had_rows:
+        stats.rows_rebased = _rebase(spark, store, boots,
+                                     {k: v for k, v in anchors.refs.items() if k in boots})
+        clock = stats.timed("rebase", clock)
+    store.append(store.anchors, [tuple(a[f.name] for f in ANCHOR_SCHEMA.fields)
+                                 for a in anchors.new.values()], ANCHOR_SCHEMA)
+    store.append(store.gaps, list(anchors.gaps.values()), GAP_SCHEMA)
+    stats.timed("side tables", clock)
+
+
+def _one_pass_batches(spark: SparkSession, store: TableDir,
+                      sound: list[_Candidate]) -> list[_Candidate]:
+    """The batches that can be checked while they are written (:func:`_write_one_pass`):
+    seqs first..last without a hole (so which (file, seq) pairs it holds is known), no other
+    batch of this run overlapping, no row of the table in their range (nothing to dedupe or
+    compare). The others are read and checked one by one first (:func:`_check_lines`)."""
+    shared = _overlapping(sound)
+    plain = [c for c in sound if c.data_path not in shared and c.manifest["count"]
+             == c.manifest["last_seq"] - c.manifest["first_seq"] + 1]
+    existing = store.events()
+    if not plain or existing is None:
+        return plain
+    held = {r.tag for r in _in_ranges(spark, existing, [
+        (c.manifest["gateway_id"], c.manifest["first_seq"], c.manifest["last_seq"], c.data_uri)
+        for c in plain]).select("tag").distinct().collect()}
+    return [c for c in plain if c.data_uri not in held]
+
+
+def _in_ranges(spark: SparkSession, table: DataFrame,
+               ranges: list[tuple[str, int, int, str]]) -> DataFrame:
+    """(gateway_id, seq, tag) of the rows of ``table`` inside ``ranges`` ([(gateway, first
+    seq, last seq, tag)], not overlapping each other): a broadcast join on the ranges, not
+    one OR per range (a thousand of those overflowed the JVM's stack), behind a coarse
+    filter that lets Parquet skip row groups."""
+    bounds = spark.createDataFrame(ranges, "range_gateway string, lo long, hi long, tag string")
+    coarse = (F.col("gateway_id").isin(sorted({gw for gw, _, _, _ in ranges}))
+              & F.col("seq").between(min(lo for _, lo, _, _ in ranges),
+                                     max(hi for _, _, hi, _ in ranges)))
+    return (table.where(coarse).select("gateway_id", "seq")
+            .join(F.broadcast(bounds), (F.col("gateway_id") == F.col("range_gateway"))
+                  & F.col("seq").between(F.col("lo"), F.col("hi")))
+            .select("gateway_id", "seq", "tag"))
+
+
+def _write_one_pass(spark: SparkSession, store: TableDir, batches: list[_Candidate],
+                    anchors: _Anchors, stats: IngestStats, run: str) -> str | None:
+    """Read ``batches`` once and write their rows to a staging directory of the table,
+    checking them on the way with totals rather than batch by batch: every line a whole
+    event of its batch's gateway with a seq in the batch's range, as many lines as the
+    manifests say, and the sum of a hash of (file, seq) over the lines equal to its sum over
+    every seq of the ranges (a seq twice and another missing would change it). Returns the
+    staging directory when all holds; else None, and nothing is left written."""
+    ranges = spark.createDataFrame(
+        [(c.data_uri, c.manifest["gateway_id"], c.manifest["first_seq"],
+          c.manifest["last_seq"]) for c in batches],
+        "uri string, batch_gateway string, lo long, hi long")
+    fingerprint = F.sum(F.xxhash64("uri", "seq").cast("decimal(38,0)"))
+    rows = (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
+            .schema(EVENT_SCHEMA).json([c.data_path for c in batches])
+            .withColumn("uri", F.col("_metadata.file_path"))
+            .join(F.broadcast(ranges), "uri", "left"))
+    sound = ((F.col("gateway_id") == F.col("batch_gateway"))
+             & F.col("seq").between(F.col("lo"), F.col("hi")))
+    for name in REQUIRED:
+        sound &= F.col(name).isNotNull()
+    stage = f"{store.staging}/{run}"
+    lines = sum(c.manifest["count"] for c in batches)
+    totals = _write_rows(spark, rows, anchors, stage, len(batches), lines, run, {
+        "unsound": F.count_if(~F.coalesce(sound, F.lit(False))), "fingerprint": fingerprint})
+    expected = (ranges.select("uri", F.explode(F.sequence("lo", "hi")).alias("seq"))
+                .agg(fingerprint.alias("sum")).first()["sum"])
+    if totals["rows"] == lines and not totals["unsound"] and totals["fingerprint"] == expected:
+        stats.count_added(totals)
+        return stage
+    store.files.delete(stage)
+    return None
+
+
+def _check_lines(spark: SparkSession, store: TableDir, batches: list[_Candidate],
+                 read: list[DataFrame]) -> dict[str, str]:
+    """{data path: problem} for ``batches``, read (and kept: appended to ``read``) and
+    checked one by one: their lines, then seqs the table holds for other events."""
+    if not batches:
+        return {}
+    lines = _read_lines(spark, batches)
+    read.append(lines)
+    problems = _line_problems(lines, batches)
+    problems.update(_conflicts(spark, store, lines, [c for c in batches
+                                                     if c.data_path not in problems]))
+    return problems
+
+
+def _append_checked(spark: SparkSession, store: TableDir, read: list[DataFrame],
+                    good: list[_Candidate], anchors: _Anchors, stats: IngestStats,
+                    run: str) -> None:
+    """Append the rows of the ``good`` batches among the lines ``read``, without those the
+    table (or another batch of this run) already holds."""
+    lines = read[0]
+    for more in read[1:]:
+        lines = lines.unionByName(more)
+    uris = [c.data_uri for c in good]
+    rows = lines.where(F.col("uri").isin(uris))
+    # only batches that overlap another of this run are deduped among themselves: a
+    # shuffle of every row would cost more than the whole read
     overlapping = _overlapping(good)
-    rows = lines
     if overlapping:
         shared = F.col("uri").isin([c.data_uri for c in good if c.data_path in overlapping])
-        rows = lines.where(~shared).unionByName(
-            lines.where(shared).dropDuplicates(["gateway_id", "seq"]))
+        rows = rows.where(~shared).unionByName(
+            rows.where(shared).dropDuplicates(["gateway_id", "seq"]))
     existing = store.events()
     if existing is not None:
+        clock = time.monotonic()
         ranges: dict[str, tuple[int, int]] = {}
         for c in good:
             gw, m = c.manifest["gateway_id"], c.manifest
             lo, hi = ranges.get(gw, (m["first_seq"], m["last_seq"]))
             ranges[gw] = (min(lo, m["first_seq"]), max(hi, m["last_seq"]))
-        # a broadcast semi-join on the ranges, not one OR per gateway (a thousand of those
-        # overflowed the JVM's stack); the coarse filter lets Parquet skip row groups
-        bounds = spark.createDataFrame([(gw, lo, hi) for gw, (lo, hi) in ranges.items()],
-                                       "range_gateway string, lo long, hi long")
-        coarse = (F.col("gateway_id").isin(list(ranges))
-                  & F.col("seq").between(min(lo for lo, _ in ranges.values()),
-                                         max(hi for _, hi in ranges.values())))
-        keys = (existing.where(coarse).select("gateway_id", "seq")
-                .join(F.broadcast(bounds), (F.col("gateway_id") == F.col("range_gateway"))
-                      & F.col("seq").between(F.col("lo"), F.col("hi")), "left_semi"))
+        keys = _in_ranges(spark, existing, [(gw, lo, hi, gw) for gw, (lo, hi)
+                                            in ranges.items()]).select("gateway_id", "seq")
         held = keys.count()
-        clock = stats.timed("existing keys", clock)
+        stats.timed("existing keys", clock)
         if held:
             rows = rows.join(F.broadcast(keys) if held <= BROADCAST_KEYS else keys,
                              ["gateway_id", "seq"], "left_anti")
-    rows = (_with_event_time(rows, refs_frame)
+    clock = time.monotonic()
+    stats.count_added(_write_rows(spark, rows, anchors, store.root, len(good),
+                                  sum(c.manifest["count"] for c in good), run))
+    stats.timed("write", clock)
+
+
+def _write_rows(spark: SparkSession, rows: DataFrame, anchors: _Anchors, path: str,
+                batches: int, lines: int, run: str,
+                checks: dict[str, Column] | None = None) -> dict[str, Any]:
+    """Re-base and append ``rows`` (parsed lines with their ``uri``; from ``batches`` batches
+    of ``lines`` lines) to the table layout at ``path``, partitioned by date. Returns the
+    totals observed on the way: rows, estimated (re-based), and ``checks``."""
+    observed = Observation(f"ingest-{run}-{uuid.uuid4().hex[:6]}")
+    rows = (_with_event_time(rows, anchors.frame)
             .withColumn("timestamp", F.timestamp_millis("wall_ms"))
             .withColumn("ingested_at", F.current_timestamp())
+            # gateway/file (a regular expression here cost half the time of the read)
+            .withColumn("batch", F.substring_index("uri", "/", -2))
+            .observe(observed, F.count(F.lit(1)).alias("rows"),
+                     F.sum(F.col("time_estimated").cast("long")).alias("estimated"),
+                     *[e.alias(name) for name, e in (checks or {}).items()])
             .select(*TABLE_COLUMNS))
-    observed = Observation(f"ingest-{run}")
-    rows = rows.observe(observed, F.count(F.lit(1)).alias("rows"),
-                        F.sum(F.col("time_estimated").cast("long")).alias("estimated"))
     parallelism = spark.sparkContext.defaultParallelism  # files of ~ROWS_PER_FILE rows, in
-    waves = math.ceil(stats.rows_read / ROWS_PER_FILE / parallelism)  # whole waves of tasks
-    parts = max(1, min(len(good), waves * parallelism))
-    rows.coalesce(parts).write.mode("append").partitionBy("date").parquet(store.root)
-    metrics = observed.get
-    stats.rows_added = int(metrics.get("rows") or 0)
-    stats.rows_estimated = int(metrics.get("estimated") or 0)
-    clock = stats.timed("read+write", clock)
-
-    # rows ingested earlier whose boot got a (better) reference anchor in this run
-    boots = {(a["gateway_id"], a["boot_id"]) for a in new_anchors.values()}
-    if boots and existing is not None:
-        stats.rows_rebased = _rebase(spark, store, boots,
-                                     {k: v for k, v in refs.items() if k in boots})
-        clock = stats.timed("rebase", clock)
-
-    store.append(store.anchors, [tuple(a[f.name] for f in ANCHOR_SCHEMA.fields)
-                                 for a in new_anchors.values()], ANCHOR_SCHEMA)
-    store.append(store.gaps, list(gaps.values()), GAP_SCHEMA)
-    stats.timed("side tables", clock)
+    waves = math.ceil(lines / ROWS_PER_FILE / parallelism)  # whole waves of tasks
+    parts = max(1, min(batches, waves * parallelism))
+    rows.coalesce(parts).write.mode("append").partitionBy("date").parquet(path)
+    return observed.get
 
 
 # what makes a row the same event when a batch re-sends a seq the table holds

@@ -403,6 +403,44 @@ def test_an_interrupted_partition_rewrite_is_finished_by_the_next_run(spark, tmp
     assert not (table / "date=2026-01-02").exists() and not list(table.glob("_staging/*"))
 
 
+def test_an_interrupted_commit_of_staged_rows_is_finished_by_the_next_run(spark, tmp_path):
+    """A crash while moving an append's staged files into the table: the journal (_COMMIT)
+    lets the next ingest move the rest in, next to those already moved."""
+    table = tmp_path / "table"
+    for path in ("date=2026-01-01/part-a.parquet", "_staging/run/date=2026-01-01/part-b.parquet",
+                 "_staging/run/date=2026-01-02/part-c.parquet"):
+        (table / path).parent.mkdir(parents=True, exist_ok=True)
+        (table / path).write_text(path)
+    (table / "_staging/run/_COMMIT").write_text("")
+
+    jobs.TableDir(spark, jobs.Files(spark), jobs.Files(spark).qualify(str(table))).recover()
+
+    assert sorted(str(p.relative_to(table)) for p in table.rglob("*.parquet")) == [
+        "date=2026-01-01/part-a.parquet", "date=2026-01-01/part-b.parquet",
+        "date=2026-01-02/part-c.parquet"]
+    assert not list(table.glob("_staging/*"))
+
+
+def test_batches_without_holes_are_read_checked_and_written_in_one_pass(spark, tmp_path):
+    """Batches whose seqs run first..last without a hole, alone in their range, take one
+    read; a batch with a hole, and one overlapping rows of the table, are checked first."""
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    land(landing, "g1", events(range(1, 11)), 0)
+    land(landing, "g2", events(range(1, 11)), 0)
+    land(landing, "g3", events([1, 2, *range(4, 11)]), 0)  # seq 3 was never stored
+    first = jobs.ingest(spark, str(landing), str(table))
+    assert (first.ingested, first.one_pass, first.rows_added, first.quarantined) == (
+        3, 2, 29, [])
+
+    land(landing, "g1", events(range(6, 16)), 5)  # 6..10 again
+    land(landing, "g2", events(range(11, 21)), 10)
+    second = jobs.ingest(spark, str(landing), str(table))
+    assert (second.ingested, second.one_pass, second.rows_added, second.duplicates) == (
+        2, 1, 15, 5)
+    rows = spark.read.parquet(str(table))
+    assert rows.count() == rows.select("gateway_id", "seq").distinct().count() == 44
+
+
 def test_only_batches_overlapping_another_are_deduped(tmp_path):
     """Batches of one run are deduped among themselves only when their seq ranges touch
     another's (of the same gateway): the others skip that shuffle."""
