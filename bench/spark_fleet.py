@@ -309,10 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     landed = _prepare_landing(work, opts)
     print(f"landed {landed}", file=sys.stderr)
     results = {"local[2]": _run_driver("local[2]", work, opts, [], days=True)}
-    with spark_cluster.running(work / "cluster", workers=2, cores=1,
-                               memory=opts.worker_memory) as cluster:
-        conf = [f"{k}={v}" for k, v in cluster.conf().items()]
-        results["cluster"] = _run_driver(cluster.master, work, opts, conf, days=False)
+    if not opts.no_cluster:
+        with spark_cluster.running(work / "cluster", workers=2, cores=1,
+                                   memory=opts.worker_memory) as cluster:
+            conf = [f"{k}={v}" for k, v in cluster.conf().items()]
+            results["cluster"] = _run_driver(cluster.master, work, opts, conf, days=False)
     _report(opts, landed, results)
     if not opts.dir:
         shutil.rmtree(work, ignore_errors=True)
@@ -376,6 +377,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="minutes of batches for the streaming test (local[2]; 0: none)")
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--worker-memory", default="3g")
+    p.add_argument("--no-cluster", action="store_true", help="local[2] only")
     p.add_argument("--dir", help="work here and keep it (default: a temporary directory)")
     p.add_argument("--output", type=Path, default=RESULTS)
     # internal: one driver's measurements

@@ -982,7 +982,10 @@ def _write_one_pass(spark: SparkSession, store: TableDir, batches: list[_Candida
         [(c.data_uri, c.manifest["gateway_id"], c.manifest["first_seq"],
           c.manifest["last_seq"]) for c in batches],
         "uri string, batch_gateway string, lo long, hi long")
-    fingerprint = F.sum(F.xxhash64("uri", "seq").cast("decimal(38,0)"))
+    # two sums of 31-bit halves of a 64-bit hash: longs that cannot overflow (ANSI mode)
+    hashed = F.xxhash64("uri", "seq")
+    fingerprint = F.array(F.sum(hashed.bitwiseAND(0x7FFFFFFF)),
+                          F.sum(F.shiftrightunsigned(hashed, 33)))
     rows = (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
             .schema(EVENT_SCHEMA).json([c.data_path for c in batches])
             .withColumn("uri", F.col("_metadata.file_path"))
