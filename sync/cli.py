@@ -155,6 +155,10 @@ def add_commands(commands: Any) -> None:
     ingest.add_argument("--quarantine", metavar="DIR",
                         help="move bad batches here with a note of why (default: leave them "
                              "in place and report them)")
+    ingest.add_argument("--archive", metavar="DIR",
+                        help="move batches here once ingested (or found ingested before), "
+                             "so that the landing holds only what is pending (default: "
+                             "leave them; batch mode lists the whole landing each run)")
     ingest.add_argument("--streaming", action="store_true",
                         help="Structured Streaming (trigger availableNow) with --checkpoint: "
                              "only manifests that landed since the last run are read")

@@ -661,23 +661,25 @@ class TableDir:
 
 
 def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None = None,
-           wait: float = LOCK_WAIT_S, chunk: int = CHUNK_BATCHES) -> IngestStats:
+           wait: float = LOCK_WAIT_S, chunk: int = CHUNK_BATCHES,
+           archive: str | None = None) -> IngestStats:
     """One-shot ingest of every batch under ``landing`` whose manifest has landed, holding
     the table's exclusive lock (waiting up to ``wait`` seconds for it), ``chunk`` batches
-    per step."""
+    per step. With ``archive``, batches leave the landing for it once ingested."""
     started = time.monotonic()
     _prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     quarantine = files.qualify(quarantine) if quarantine else None
+    archive = files.qualify(archive) if archive else None
     with locked(table, files, exclusive=True, wait=wait, what=f"an ingest of {landing}"):
-        stats = _ingest_locked(spark, files, landing, table, quarantine, chunk)
+        stats = _ingest_locked(spark, files, landing, table, quarantine, chunk, archive)
     stats.seconds = time.monotonic() - started
     return stats
 
 
 def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
-                   quarantine: str | None, chunk: int) -> IngestStats:
+                   quarantine: str | None, chunk: int, archive: str | None) -> IngestStats:
     """The landing listed once, by Spark (one job, no call into the JVM per file), then its
     manifests ``chunk`` at a time: a landing of millions of files is never read or verified
     all at once."""
@@ -691,7 +693,7 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
                         and u.removesuffix(DATA_SUFFIX) + MANIFEST_SUFFIX not in landed)
     for start in range(0, max(len(manifest_uris), 1), chunk):
         stats.add(_ingest_paths(spark, files, manifest_uris[start:start + chunk], table,
-                                quarantine, landed))
+                                quarantine, landed, archive))
     return stats
 
 
@@ -708,7 +710,8 @@ def _landed(spark: SparkSession, files: Files, landing: str) -> set[str]:
 
 
 def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str], table: str,
-                  quarantine: str | None, landed: set[str]) -> IngestStats:
+                  quarantine: str | None, landed: set[str],
+                  archive: str | None) -> IngestStats:
     started = time.monotonic()
     manifests: list[tuple[str, str]] = []
     if manifest_uris:
@@ -717,7 +720,7 @@ def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str], t
                  .select(F.col("_metadata.file_path").alias("path"), "value"))
         manifests = [(r.path, r.value) for r in frame.collect()]
     read_s = time.monotonic() - started
-    stats = ingest_manifests(spark, manifests, table, quarantine, files, landed)
+    stats = ingest_manifests(spark, manifests, table, quarantine, files, landed, archive)
     stats.phases["manifests"] = stats.phases.get("manifests", 0.0) + read_s
     if len(manifest_uris) > 1:
         log.info("%s", stats.summary())
@@ -726,7 +729,7 @@ def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str], t
 
 def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str,
                   quarantine: str | None = None, max_batches: int = 1000,
-                  wait: float = LOCK_WAIT_S) -> IngestStats:
+                  wait: float = LOCK_WAIT_S, archive: str | None = None) -> IngestStats:
     """Structured Streaming over the manifests landing under ``landing``, trigger
     ``availableNow``: everything that landed since the last run (the checkpoint remembers
     which manifests were seen), in micro-batches of at most ``max_batches`` manifests, then
@@ -739,20 +742,24 @@ def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str
     landing, table = files.qualify(landing), files.qualify(table)
     checkpoint = files.qualify(checkpoint)
     quarantine = files.qualify(quarantine) if quarantine else None
+    archive = files.qualify(archive) if archive else None
     with locked(table, files, exclusive=True, wait=wait, what=f"a streaming ingest of {landing}"):
-        total = _stream_locked(spark, files, landing, table, checkpoint, quarantine, max_batches)
+        total = _stream_locked(spark, files, landing, table, checkpoint, quarantine,
+                               max_batches, archive)
     total.seconds = time.monotonic() - started
     return total
 
 
 def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
-                   checkpoint: str, quarantine: str | None, max_batches: int) -> IngestStats:
+                   checkpoint: str, quarantine: str | None, max_batches: int,
+                   archive: str | None) -> IngestStats:
     TableDir(spark, files, table).recover()
     total = IngestStats()
 
     def each(frame: DataFrame, batch_id: int) -> None:
         manifests = [(r.path, r.value) for r in frame.collect()]
-        stats = ingest_manifests(frame.sparkSession, manifests, table, quarantine, files)
+        stats = ingest_manifests(frame.sparkSession, manifests, table, quarantine, files,
+                                 archive=archive)
         total.add(stats)
         total.micro_batches += 1
         log.info("micro-batch %d: %s", batch_id, stats.summary())
@@ -770,10 +777,12 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
 
 def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], table: str,
                      quarantine: str | None = None, files: Files | None = None,
-                     landed: set[str] | None = None) -> IngestStats:
+                     landed: set[str] | None = None,
+                     archive: str | None = None) -> IngestStats:
     """Verify, dedupe, re-base and append the batches of ``manifests`` ([(manifest URI as
     Spark's ``_metadata.file_path`` gives it, manifest text)]) into ``table``. ``landed``:
-    the URIs of the files known to be there (else each data file is looked for)."""
+    the URIs of the files known to be there (else each data file is looked for). Bad
+    batches go to ``quarantine``, ingested ones (this time or before) to ``archive``."""
     started = time.monotonic()
     files = files or Files(spark)
     store = TableDir(spark, files, table)
@@ -809,10 +818,11 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
                 .where((F.col("status") == "ingested") & F.col("file").isin(names))
                 .select("file", "sha256").collect()}
     candidates: list[_Candidate] = []
+    already: list[_Candidate] = []
     for c in parsed:
         m = c.manifest
         if (m["file"], m["sha256"]) in done:
-            stats.already += 1
+            already.append(c)
         elif m["file"] != c.name or not m["file"].startswith(m["gateway_id"] + "/"):
             # a manifest vouches only for the file beside it, in its own gateway's directory
             reject(c.manifest_path, c.data_path, m,
@@ -873,7 +883,13 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
                          c.manifest_path, run, None))
     now = _now()
     store.append(store.batches, [(*row[:-1], now) for row in log_rows], BATCH_LOG_SCHEMA)
-    stats.timed("log", clock)
+    clock = stats.timed("log", clock)
+    if archive:  # after the log: a crash between leaves batches the next run finds done
+        for c in good + already:
+            _move_batch(files, c.manifest_path, c.data_path,
+                        f"{archive}/{c.manifest['gateway_id']}")
+        stats.timed("archive", clock)
+    stats.already = len(already)
     stats.ingested = len(good)
     stats.seconds = time.monotonic() - started
     return stats
@@ -1182,15 +1198,21 @@ def _rebase(spark: SparkSession, store: TableDir, boots: set[tuple[str, str]],
         stale.unpersist()
 
 
+def _move_batch(files: Files, manifest_path: str, data_path: str, target: str) -> None:
+    """Move a batch's files (whichever exist) into directory ``target``, the data file first:
+    a manifest a crash leaves behind finds its batch in the ingest log the next time."""
+    for path in (data_path, manifest_path):
+        if files.exists(path):
+            files.move(path, f"{target}/{path.rsplit('/', 1)[-1]}")
+
+
 def _quarantine(files: Files, quarantine: str | None, manifest_path: str, data_path: str,
                 gateway: str | None, reason: str) -> str:
     """Move a bad batch (both files, whichever exist) aside with a note of why."""
     if quarantine is None:
         return "left in place: no quarantine directory given"
     target = f"{quarantine}/{gateway or manifest_path.rstrip('/').split('/')[-2]}"
-    for path in (data_path, manifest_path):
-        if files.exists(path):
-            files.move(path, f"{target}/{path.rsplit('/', 1)[-1]}")
+    _move_batch(files, manifest_path, data_path, target)
     stem = data_path.rsplit("/", 1)[-1].removesuffix(DATA_SUFFIX)
     files.write_text(f"{target}/{stem}.reason.json", json.dumps(
         {"batch": _name(data_path), "reason": reason, "quarantined": _now().isoformat() + "Z",
@@ -1471,10 +1493,11 @@ def main(args: Any) -> int:
         if args.spark_command == "ingest":
             if args.streaming:
                 stats = ingest_stream(spark, args.landing, args.table, args.checkpoint,
-                                      args.quarantine, args.max_batches or 1000, args.wait)
+                                      args.quarantine, args.max_batches or 1000, args.wait,
+                                      args.archive)
             else:
                 stats = ingest(spark, args.landing, args.table, args.quarantine, args.wait,
-                               args.max_batches or CHUNK_BATCHES)
+                               args.max_batches or CHUNK_BATCHES, args.archive)
             for name, reason in stats.quarantined:
                 print(f"quarantined {name}: {reason}")
             print(stats.summary())

@@ -178,6 +178,51 @@ def test_streaming_ingests_only_what_landed_since_the_last_run(spark, tmp_path, 
         "quarantined"]
 
 
+def landed_files(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
+def test_ingested_batches_move_to_the_archive_and_bad_ones_to_the_quarantine(
+        spark, tmp_path, capsys, cairn_cli):
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    archive, quarantine = tmp_path / "archive", tmp_path / "q"
+    good = land(landing, "g", events(range(1, 11)), 0)
+    bad = land(landing, "g", events(range(11, 21)), 10)
+    (landing / bad.name).write_bytes(bad.data[:-10])
+    waiting = land(landing, "h", events(range(1, 11)), 0, manifest=False)
+    ingest = ["spark", "ingest", "--landing", str(landing), "--table", str(table),
+              "--archive", str(archive), "--quarantine", str(quarantine), "--master", "local[2]"]
+    assert cairn_cli(ingest) == 0
+
+    assert landed_files(landing) == [waiting.name]
+    assert landed_files(archive) == sorted([good.name, manifest_name(good.name)])
+    assert bad.name in landed_files(quarantine)
+    assert "1 batches ingested" in capsys.readouterr().out
+
+    land(landing, "g", events(range(1, 11)), 0)  # the same batch landed again
+    write_manifest(landing, waiting)
+    assert cairn_cli(ingest) == 0
+    assert "2 manifests: 1 batches ingested (1 in one pass), 1 already in the table" in (
+        capsys.readouterr().out)
+    assert landed_files(landing) == []
+    assert len(landed_files(archive)) == 4 and keys(spark, table) == [
+        *[("g", s) for s in range(1, 11)], *[("h", s) for s in range(1, 11)]]
+
+
+def test_streaming_moves_ingested_batches_to_the_archive(spark, tmp_path):
+    landing, table = tmp_path / "landing", str(tmp_path / "table")
+    checkpoint, archive = str(tmp_path / "checkpoint"), tmp_path / "archive"
+    land(landing, "gw-s", events(range(1, 101)), 0)
+    first = jobs.ingest_stream(spark, str(landing), table, checkpoint, archive=str(archive))
+    assert (first.ingested, landed_files(landing)) == (1, [])
+
+    land(landing, "gw-s", events(range(101, 201)), 100)
+    second = jobs.ingest_stream(spark, str(landing), table, checkpoint, archive=str(archive))
+    assert (second.manifests, second.rows_added, landed_files(landing)) == (1, 100, [])
+    assert len(landed_files(archive)) == 4
+    assert keys(spark, tmp_path / "table") == [("gw-s", s) for s in range(1, 201)]
+
+
 # -- time -------------------------------------------------------------------------------------
 
 TRUE_START = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)  # when boot 1 really began
