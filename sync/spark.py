@@ -700,12 +700,13 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
 def _landed(spark: SparkSession, files: Files, landing: str) -> set[str]:
     """The URIs (as ``_metadata.file_path`` gives them) of the files in the gateway
     directories of ``landing``."""
-    pattern = f"{landing}/*/*"
-    if not files.matches(pattern):
+    if not files.exists(landing):
         return set()
-    listed = (spark.read.format("binaryFile").load(pattern)
+    # listing the tree from the top lists a directory per call (a glob of gateway/file
+    # checked each of 20,000 files on its own: 9-18 s against 6)
+    listed = (spark.read.format("binaryFile").option("recursiveFileLookup", True).load(landing)
               .select("path", F.col("_metadata.file_path").alias("uri")).collect())
-    # the glob also matches directories, whose files Spark lists too: not batches
+    # files deeper down are not batches
     return {r.uri for r in listed if r.path[len(landing) + 1:].count("/") == 1}
 
 
