@@ -697,15 +697,29 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
     return stats
 
 
+class LandingError(RuntimeError):
+    """The landing cannot be listed (nothing in the table was touched)."""
+
+
 def _landed(spark: SparkSession, files: Files, landing: str) -> set[str]:
     """The URIs (as ``_metadata.file_path`` gives them) of the files in the gateway
     directories of ``landing``."""
+    from py4j.protocol import Py4JJavaError
+
     if not files.exists(landing):
         return set()
-    # listing the tree from the top lists a directory per call (a glob of gateway/file
-    # checked each of 20,000 files on its own: 9-18 s against 6)
-    listed = (spark.read.format("binaryFile").option("recursiveFileLookup", True).load(landing)
-              .select("path", F.col("_metadata.file_path").alias("uri")).collect())
+    try:
+        # listing the tree from the top lists a directory per call (a glob of gateway/file
+        # checked each of 20,000 files on its own: 9-18 s against 6)
+        listed = (spark.read.format("binaryFile").option("recursiveFileLookup", True)
+                  .load(landing).select("path", F.col("_metadata.file_path").alias("uri"))
+                  .collect())
+    except Py4JJavaError as e:  # a landing of millions of files: the driver's heap
+        raise LandingError(
+            f"cannot list the landing {landing}: {e.java_exception.toString()}. Batch mode "
+            "lists every file there: a million take about 1 GB of the driver's heap (--conf "
+            "spark.driver.memory=4g); --archive DIR keeps the landing to what is pending"
+        ) from None
     # files deeper down are not batches
     return {r.uri for r in listed if r.path[len(landing) + 1:].count("/") == 1}
 
@@ -1509,7 +1523,7 @@ def main(args: Any) -> int:
         print(f"reports in {result.out}: "
               + ", ".join(f"{name} ({n} rows)" for name, n in result.counts.items()))
         return 0
-    except (PySparkException, Py4JError, OSError) as e:
+    except (PySparkException, Py4JError, OSError, LandingError) as e:
         log.error("spark %s failed: %s", args.spark_command, str(e).splitlines()[0])
         return 1
     finally:
