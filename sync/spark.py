@@ -463,14 +463,19 @@ def _bytes_problem(manifest: dict[str, Any], length: int | None,
     return None
 
 
+def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
+    """The lines of ``batches`` as events, with the ``uri`` of the file each came from."""
+    return (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
+            .schema(EVENT_SCHEMA).json([c.data_path for c in batches])
+            .withColumn("uri", F.col("_metadata.file_path")))
+
+
 def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
     """Every line of the batches, parsed once and kept (memory, then disk): the line checks,
     the conflict check and the append all read this, not the files again. ``pos`` is the
     line's read position (gzip is not splittable: one task reads a file top to bottom)."""
-    return (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
-            .schema(EVENT_SCHEMA).json([c.data_path for c in candidates])
-            .select(F.col("_metadata.file_path").alias("uri"),
-                    F.monotonically_increasing_id().alias("pos"), *EVENT_SCHEMA.names)
+    return (_parse(spark, candidates)
+            .withColumn("pos", F.monotonically_increasing_id())
             .persist(StorageLevel.MEMORY_AND_DISK))
 
 
@@ -1017,10 +1022,7 @@ def _write_one_pass(spark: SparkSession, store: TableDir, batches: list[_Candida
     hashed = F.xxhash64("uri", "seq")
     fingerprint = F.array(F.sum(hashed.bitwiseAND(0x7FFFFFFF)),
                           F.sum(F.shiftrightunsigned(hashed, 33)))
-    rows = (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
-            .schema(EVENT_SCHEMA).json([c.data_path for c in batches])
-            .withColumn("uri", F.col("_metadata.file_path"))
-            .join(F.broadcast(ranges), "uri", "left"))
+    rows = _parse(spark, batches).join(F.broadcast(ranges), "uri", "left")
     sound = ((F.col("gateway_id") == F.col("batch_gateway"))
              & F.col("seq").between(F.col("lo"), F.col("hi")))
     for name in REQUIRED:
