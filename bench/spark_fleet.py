@@ -2,13 +2,16 @@
 ``cairn spark ingest`` on ``local[2]`` and on a 2-worker standalone cluster, each against
 the floor measured in the same session: a bare ``spark.read.json(the same files)
 .write.parquet(...)`` (same explicit schema, no verification, dedupe or re-basing). Then
-one new day into tables holding 1 and 30 days (the anti-join must not grow with the table),
+one new day into tables holding 1 and 30 days, and the fleet's next day into the table of
+the main ingest and into one of 1 day (the checks against the table must not grow with it),
 and streaming: every gateway lands a batch a minute, a streaming run (``availableNow``, as a
 timer would start it) follows each minute; the time until the rows are queryable.
 
 Run from the repository root (not part of ``make test``)::
 
     .venv/bin/python -m bench.spark_fleet [--rows 10000000] [--repeats 3] [--dir DIR]
+
+With ``--dir`` the landing data is kept there and re-used by a run with the same sizes.
 
 Landing data is what the uploader writes (``sync.uploader.build_batch``, i.e.
 ``sync.batch_format.encode_rows`` + manifest): per gateway 20 sensors, one row per 0.5 s,
@@ -47,6 +50,7 @@ T0_MS = 1_795_000_000_000  # 2026-11-18
 DAY_MS = 86_400_000
 STEP_MS = 500  # one row per 0.5 s per gateway: 20 sensors at one reading per 10 s
 WARM_UP_ROWS = 200_000
+LANDINGS = ("landing", "warm-up", "day-00", "days-00-29", "day-30", "fleet-day")
 
 
 # -- landing data -------------------------------------------------------------------------
@@ -152,7 +156,7 @@ def _floor(spark: Any, landing: Path, out: Path) -> dict[str, Any]:
     return {"seconds": round(seconds, 1), "rows": rows, "load": _load()}
 
 
-def _ingest(spark: Any, landing: Path, tbl: Path) -> dict[str, Any]:
+def _ingest(spark: Any, landing: Path, tbl: Path, keep: bool = False) -> dict[str, Any]:
     from cairn.sync import spark as jobs
 
     shutil.rmtree(tbl, ignore_errors=True)
@@ -162,29 +166,36 @@ def _ingest(spark: Any, landing: Path, tbl: Path) -> dict[str, Any]:
               "batches": stats.ingested, "one_pass": stats.one_pass,
               "quarantined": len(stats.quarantined), "load": _load(),
               "phases_s": {k: round(v, 1) for k, v in stats.phases.items()}}
-    shutil.rmtree(tbl, ignore_errors=True)
+    if not keep:
+        shutil.rmtree(tbl, ignore_errors=True)
     return result
 
 
 def _days(spark: Any, work: Path, repeats: int) -> dict[str, Any]:
-    """One new day into a table of 1 day and one of 30 (built untimed, then copied)."""
+    """One new day into a table of 1 day and one of 30 (built untimed, then copied); then
+    the fleet's next day into the fleet's table (the last ingest's, kept) and into the table
+    of 1 day."""
     from cairn.sync import spark as jobs
 
-    bases = {1: work / "days-table-1", 30: work / "days-table-30"}
-    for held, landing in ((1, "day-00"), (30, "days-00-29")):
+    bases = {"1": work / "days-table-1", "30": work / "days-table-30", "fleet": work / "table"}
+    for held, landing in (("1", "day-00"), ("30", "days-00-29")):
         if not bases[held].exists():
             jobs.ingest(spark, str(work / landing), str(bases[held]))
-    runs: dict[int, list[dict[str, Any]]] = {1: [], 30: []}
-    for r in range(repeats):
-        for held in (1, 30) if r % 2 == 0 else (30, 1):
-            tbl = work / "days-run"
-            shutil.rmtree(tbl, ignore_errors=True)
-            shutil.copytree(bases[held], tbl)
-            stats = jobs.ingest(spark, str(work / "day-30"), str(tbl))
-            runs[held].append({"seconds": round(stats.seconds, 1), "rows": stats.rows_added,
-                               "load": _load(), "phases_s": {k: round(v, 1) for k, v
-                                                             in stats.phases.items()}})
-    return {str(k): v for k, v in runs.items()}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for landing, pair in (("day-30", ("1", "30")), ("fleet-day", ("1", "fleet"))):
+        for r in range(repeats):
+            for held in pair if r % 2 == 0 else pair[::-1]:
+                tbl = work / "days-run"
+                shutil.rmtree(tbl, ignore_errors=True)
+                shutil.copytree(bases[held], tbl)
+                stats = jobs.ingest(spark, str(work / landing), str(tbl))
+                key = held if landing == "day-30" else f"{held}, next fleet day"
+                runs.setdefault(key, []).append({
+                    "seconds": round(stats.seconds, 1), "rows": stats.rows_added,
+                    "load": _load(), "phases_s": {k: round(v, 1) for k, v
+                                                  in stats.phases.items()}})
+    shutil.rmtree(bases["fleet"], ignore_errors=True)
+    return runs
 
 
 MINUTE_ROWS = 60_000 // STEP_MS  # one gateway's rows per minute
@@ -248,7 +259,9 @@ def drive(opts: argparse.Namespace) -> int:
         order = ("ingest", "floor") if r % 2 == 0 else ("floor", "ingest")
         for what in order:
             if what == "ingest":
-                out["ingest"].append(_ingest(spark, work / "landing", work / "table"))
+                last = r == opts.repeats - 1  # the fleet table, for the next day's ingest
+                out["ingest"].append(_ingest(spark, work / "landing", work / "table",
+                                             keep=opts.days and last))
             else:
                 out["floor"].append(_floor(spark, work / "landing", work / "floor"))
             print(f"{opts.master} {what}: {out[what][-1]}", file=sys.stderr)
@@ -284,6 +297,14 @@ def _median_rate(runs: list[dict[str, Any]], rows: int) -> tuple[float, float]:
 
 
 def _prepare_landing(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
+    """Land everything (once: a ``--dir`` that has it keeps it for the next run)."""
+    done = work / "landed.json"
+    if done.exists():
+        landed = json.loads(done.read_text())
+        if landed["settings"] == _landing_settings(opts):
+            return landed["landed"]
+    for name in LANDINGS:
+        shutil.rmtree(work / name, ignore_errors=True)
     started = time.perf_counter()
     unique, files = generate(work / "landing", opts.rows, opts.gateways, opts.batch_events)
     generate_s = time.perf_counter() - started
@@ -294,8 +315,18 @@ def _prepare_landing(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
         for landing in where + ([work / "day-00"] if d == 0 else []):
             generate(landing, opts.day_rows, opts.day_gateways, opts.batch_events, day=d,
                      seq_base=d * per_day)
-    return {"unique_rows": unique, "batches": files, "generate_s": round(generate_s, 1),
-            "landed_bytes": tree_bytes(work / "landing")}
+    # the fleet's next day: seqs after those of the main landing
+    generate(work / "fleet-day", opts.day_rows, opts.day_gateways, opts.batch_events, day=1,
+             seq_base=opts.rows // opts.gateways)
+    landed = {"unique_rows": unique, "batches": files, "generate_s": round(generate_s, 1),
+              "landed_bytes": tree_bytes(work / "landing")}
+    done.write_text(json.dumps({"settings": _landing_settings(opts), "landed": landed}))
+    return landed
+
+
+def _landing_settings(opts: argparse.Namespace) -> dict[str, int]:
+    return {k: getattr(opts, k) for k in ("rows", "gateways", "batch_events", "day_rows",
+                                          "day_gateways")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     landed = _prepare_landing(work, opts)
     print(f"landed {landed}", file=sys.stderr)
-    results = {"local[2]": _run_driver("local[2]", work, opts, [], days=True)}
+    results = {}
+    if not opts.no_local:
+        results["local[2]"] = _run_driver("local[2]", work, opts, [], days=True)
     if not opts.no_cluster:
         with spark_cluster.running(work / "cluster", workers=2, cores=1,
                                    memory=opts.worker_memory) as cluster:
@@ -340,15 +373,22 @@ def _report(opts: argparse.Namespace, landed: dict[str, Any], results: dict[str,
           f"medians of {opts.repeats} runs on a shared {os.cpu_count()}-CPU machine")
     print(table(["master", "ingest s", "rows/s", "floor s", "floor rows/s", "ingest/floor",
                  "check"], rows))
-    days = results["local[2]"].get("days")
+    local = results.get("local[2]", {})
+    days = local.get("days")
     if days:
-        d1 = statistics.median(r["seconds"] for r in days["1"])
-        d30 = statistics.median(r["seconds"] for r in days["30"])
+        median = {k: statistics.median(r["seconds"] for r in runs) for k, runs in days.items()}
+        d1, d30 = median["1"], median["30"]
+        f1, fleet = median["1, next fleet day"], median["fleet, next fleet day"]
         summary["new_day"] = {"table_1_day_s": d1, "table_30_days_s": d30,
-                              "ratio": round(d30 / d1, 2)}
+                              "ratio": round(d30 / d1, 2), "next_fleet_day": {
+                                  "table_1_day_s": f1, "fleet_table_s": fleet,
+                                  "ratio": round(fleet / f1, 2)}}
         print(f"one new day ({opts.day_rows:,} rows) into a table of 1 day: {d1:.1f} s, "
-              f"of 30 days: {d30:.1f} s (x{d30 / d1:.2f}; local[2], medians)")
-    streaming = results["local[2]"].get("streaming")
+              f"of 30 days ({30 * opts.day_rows:,} rows): {d30:.1f} s (x{d30 / d1:.2f}); "
+              f"the fleet's next day into a table of 1 day: {f1:.1f} s, into the fleet's "
+              f"({landed['unique_rows']:,} rows): {fleet:.1f} s (x{fleet / f1:.2f}); "
+              "local[2], medians")
+    streaming = local.get("streaming")
     if streaming:
         after = [r["seconds"] for r in streaming]
         summary["streaming"] = {"minutes": len(after), "median_s": statistics.median(after),
@@ -378,6 +418,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--driver-memory", default="4g")
     p.add_argument("--worker-memory", default="3g")
     p.add_argument("--no-cluster", action="store_true", help="local[2] only")
+    p.add_argument("--no-local", action="store_true",
+                   help="the cluster only (no new-day or streaming runs: those are local[2]'s)")
     p.add_argument("--dir", help="work here and keep it (default: a temporary directory)")
     p.add_argument("--output", type=Path, default=RESULTS)
     # internal: one driver's measurements

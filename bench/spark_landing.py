@@ -1,12 +1,14 @@
 """A landing of many files: what batch mode pays for every file still in the landing.
 
-``cairn spark ingest`` in batch mode lists the whole landing in one Spark job and reads every
-manifest still there (``--archive`` moves ingested batches out). This lands ``--batches``
-one-row batches (twice as many files) over 1,000 gateway directories, then measures on
-``local[2]`` with ``--driver-memory``: the listing (seconds, the driver's JVM heap after it,
-the Python set of URIs it returns) and the ingest of one chunk of ``--chunk`` batches
-(manifests read, checked, written). A listing that does not fit the driver fails here the
-way it would in the job.
+``cairn spark ingest`` in batch mode lists the whole landing in one Spark job, joined with
+the ingest log, and reads every manifest still there but those listed as they were when
+ingested (``--archive`` moves ingested batches out). This lands ``--batches`` one-row
+batches (twice as many files) over 1,000 gateway directories, then measures on ``local[2]``
+with ``--driver-memory``: the listing (seconds, the driver's JVM heap after it, the Python
+set of URIs it returns), the ingest of one chunk of ``--chunk`` batches (manifests read,
+checked, written), and the listing again (the chunk's manifests now known unchanged: what a
+re-run pays for them instead of reading them). A listing that does not fit the driver fails
+here the way it would in the job.
 
     .venv/bin/python -m bench.spark_landing [--batches 500000] [--driver-memory 1g]
 
@@ -62,12 +64,13 @@ def measure(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
     jobs._prepare(spark)
     files = jobs.Files(spark)
     landing, tbl = files.qualify(str(work / "landing")), files.qualify(str(work / "table"))
+    store = jobs.TableDir(spark, files, tbl)
     out: dict[str, Any] = {}
     runtime = spark._jvm.java.lang.Runtime.getRuntime()
     try:
         tracemalloc.start()
         started = time.perf_counter()
-        landed = jobs._landed(spark, files, landing)
+        landed = jobs._landed(spark, files, landing, store).uris
         out["listing_s"] = round(time.perf_counter() - started, 1)
         out["listed_files"] = len(landed)
         out["python_set_mb"] = round(tracemalloc.get_traced_memory()[0] / 2**20)
@@ -80,6 +83,9 @@ def measure(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
         out["chunk_s"] = round(time.perf_counter() - started, 1)
         out["chunk_batches"] = stats.ingested
         out["chunk_phases_s"] = {k: round(v, 1) for k, v in stats.phases.items()}
+        started = time.perf_counter()
+        out["unchanged"] = len(jobs._landed(spark, files, landing, store).unchanged)
+        out["relisting_s"] = round(time.perf_counter() - started, 1)
     except Exception as e:  # the failure is the figure: how the job would fail
         out["error"] = str(e).splitlines()[0][:300]
     finally:
@@ -104,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work / "table", ignore_errors=True)
     result = measure(work, opts)
     print(table(["files", "driver memory", "listing s", "driver heap MB", "URI set MB",
-                 f"chunk of {opts.chunk:,} s", "error"],
+                 f"chunk of {opts.chunk:,} s", "listing again s", "unchanged", "error"],
                 [[f"{result.get('listed_files', 0):,}", opts.driver_memory,
-                  str(result.get("listing_s", "-")), str(result.get("driver_heap_mb", "-")),
-                  str(result.get("python_set_mb", "-")), str(result.get("chunk_s", "-")),
+                  *(str(result.get(k, "-")) for k in (
+                      "listing_s", "driver_heap_mb", "python_set_mb", "chunk_s",
+                      "relisting_s", "unchanged")),
                   result.get("error", "")]]))
     opts.output.parent.mkdir(parents=True, exist_ok=True)
     opts.output.write_text(json.dumps({

@@ -32,6 +32,11 @@ def manifest_name(data: str) -> str:
     return data.removesuffix(DATA_SUFFIX) + MANIFEST_SUFFIX
 
 
+def data_of(manifest: str) -> str:
+    """The data file beside a manifest: the inverse of :func:`manifest_name`."""
+    return manifest.removesuffix(MANIFEST_SUFFIX) + DATA_SUFFIX
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"$bytes": base64.b64encode(value).decode("ascii")}

@@ -50,7 +50,7 @@ import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote
 
 from pyspark import StorageLevel
@@ -62,6 +62,8 @@ from cairn.sync.batch_format import (
     DATA_SUFFIX,
     MANIFEST_SUFFIX,
     ManifestError,
+    data_of,
+    manifest_name,
     parse_manifest,
 )
 from cairn.sync.table_lock import locked
@@ -169,6 +171,10 @@ BATCH_LOG_SCHEMA = T.StructType([
     T.StructField("status", T.StringType()),   # ingested | quarantined
     T.StructField("reason", T.StringType()),
     T.StructField("manifest", T.StringType()),
+    # the manifest file's size and modification time when read: a later listing that shows
+    # the same skips reading it again
+    T.StructField("manifest_bytes", T.LongType()),
+    T.StructField("manifest_mtime_ms", T.LongType()),
     T.StructField("run", T.StringType()),
     T.StructField("logged_at", T.TimestampType()),
 ])
@@ -537,6 +543,7 @@ class IngestStats:
     ingested: int = 0         # batches read into the table
     one_pass: int = 0         # of those, batches read, checked and written in one pass
     already: int = 0          # batches skipped: the same file was ingested before
+    unread: int = 0           # of those, manifests not read: listed as when ingested
     quarantined: list[tuple[str, str]] = field(default_factory=list)  # (batch, reason)
     waiting: int = 0          # data files whose manifest has not landed (batch mode)
     rows_read: int = 0
@@ -561,8 +568,8 @@ class IngestStats:
         self.rows_estimated += int(totals.get("estimated") or 0)
 
     def add(self, other: IngestStats) -> None:
-        for name in ("manifests", "ingested", "one_pass", "already", "waiting", "rows_read",
-                     "rows_added", "rows_estimated", "rows_rebased"):
+        for name in ("manifests", "ingested", "one_pass", "already", "unread", "waiting",
+                     "rows_read", "rows_added", "rows_estimated", "rows_rebased"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.quarantined += other.quarantined
         for phase, seconds in other.phases.items():
@@ -572,7 +579,9 @@ class IngestStats:
         rate = self.rows_read / self.seconds if self.seconds else 0.0
         text = (f"{self.manifests} manifests: {self.ingested} batches ingested"
                 + (f" ({self.one_pass} in one pass)" if self.one_pass else "")
-                + f", {self.already} already in the table, {len(self.quarantined)} quarantined"
+                + f", {self.already} already in the table"
+                + (f" ({self.unread} unchanged since, not read again)" if self.unread else "")
+                + f", {len(self.quarantined)} quarantined"
                 + (f", {self.waiting} data files waiting for their manifest"
                    if self.waiting else "")
                 + f"; {self.rows_read} rows read, {self.rows_added} added "
@@ -689,16 +698,22 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table: str,
     manifests ``chunk`` at a time: a landing of millions of files is never read or verified
     all at once."""
     started = time.monotonic()
-    TableDir(spark, files, table).recover()
-    landed = _landed(spark, files, landing)
-    manifest_uris = sorted(u for u in landed if u.endswith(MANIFEST_SUFFIX))
+    store = TableDir(spark, files, table)
+    store.recover()
+    landed = _landed(spark, files, landing, store)
+    manifest_uris = sorted(u for u in landed.uris
+                           if u.endswith(MANIFEST_SUFFIX) and u not in landed.unchanged)
     stats = IngestStats()
     stats.timed("listing", started)
-    stats.waiting = sum(1 for u in landed if u.endswith(DATA_SUFFIX)
-                        and u.removesuffix(DATA_SUFFIX) + MANIFEST_SUFFIX not in landed)
+    stats.waiting = sum(1 for u in landed.uris if u.endswith(DATA_SUFFIX)
+                        and manifest_name(u) not in landed.uris)
+    stats.manifests = stats.already = stats.unread = len(landed.unchanged)
+    if archive:
+        for manifest_path, gateway in landed.unchanged.values():
+            _move_batch(files, manifest_path, data_of(manifest_path), f"{archive}/{gateway}")
     for start in range(0, max(len(manifest_uris), 1), chunk):
         stats.add(_ingest_paths(spark, files, manifest_uris[start:start + chunk], table,
-                                quarantine, landed, archive))
+                                quarantine, landed.uris, archive))
     return stats
 
 
@@ -706,18 +721,34 @@ class LandingError(RuntimeError):
     """The landing cannot be listed (nothing in the table was touched)."""
 
 
-def _landed(spark: SparkSession, files: Files, landing: str) -> set[str]:
-    """The URIs (as ``_metadata.file_path`` gives them) of the files in the gateway
-    directories of ``landing``."""
+@dataclass
+class _Landed:
+    """What a listing of the landing found."""
+    uris: set[str]  # the files in its gateway directories, as _metadata.file_path gives them
+    # {manifest URI: (path, gateway)} of the manifests ingested before and listed with the
+    # size and modification time they had then: not read again
+    unchanged: dict[str, tuple[str, str]]
+
+
+def _landed(spark: SparkSession, files: Files, landing: str, store: TableDir) -> _Landed:
     from py4j.protocol import Py4JJavaError
 
     if not files.exists(landing):
-        return set()
+        return _Landed(set(), {})
+    stamp = ["path", "bytes", "mtime_ms"]
+    ingested = (store.batch_frame().where(F.col("status") == "ingested")
+                .select(F.col("manifest").alias("path"), F.col("manifest_bytes").alias("bytes"),
+                        F.col("manifest_mtime_ms").alias("mtime_ms"), "gateway_id")
+                .dropDuplicates(stamp))
     try:
         # listing the tree from the top lists a directory per call (a glob of gateway/file
         # checked each of 20,000 files on its own: 9-18 s against 6)
         listed = (spark.read.format("binaryFile").option("recursiveFileLookup", True)
-                  .load(landing).select("path", F.col("_metadata.file_path").alias("uri"))
+                  .load(landing)
+                  .select("path", F.col("_metadata.file_path").alias("uri"),
+                          F.col("length").alias("bytes"),
+                          F.unix_millis("modificationTime").alias("mtime_ms"))
+                  .join(ingested, stamp, "left").select("path", "uri", "gateway_id")
                   .collect())
     except Py4JJavaError as e:  # a landing of millions of files: the driver's heap
         raise LandingError(
@@ -725,20 +756,36 @@ def _landed(spark: SparkSession, files: Files, landing: str) -> set[str]:
             "lists every file there: a million take about 1 GB of the driver's heap (--conf "
             "spark.driver.memory=4g); --archive DIR keeps the landing to what is pending"
         ) from None
-    # files deeper down are not batches
-    return {r.uri for r in listed if r.path[len(landing) + 1:].count("/") == 1}
+    batch_files = [r for r in listed if r.path[len(landing) + 1:].count("/") == 1]
+    return _Landed({r.uri for r in batch_files},  # files deeper down are not batches
+                   {r.uri: (r.path, r.gateway_id) for r in batch_files if r.gateway_id})
+
+
+class LandedManifest(NamedTuple):
+    """A manifest as read, with the size and modification time a later listing compares."""
+    uri: str  # as Spark's _metadata.file_path gives it
+    text: str
+    bytes: int | None = None
+    mtime_ms: int | None = None
+
+
+def _manifest_columns() -> list[Column]:
+    """The columns of :class:`LandedManifest`, from a text read with ``wholetext``."""
+    return [F.col("_metadata.file_path").alias("uri"), F.col("value").alias("text"),
+            F.col("_metadata.file_size").alias("bytes"),
+            F.unix_millis("_metadata.file_modification_time").alias("mtime_ms")]
 
 
 def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str], table: str,
                   quarantine: str | None, landed: set[str],
                   archive: str | None) -> IngestStats:
     started = time.monotonic()
-    manifests: list[tuple[str, str]] = []
+    manifests: list[LandedManifest] = []
     if manifest_uris:
         # (text()'s own wholetext argument would override an option)
         frame = (spark.read.text([files.from_uri(u) for u in manifest_uris], wholetext=True)
-                 .select(F.col("_metadata.file_path").alias("path"), "value"))
-        manifests = [(r.path, r.value) for r in frame.collect()]
+                 .select(*_manifest_columns()))
+        manifests = [LandedManifest(*r) for r in frame.collect()]
     read_s = time.monotonic() - started
     stats = ingest_manifests(spark, manifests, table, quarantine, files, landed, archive)
     stats.phases["manifests"] = stats.phases.get("manifests", 0.0) + read_s
@@ -777,7 +824,7 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
     total = IngestStats()
 
     def each(frame: DataFrame, batch_id: int) -> None:
-        manifests = [(r.path, r.value) for r in frame.collect()]
+        manifests = [LandedManifest(*r) for r in frame.collect()]
         stats = ingest_manifests(frame.sparkSession, manifests, table, quarantine, files,
                                  archive=archive)
         total.add(stats)
@@ -787,7 +834,7 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
     stream = (spark.readStream.format("text").option("wholetext", True)
               .option("maxFilesPerTrigger", max_batches)
               .load(f"{landing}/*/*{MANIFEST_SUFFIX}")
-              .select(F.col("_metadata.file_path").alias("path"), "value"))
+              .select(*_manifest_columns()))
     query = (stream.writeStream.foreachBatch(each)
              .option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
@@ -795,12 +842,11 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table: str,
     return total
 
 
-def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], table: str,
+def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table: str,
                      quarantine: str | None = None, files: Files | None = None,
                      landed: set[str] | None = None,
                      archive: str | None = None) -> IngestStats:
-    """Verify, dedupe, re-base and append the batches of ``manifests`` ([(manifest URI as
-    Spark's ``_metadata.file_path`` gives it, manifest text)]) into ``table``. ``landed``:
+    """Verify, dedupe, re-base and append the batches of ``manifests`` into ``table``. ``landed``:
     the URIs of the files known to be there (else each data file is looked for). Bad
     batches go to ``quarantine``, ingested ones (this time or before) to ``archive``."""
     started = time.monotonic()
@@ -809,6 +855,10 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
     run = uuid.uuid4().hex[:12]
     stats = IngestStats(manifests=len(manifests))
     log_rows: list[tuple] = []
+    stamps = {files.from_uri(m.uri): (m.bytes, m.mtime_ms) for m in manifests}
+
+    def logged(manifest_path: str) -> tuple:  # the log row's last columns
+        return (manifest_path, *stamps.get(manifest_path, (None, None)), run, None)
 
     def reject(manifest_path: str, data_path: str, manifest: dict[str, Any] | None,
                reason: str) -> None:
@@ -820,15 +870,15 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
         log.warning("quarantined %s: %s (%s)", name, reason, where)
         log_rows.append((gateway, m.get("file") or name, m.get("sha256"), m.get("after_seq"),
                          m.get("first_seq"), m.get("last_seq"), m.get("count"), "quarantined",
-                         reason, manifest_path, run, None))
+                         reason, *logged(manifest_path)))
 
     parsed: list[_Candidate] = []
-    for manifest_uri, text in manifests:
+    for manifest_uri, text, *_ in manifests:
         manifest_path = files.from_uri(manifest_uri)
-        data_path = manifest_path.removesuffix(MANIFEST_SUFFIX) + DATA_SUFFIX
+        data_path = data_of(manifest_path)
         try:
             parsed.append(_Candidate(manifest_path, data_path, parse_manifest(text),
-                                     manifest_uri.removesuffix(MANIFEST_SUFFIX) + DATA_SUFFIX))
+                                     data_of(manifest_uri)))
         except ManifestError as e:
             reject(manifest_path, data_path, None, str(e))
     done = set()
@@ -900,7 +950,7 @@ def ingest_manifests(spark: SparkSession, manifests: list[tuple[str, str]], tabl
         m = c.manifest
         log_rows.append((m["gateway_id"], m["file"], m["sha256"], m.get("after_seq"),
                          m["first_seq"], m["last_seq"], m["count"], "ingested", None,
-                         c.manifest_path, run, None))
+                         *logged(c.manifest_path)))
     now = _now()
     store.append(store.batches, [(*row[:-1], now) for row in log_rows], BATCH_LOG_SCHEMA)
     clock = stats.timed("log", clock)

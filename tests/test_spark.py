@@ -139,6 +139,77 @@ def test_ingest_dedupes_quarantines_and_is_idempotent(spark, tmp_path):
     assert str(row.date) == "2026-11-20"
 
 
+def test_a_rerun_does_not_read_the_manifests_it_ingested(spark, tmp_path):
+    """A manifest listed with the size and modification time it had when ingested is not
+    read again: here one made garbage but left with both is still 'already'."""
+    landing, table = tmp_path / "landing", str(tmp_path / "table")
+    batches = [land(landing, "g", events(range(lo + 1, lo + 11)), lo) for lo in (0, 10, 20)]
+    jobs.ingest(spark, str(landing), table)
+    manifest = landing / manifest_name(batches[0].name)
+    listed = manifest.stat()
+    manifest.write_bytes(b"x" * listed.st_size)
+    os.utime(manifest, ns=(listed.st_atime_ns, listed.st_mtime_ns))
+
+    again = jobs.ingest(spark, str(landing), table)
+
+    assert (again.manifests, again.already, again.unread, again.quarantined) == (3, 3, 3, [])
+    assert "3 already in the table (3 unchanged since, not read again)" in again.summary()
+
+
+def test_a_manifest_touched_since_its_ingest_is_read_again(spark, tmp_path):
+    landing, table = tmp_path / "landing", str(tmp_path / "table")
+    batches = [land(landing, "g", events(range(lo + 1, lo + 11)), lo) for lo in (0, 10)]
+    jobs.ingest(spark, str(landing), table)
+    rewritten = land(landing, "g", events(range(1, 11), topic="sensor.b"), 0)  # same name
+    assert rewritten.name == batches[0].name
+
+    again = jobs.ingest(spark, str(landing), table)
+
+    assert (again.unread, again.already) == (1, 1)
+    [(name, reason)] = again.quarantined
+    assert name == rewritten.name
+    assert reason.startswith("10 rows re-use seqs the table holds for other events")
+
+
+def test_a_batch_run_does_not_read_the_manifests_streaming_ingested(spark, tmp_path):
+    landing, table = tmp_path / "landing", str(tmp_path / "table")
+    for lo in (0, 10):
+        land(landing, "g", events(range(lo + 1, lo + 11)), lo)
+    jobs.ingest_stream(spark, str(landing), table, str(tmp_path / "checkpoint"))
+
+    batch = jobs.ingest(spark, str(landing), table)
+
+    assert (batch.manifests, batch.unread, batch.ingested) == (2, 2, 0)
+
+
+def test_manifests_logged_without_their_size_and_time_are_read_again(spark, tmp_path):
+    """Tables ingested before the log kept a manifest's size and time: nothing is skipped
+    on trust, the manifests are read and their batches found by file and sha256."""
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    for lo in (0, 10):
+        land(landing, "g", events(range(lo + 1, lo + 11)), lo)
+    jobs.ingest(spark, str(landing), str(table))
+    log = spark.read.parquet(str(table / "_batches")).drop("manifest_bytes",
+                                                           "manifest_mtime_ms").collect()
+    shutil.rmtree(table / "_batches")
+    spark.createDataFrame(log).write.parquet(str(table / "_batches"))
+
+    again = jobs.ingest(spark, str(landing), str(table))
+
+    assert (again.manifests, again.unread, again.already, again.ingested) == (2, 0, 2, 0)
+
+
+def test_a_rerun_with_an_archive_moves_what_earlier_runs_ingested(spark, tmp_path):
+    landing, table, archive = tmp_path / "landing", str(tmp_path / "table"), tmp_path / "a"
+    batch = land(landing, "g", events(range(1, 11)), 0)
+    jobs.ingest(spark, str(landing), table)
+
+    again = jobs.ingest(spark, str(landing), table, archive=str(archive))
+
+    assert again.unread == 1 and landed_files(landing) == []
+    assert landed_files(archive) == sorted([batch.name, manifest_name(batch.name)])
+
+
 def test_batches_from_the_flaky_http_server_land_exactly_once(spark, tmp_path):
     landing, seqs, server, _ = run_flaky_upload(tmp_path, events=1500, failures=12)
     stats = jobs.ingest(spark, str(landing), str(tmp_path / "table"))
