@@ -11,20 +11,24 @@ complete, its ``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_st
    gateway, no seq twice, the lowest and highest the manifest's. A batch that fails is moved to
    the quarantine directory (or left in place and logged when there is none) with one clear
    report line, and the job goes on with the rest;
-2. reads the good batches once, and appends their rows without those the table (or another
-   batch of this run) already holds, so re-running over the same files adds nothing. Most
-   batches (seqs first..last without a hole, nothing in the table or the run overlapping
-   them) are read, checked and written in one pass into staging, then moved in
+2. reads the good batches once, and stages their rows without those the table (or another
+   batch of this run) already holds, so re-running over the same files adds nothing. Which
+   batches can overlap rows of the table is told by the ingest log (a row per batch), not by
+   reading the table (:func:`_touching`). Most batches (seqs first..last without a hole,
+   nothing logged or in the run overlapping them) are read, checked and written in one pass
    (:func:`_write_one_pass`); the others are read and kept, checked one by one, deduped with
-   an anti-join on ``(gateway_id, seq)``, then written (:func:`_check_lines`);
+   an anti-join on ``(gateway_id, seq)`` against the table in their ranges, then written
+   (:func:`_check_lines`);
 3. re-bases the time of rows recorded before the gateway's clock was synchronized (see
-   :func:`reference_anchors`), keeping the raw ``timestamp``/``wall_ms``, and appends the rows
+   :func:`reference_anchors`), keeping the raw ``timestamp``/``wall_ms``; rows are
    partitioned by the UTC date of the corrected ``event_time``;
 4. when this run brought anchors that change how rows ingested earlier are re-based (the
    usual case: batches are shipped long before the clock is set), rewrites the partitions
    holding those rows (staged, then swapped in; an interrupted swap is finished by the next
    run);
-5. records the new clock anchors, the gateways' loss records and an ingest log.
+5. commits the staged rows with the new clock anchors, the gateways' loss records and the
+   ingest log's rows for the batches (one journaled move: the log holds a batch exactly when
+   the table holds its rows).
 
 Layout of the table directory (a local path or any Hadoop file system: hdfs://, s3a://):
 
@@ -32,7 +36,7 @@ Layout of the table directory (a local path or any Hadoop file system: hdfs://, 
     TABLE/_anchors/    clock anchors from the manifests (read deduplicated on gateway_id, id)
     TABLE/_gaps/       loss records of the gateways (events dropped there)
     TABLE/_batches/    the ingest log: one row per batch ingested or quarantined
-    TABLE/_staging/    appends and partition rewrites in progress
+    TABLE/_staging/    appends (with their side-table rows) and partition rewrites in progress
     TABLE/_lock        the table lock (sync.table_lock): ingests exclusive, reports shared
 
 Spark skips names starting with ``_`` when it reads TABLE, so the table reads as the events
@@ -622,14 +626,27 @@ class TableDir:
     def batch_frame(self) -> DataFrame:
         return self._side(self.batches, BATCH_LOG_SCHEMA)
 
-    def append(self, path: str, rows: list[tuple], schema: T.StructType) -> None:
-        """Append to a side table (one small file per run), compacting it now and then.
-        Readers of side tables tolerate duplicate rows, so compaction writes the merged
-        file first and deletes the small ones after: a crash between leaves duplicates,
-        never a loss."""
+    def _sides(self) -> dict[str, T.StructType]:
+        """The side tables (the ingest log last: it moves in after what it vouches for)."""
+        return {self.anchors: ANCHOR_SCHEMA, self.gaps: GAP_SCHEMA,
+                self.batches: BATCH_LOG_SCHEMA}
+
+    def append(self, path: str, rows: list[tuple], schema: T.StructType,
+               stage: str | None = None) -> None:
+        """Append to side table ``path`` (one small file per run), compacting it now and
+        then; or with ``stage``, into that staged append, to move in with its rows."""
         if not rows:
             return
-        self.spark.createDataFrame(rows, schema).coalesce(1).write.mode("append").parquet(path)
+        target = f"{stage}/{path.rsplit('/', 1)[-1]}" if stage else path
+        frame = self.spark.createDataFrame(rows, schema).coalesce(1)
+        frame.write.mode("append").parquet(target)
+        if not stage:
+            self._compact(path, schema)
+
+    def _compact(self, path: str, schema: T.StructType) -> None:
+        """Readers of side tables tolerate duplicate rows, so compaction writes the merged
+        file first and deletes the small ones after: a crash between leaves duplicates,
+        never a loss."""
         parts = self.files.glob(f"{path}/part-*.parquet")
         if len(parts) > COMPACT_FILES:
             merged = self.spark.read.schema(schema).parquet(*parts).distinct().coalesce(1)
@@ -653,14 +670,21 @@ class TableDir:
                 self.files.delete(stage)
 
     def commit(self, stage: str) -> None:
-        """Move the files of a staged append (``stage/date=D/*.parquet``) into the table.
-        The journal written first makes the next run finish a move a crash interrupted."""
+        """Move the files of a staged append (``stage/date=D/*.parquet``, then the side
+        tables' rows that came with them: ``stage/_anchors``, ``_gaps``, ``_batches``) into
+        the table. The journal written first makes the next run finish a move a crash
+        interrupted: a batch is in the ingest log exactly when its rows are in the table."""
         self.files.write_text(f"{stage}/_COMMIT", "")
         self._move_in(stage)
+        for path, schema in self._sides().items():
+            self._compact(path, schema)
 
     def _move_in(self, stage: str) -> None:
         for part in self.files.glob(f"{stage}/date=*/*.parquet"):
             self.files.move(part, f"{self.root}/{_name(part)}")  # date=D/part-...parquet
+        for side in self._sides():
+            for part in self.files.glob(f"{stage}/{side.rsplit('/', 1)[-1]}/*.parquet"):
+                self.files.move(part, f"{side}/{part.rsplit('/', 1)[-1]}")
         self.files.delete(stage)
 
     def swap(self, stage: str, dates: list[str]) -> None:
@@ -857,8 +881,12 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
     log_rows: list[tuple] = []
     stamps = {files.from_uri(m.uri): (m.bytes, m.mtime_ms) for m in manifests}
 
-    def logged(manifest_path: str) -> tuple:  # the log row's last columns
-        return (manifest_path, *stamps.get(manifest_path, (None, None)), run, None)
+    def log_row(manifest_path: str, m: dict[str, Any], gateway: str | None, file: str,
+                status: str, reason: str | None = None) -> tuple:
+        """A row of the ingest log (:data:`BATCH_LOG_SCHEMA`)."""
+        return (gateway, file, m.get("sha256"), m.get("after_seq"), m.get("first_seq"),
+                m.get("last_seq"), m.get("count"), status, reason, manifest_path,
+                *stamps.get(manifest_path, (None, None)), run, _now())
 
     def reject(manifest_path: str, data_path: str, manifest: dict[str, Any] | None,
                reason: str) -> None:
@@ -868,9 +896,8 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
         name = _name(data_path)
         stats.quarantined.append((name, reason))
         log.warning("quarantined %s: %s (%s)", name, reason, where)
-        log_rows.append((gateway, m.get("file") or name, m.get("sha256"), m.get("after_seq"),
-                         m.get("first_seq"), m.get("last_seq"), m.get("count"), "quarantined",
-                         reason, *logged(manifest_path)))
+        log_rows.append(log_row(manifest_path, m, gateway, m.get("file") or name,
+                                "quarantined", reason))
 
     parsed: list[_Candidate] = []
     for manifest_uri, text, *_ in manifests:
@@ -908,9 +935,10 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
     sound = [c for c in candidates if c.data_path not in problems]
     had_rows = store.events() is not None
     one_pass = _one_pass_batches(spark, store, sound)
-    clock = stats.timed("existing keys", clock)
+    clock = stats.timed("overlaps", clock)  # with batches in the log
     in_one_pass = {c.data_path for c in one_pass}
     read: list[DataFrame] = []  # the lines read and kept, to let go of at the end
+    stage = f"{store.staging}/{run}"  # rows and side-table rows, committed together
     try:
         problems.update(_check_lines(spark, store, [c for c in sound
                                                      if c.data_path not in in_one_pass], read))
@@ -919,9 +947,7 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
         anchors = _anchors(spark, store, good)
         stats.rows_read = sum(c.manifest["count"] for c in good)
         if one_pass:
-            stage = _write_one_pass(spark, store, one_pass, anchors, stats, run)
-            if stage:
-                store.commit(stage)
+            if _write_one_pass(spark, one_pass, anchors, stats, stage, run):
                 stats.one_pass = len(one_pass)
             else:
                 log.warning("%d batches read in one pass are not all what their manifests "
@@ -939,20 +965,20 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
                 reject(c.manifest_path, c.data_path, c.manifest, problems[c.data_path])
         checked = [c for c in good if c.data_path not in in_one_pass]
         if checked:
-            _append_checked(spark, store, read, checked, anchors, stats, run)
+            _append_checked(spark, store, read, checked, anchors, stats, stage, run)
         if good:
-            _record_anchors(spark, store, anchors, had_rows, stats)
+            _record_anchors(spark, store, anchors, had_rows, stats, stage)
+            clock = time.monotonic()
+            store.append(store.batches, [
+                log_row(c.manifest_path, c.manifest, c.manifest["gateway_id"],
+                        c.manifest["file"], "ingested") for c in good], BATCH_LOG_SCHEMA, stage)
+            store.commit(stage)
+            clock = stats.timed("commit", clock)
     finally:
         for frame in read:
             frame.unpersist()
     clock = time.monotonic()
-    for c in good:
-        m = c.manifest
-        log_rows.append((m["gateway_id"], m["file"], m["sha256"], m.get("after_seq"),
-                         m["first_seq"], m["last_seq"], m["count"], "ingested", None,
-                         *logged(c.manifest_path)))
-    now = _now()
-    store.append(store.batches, [(*row[:-1], now) for row in log_rows], BATCH_LOG_SCHEMA)
+    store.append(store.batches, log_rows, BATCH_LOG_SCHEMA)  # the quarantined
     clock = stats.timed("log", clock)
     if archive:  # after the log: a crash between leaves batches the next run finds done
         for c in good + already:
@@ -978,6 +1004,7 @@ class _Anchors:
     refs: dict[tuple[str, str], dict[str, Any]]  # the reference anchor of each boot
     frame: DataFrame                             # refs, to join rows with
     gaps: dict[tuple[str, int], tuple]           # loss records
+    moved: set[tuple[str, str]]                  # boots whose reference anchor this run moved
 
 
 def _anchors(spark: SparkSession, store: TableDir, good: list[_Candidate]) -> _Anchors:
@@ -1003,22 +1030,25 @@ def _anchors(spark: SparkSession, store: TableDir, good: list[_Candidate]) -> _A
                                       g.get("first_seq"), g.get("last_seq"), g.get("count"),
                                       g.get("reason"), g.get("wall_ms"))
     refs = reference_anchors(known + list(new.values()))
-    return _Anchors(new, refs, _refs_frame(spark, refs), gaps)
+    before = reference_anchors(known)
+    moved = {(a["gateway_id"], a["boot_id"]) for a in new.values()}
+    moved = {boot for boot in moved if refs.get(boot) != before.get(boot)}
+    return _Anchors(new, refs, _refs_frame(spark, refs), gaps, moved)
 
 
 def _record_anchors(spark: SparkSession, store: TableDir, anchors: _Anchors, had_rows: bool,
-                    stats: IngestStats) -> None:
-    """Re-base rows ingested earlier whose boot got a (better) reference anchor in this run,
-    then add the new anchors and loss records to their side tables."""
+                    stats: IngestStats, stage: str) -> None:
+    """Re-base rows ingested earlier whose boot got another reference anchor in this run
+    (an anchor that leaves a boot's reference as it was changes no row: no table scan),
+    then stage the new anchors and loss records for their side tables."""
     clock = time.monotonic()
-    boots = {(a["gateway_id"], a["boot_id"]) for a in anchors.new.values()}
-    if boots and had_rows:
-        stats.rows_rebased = _rebase(spark, store, boots,
-                                     {k: v for k, v in anchors.refs.items() if k in boots})
+    if anchors.moved and had_rows:
+        stats.rows_rebased = _rebase(spark, store, anchors.moved, {
+            k: v for k, v in anchors.refs.items() if k in anchors.moved})
         clock = stats.timed("rebase", clock)
     store.append(store.anchors, [tuple(a[f.name] for f in ANCHOR_SCHEMA.fields)
-                                 for a in anchors.new.values()], ANCHOR_SCHEMA)
-    store.append(store.gaps, list(anchors.gaps.values()), GAP_SCHEMA)
+                                 for a in anchors.new.values()], ANCHOR_SCHEMA, stage)
+    store.append(store.gaps, list(anchors.gaps.values()), GAP_SCHEMA, stage)
     stats.timed("side tables", clock)
 
 
@@ -1031,13 +1061,29 @@ def _one_pass_batches(spark: SparkSession, store: TableDir,
     shared = _overlapping(sound)
     plain = [c for c in sound if c.data_path not in shared and c.manifest["count"]
              == c.manifest["last_seq"] - c.manifest["first_seq"] + 1]
-    existing = store.events()
-    if not plain or existing is None:
-        return plain
-    held = {r.tag for r in _in_ranges(spark, existing, [
-        (c.manifest["gateway_id"], c.manifest["first_seq"], c.manifest["last_seq"], c.data_uri)
-        for c in plain]).select("tag").distinct().collect()}
+    held = _touching(spark, store, plain)
     return [c for c in plain if c.data_uri not in held]
+
+
+def _ranges(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
+    """(uri, gw, lo, hi): each batch's data URI, gateway and seq range, from its manifest."""
+    return spark.createDataFrame(
+        [(c.data_uri, c.manifest["gateway_id"], c.manifest["first_seq"],
+          c.manifest["last_seq"]) for c in batches], "uri string, gw string, lo long, hi long")
+
+
+def _touching(spark: SparkSession, store: TableDir, candidates: list[_Candidate]) -> set[str]:
+    """The data URIs of ``candidates`` whose seq range overlaps a batch the ingest log holds:
+    the only ones the table can hold rows in the range of, since a batch's rows and its log
+    row are committed together. One join with the log, which has a row per batch: the
+    table itself is not read, however long it grows."""
+    if not candidates:
+        return set()
+    ranges = _ranges(spark, candidates)
+    log_ = store.batch_frame().where(F.col("status") == "ingested")
+    return {r.uri for r in F.broadcast(ranges).join(
+        log_, (F.col("gw") == log_.gateway_id) & (F.col("lo") <= log_.last_seq)
+        & (F.col("hi") >= log_.first_seq)).select("uri").distinct().collect()}
 
 
 def _in_ranges(spark: SparkSession, table: DataFrame,
@@ -1056,28 +1102,24 @@ def _in_ranges(spark: SparkSession, table: DataFrame,
             .select("gateway_id", "seq", "tag"))
 
 
-def _write_one_pass(spark: SparkSession, store: TableDir, batches: list[_Candidate],
-                    anchors: _Anchors, stats: IngestStats, run: str) -> str | None:
-    """Read ``batches`` once and write their rows to a staging directory of the table,
+def _write_one_pass(spark: SparkSession, batches: list[_Candidate], anchors: _Anchors,
+                    stats: IngestStats, stage: str, run: str) -> bool:
+    """Read ``batches`` once and write their rows to ``stage``, the run's staging directory,
     checking them on the way with totals rather than batch by batch: every line a whole
     event of its batch's gateway with a seq in the batch's range, as many lines as the
     manifests say, and the sum of a hash of (file, seq) over the lines equal to its sum over
-    every seq of the ranges (a seq twice and another missing would change it). Returns the
-    staging directory when all holds; else None, and nothing is left written."""
-    ranges = spark.createDataFrame(
-        [(c.data_uri, c.manifest["gateway_id"], c.manifest["first_seq"],
-          c.manifest["last_seq"]) for c in batches],
-        "uri string, batch_gateway string, lo long, hi long")
+    every seq of the ranges (a seq twice and another missing would change it). Whether all
+    holds; if not, nothing is left written."""
+    ranges = _ranges(spark, batches)
     # two sums of 31-bit halves of a 64-bit hash: longs that cannot overflow (ANSI mode)
     hashed = F.xxhash64("uri", "seq")
     fingerprint = F.array(F.sum(hashed.bitwiseAND(0x7FFFFFFF)),
                           F.sum(F.shiftrightunsigned(hashed, 33)))
     rows = _parse(spark, batches).join(F.broadcast(ranges), "uri", "left")
-    sound = ((F.col("gateway_id") == F.col("batch_gateway"))
+    sound = ((F.col("gateway_id") == F.col("gw"))
              & F.col("seq").between(F.col("lo"), F.col("hi")))
     for name in REQUIRED:
         sound &= F.col(name).isNotNull()
-    stage = f"{store.staging}/{run}"
     lines = sum(c.manifest["count"] for c in batches)
     totals = _write_rows(spark, rows, anchors, stage, len(batches), lines, run, {
         "unsound": F.count_if(~F.coalesce(sound, F.lit(False))), "fingerprint": fingerprint})
@@ -1085,9 +1127,9 @@ def _write_one_pass(spark: SparkSession, store: TableDir, batches: list[_Candida
                 .agg(fingerprint.alias("sum")).first()["sum"])
     if totals["rows"] == lines and not totals["unsound"] and totals["fingerprint"] == expected:
         stats.count_added(totals)
-        return stage
-    store.files.delete(stage)
-    return None
+        return True
+    Files(spark).delete(stage)
+    return False
 
 
 def _check_lines(spark: SparkSession, store: TableDir, batches: list[_Candidate],
@@ -1106,9 +1148,10 @@ def _check_lines(spark: SparkSession, store: TableDir, batches: list[_Candidate]
 
 def _append_checked(spark: SparkSession, store: TableDir, read: list[DataFrame],
                     good: list[_Candidate], anchors: _Anchors, stats: IngestStats,
-                    run: str) -> None:
-    """Append the rows of the ``good`` batches among the lines ``read``, without those the
-    table (or another batch of this run) already holds."""
+                    stage: str, run: str) -> None:
+    """Write the rows of the ``good`` batches among the lines ``read`` to ``stage``, without
+    those the table (or another batch of this run) already holds. The table is read only
+    in the ranges of batches that overlap one the ingest log holds."""
     lines = read[0]
     for more in read[1:]:
         lines = lines.unionByName(more)
@@ -1122,22 +1165,24 @@ def _append_checked(spark: SparkSession, store: TableDir, read: list[DataFrame],
         rows = rows.where(~shared).unionByName(
             rows.where(shared).dropDuplicates(["gateway_id", "seq"]))
     existing = store.events()
-    if existing is not None:
-        clock = time.monotonic()
+    clock = time.monotonic()
+    touching = _touching(spark, store, good) if existing is not None else set()
+    if touching:
         ranges: dict[str, tuple[int, int]] = {}
         for c in good:
+            if c.data_uri not in touching:
+                continue
             gw, m = c.manifest["gateway_id"], c.manifest
             lo, hi = ranges.get(gw, (m["first_seq"], m["last_seq"]))
             ranges[gw] = (min(lo, m["first_seq"]), max(hi, m["last_seq"]))
         keys = _in_ranges(spark, existing, [(gw, lo, hi, gw) for gw, (lo, hi)
                                             in ranges.items()]).select("gateway_id", "seq")
         held = keys.count()
-        stats.timed("existing keys", clock)
         if held:
             rows = rows.join(F.broadcast(keys) if held <= BROADCAST_KEYS else keys,
                              ["gateway_id", "seq"], "left_anti")
-    clock = time.monotonic()
-    stats.count_added(_write_rows(spark, rows, anchors, store.root, len(good),
+    clock = stats.timed("existing keys", clock)
+    stats.count_added(_write_rows(spark, rows, anchors, stage, len(good),
                                   sum(c.manifest["count"] for c in good), run))
     stats.timed("write", clock)
 
@@ -1177,18 +1222,12 @@ def _conflicts(spark: SparkSession, store: TableDir, lines: DataFrame | None,
     existing = store.events()
     if existing is None or lines is None or not candidates:
         return {}
-    ranges = spark.createDataFrame(
-        [(c.data_uri, c.manifest["gateway_id"], c.manifest["first_seq"],
-          c.manifest["last_seq"]) for c in candidates],
-        "uri string, gw string, lo long, hi long")
-    log_ = store.batch_frame().where(F.col("status") == "ingested")
-    touching = sorted(r.uri for r in F.broadcast(ranges).join(
-        log_, (F.col("gw") == log_.gateway_id) & (F.col("lo") <= log_.last_seq)
-        & (F.col("hi") >= log_.first_seq)).select("uri").distinct().collect())
+    touching = sorted(_touching(spark, store, candidates))
     if not touching:
         return {}
+    ranges = _ranges(spark, [c for c in candidates if c.data_uri in touching])
     new = lines.where(F.col("uri").isin(touching)).select("gateway_id", "seq", "uri", *IDENTITY)
-    old = (existing.join(F.broadcast(ranges.where(F.col("uri").isin(touching))),
+    old = (existing.join(F.broadcast(ranges),
                          (existing.gateway_id == F.col("gw"))
                          & existing.seq.between(F.col("lo"), F.col("hi")), "left_semi")
            .select("gateway_id", "seq", *[F.col(c).alias(f"old_{c}") for c in IDENTITY]))

@@ -382,6 +382,26 @@ def test_clock_correction_rebases_unsynced_times_even_when_the_anchor_comes_late
 
 # -- reports ----------------------------------------------------------------------------------
 
+def test_an_anchor_that_leaves_the_reference_as_it_was_re_bases_nothing(spark, tmp_path):
+    """A boot's reference is its first synchronized anchor: a later one (the clock synced
+    again) changes no row, so the table is not searched for rows to re-base."""
+    landing, table = tmp_path / "landing", str(tmp_path / "table")
+    start = {"id": 1, "reason": "start", "boot_id": "boot-1", "boottime_ns": 10**9,
+             "wall_ns": T0_MS * 10**6, "offset_before_ns": None, "clock_synced": True,
+             "after_seq": 0}
+    land(landing, "g", events(range(1, 11)), 0, anchors=[start])
+    jobs.ingest(spark, str(landing), table)
+    resync = {**start, "id": 2, "reason": "sync", "boottime_ns": 10 * 10**9,
+              "wall_ns": T0_MS * 10**6 + 9 * 10**9, "after_seq": 10}
+    land(landing, "g", events(range(11, 21)), 10, anchors=[start, resync])
+
+    later = jobs.ingest(spark, str(landing), table)
+
+    assert (later.ingested, later.rows_rebased) == (1, 0) and "rebase" not in later.phases
+    anchors = spark.read.parquet(f"{table}/_anchors").select("id").collect()
+    assert sorted(r.id for r in anchors) == [1, 2]
+
+
 def test_reports_gaps_hourly_and_clock(spark, tmp_path, capsys, cairn_cli):
     landing, table, out = tmp_path / "landing", tmp_path / "table", tmp_path / "reports"
     # gateway g: seqs 101..200 never landed; 250 was a retained-only publication (never
@@ -521,10 +541,13 @@ def test_an_interrupted_partition_rewrite_is_finished_by_the_next_run(spark, tmp
 
 def test_an_interrupted_commit_of_staged_rows_is_finished_by_the_next_run(spark, tmp_path):
     """A crash while moving an append's staged files into the table: the journal (_COMMIT)
-    lets the next ingest move the rest in, next to those already moved."""
+    lets the next ingest move the rest in, next to those already moved, and the side-table
+    rows that came with them (the ingest log's among them: it holds a batch exactly when
+    the table holds its rows)."""
     table = tmp_path / "table"
     for path in ("date=2026-01-01/part-a.parquet", "_staging/run/date=2026-01-01/part-b.parquet",
-                 "_staging/run/date=2026-01-02/part-c.parquet"):
+                 "_staging/run/date=2026-01-02/part-c.parquet", "_batches/part-l.parquet",
+                 "_staging/run/_anchors/part-m.parquet", "_staging/run/_batches/part-n.parquet"):
         (table / path).parent.mkdir(parents=True, exist_ok=True)
         (table / path).write_text(path)
     (table / "_staging/run/_COMMIT").write_text("")
@@ -532,6 +555,7 @@ def test_an_interrupted_commit_of_staged_rows_is_finished_by_the_next_run(spark,
     jobs.TableDir(spark, jobs.Files(spark), jobs.Files(spark).qualify(str(table))).recover()
 
     assert sorted(str(p.relative_to(table)) for p in table.rglob("*.parquet")) == [
+        "_anchors/part-m.parquet", "_batches/part-l.parquet", "_batches/part-n.parquet",
         "date=2026-01-01/part-a.parquet", "date=2026-01-01/part-b.parquet",
         "date=2026-01-02/part-c.parquet"]
     assert not list(table.glob("_staging/*"))
