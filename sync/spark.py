@@ -1004,7 +1004,7 @@ class _Anchors:
     refs: dict[tuple[str, str], dict[str, Any]]  # the reference anchor of each boot
     frame: DataFrame                             # refs, to join rows with
     gaps: dict[tuple[str, int], tuple]           # loss records
-    moved: set[tuple[str, str]]                  # boots whose reference anchor this run moved
+    moved: set[tuple[str, str]]  # boots with rows in the table whose reference this run moved
 
 
 def _anchors(spark: SparkSession, store: TableDir, good: list[_Candidate]) -> _Anchors:
@@ -1031,8 +1031,12 @@ def _anchors(spark: SparkSession, store: TableDir, good: list[_Candidate]) -> _A
                                       g.get("reason"), g.get("wall_ms"))
     refs = reference_anchors(known + list(new.values()))
     before = reference_anchors(known)
-    moved = {(a["gateway_id"], a["boot_id"]) for a in new.values()}
-    moved = {boot for boot in moved if refs.get(boot) != before.get(boot)}
+    # only a boot the table has anchors of can have rows there: a batch carries every anchor
+    # of its boots (the first, "start", taken before the boot's first row), and they are
+    # committed with its rows
+    known_boots = {(a["gateway_id"], a["boot_id"]) for a in known}
+    moved = {boot for boot in {(a["gateway_id"], a["boot_id"]) for a in new.values()}
+             if boot in known_boots and refs.get(boot) != before.get(boot)}
     return _Anchors(new, refs, _refs_frame(spark, refs), gaps, moved)
 
 

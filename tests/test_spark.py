@@ -381,8 +381,6 @@ def test_clock_correction_rebases_unsynced_times_even_when_the_anchor_comes_late
     assert (third.rows_added, third.rows_rebased) == (0, 0)
 
 
-# -- reports ----------------------------------------------------------------------------------
-
 def test_an_anchor_that_leaves_the_reference_as_it_was_re_bases_nothing(spark, tmp_path):
     """A boot's reference is its first synchronized anchor: a later one (the clock synced
     again) changes no row, so the table is not searched for rows to re-base."""
@@ -402,6 +400,22 @@ def test_an_anchor_that_leaves_the_reference_as_it_was_re_bases_nothing(spark, t
     anchors = spark.read.parquet(f"{table}/_anchors").select("id").collect()
     assert sorted(r.id for r in anchors) == [1, 2]
 
+
+def test_the_first_anchors_of_a_new_boot_re_base_nothing_already_ingested(spark, tmp_path):
+    """A boot's rows come with its anchors (its first, "start", precedes them): a boot the
+    table has no anchor of has no rows there to re-base."""
+    landing, table = tmp_path / "landing", str(tmp_path / "table")
+    for boot, lo in (("boot-1", 0), ("boot-2", 10)):
+        start = {"id": lo + 1, "reason": "start", "boot_id": boot, "boottime_ns": 10**9,
+                 "wall_ns": T0_MS * 10**6, "offset_before_ns": None, "clock_synced": True,
+                 "after_seq": lo}
+        land(landing, "g", events(range(lo + 1, lo + 11), boot=boot), lo, anchors=[start])
+        run = jobs.ingest(spark, str(landing), table)
+        assert (run.ingested, run.rows_added, run.rows_rebased) == (1, 10, 0)
+        assert "rebase" not in run.phases
+
+
+# -- reports ----------------------------------------------------------------------------------
 
 def test_reports_gaps_hourly_and_clock(spark, tmp_path, capsys, cairn_cli):
     landing, table, out = tmp_path / "landing", tmp_path / "table", tmp_path / "reports"
