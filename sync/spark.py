@@ -946,14 +946,16 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
     clock = stats.timed("verify bytes", clock)
     sound = [c for c in candidates if c.data_path not in problems]
     had_rows = store.events() is not None
-    one_pass = _one_pass_batches(spark, store, sound)
-    clock = stats.timed("overlaps", clock)  # with batches in the log
+    touching = _touching(spark, store, sound)  # one look at the log for the whole chunk
+    one_pass = _one_pass_batches(sound, touching)
+    clock = stats.timed("overlaps", clock)
     in_one_pass = {c.data_path for c in one_pass}
     read: list[DataFrame] = []  # the lines read and kept, to let go of at the end
     stage = f"{store.staging}/{run}"  # rows and side-table rows, committed together
     try:
         problems.update(_check_lines(spark, store, [c for c in sound
-                                                     if c.data_path not in in_one_pass], read))
+                                                     if c.data_path not in in_one_pass],
+                                     touching, read))
         clock = stats.timed("read+check lines", clock)
         good = [c for c in candidates if c.data_path not in problems]
         anchors = _anchors(spark, store, good)
@@ -964,7 +966,7 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
             else:
                 log.warning("%d batches read in one pass are not all what their manifests "
                             "say: checking them one by one", len(one_pass))
-                found = _check_lines(spark, store, one_pass, read)
+                found = _check_lines(spark, store, one_pass, touching, read)
                 problems.update(found)
                 in_one_pass = set()
                 if found:
@@ -977,7 +979,8 @@ def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table
                 reject(c.manifest_path, c.data_path, c.manifest, problems[c.data_path])
         checked = [c for c in good if c.data_path not in in_one_pass]
         if checked:
-            _append_checked(spark, store, read, checked, anchors, stats, stage, run)
+            _append_checked(spark, store, read, checked, touching, anchors, stats, stage,
+                            run)
         if good:
             _record_anchors(spark, store, anchors, had_rows, stats, stage)
             clock = time.monotonic()
@@ -1068,8 +1071,7 @@ def _record_anchors(spark: SparkSession, store: TableDir, anchors: _Anchors, had
     stats.timed("side tables", clock)
 
 
-def _one_pass_batches(spark: SparkSession, store: TableDir,
-                      sound: list[_Candidate]) -> list[_Candidate]:
+def _one_pass_batches(sound: list[_Candidate], touching: set[str]) -> list[_Candidate]:
     """The batches that can be checked while they are written (:func:`_write_one_pass`):
     seqs first..last without a hole (so which (file, seq) pairs it holds is known), no other
     batch of this run overlapping, no row of the table in their range (nothing to dedupe or
@@ -1077,8 +1079,7 @@ def _one_pass_batches(spark: SparkSession, store: TableDir,
     shared = _overlapping(sound)
     plain = [c for c in sound if c.data_path not in shared and c.manifest["count"]
              == c.manifest["last_seq"] - c.manifest["first_seq"] + 1]
-    held = _touching(spark, store, plain)
-    return [c for c in plain if c.data_uri not in held]
+    return [c for c in plain if c.data_uri not in touching]
 
 
 def _ranges(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
@@ -1149,7 +1150,7 @@ def _write_one_pass(spark: SparkSession, batches: list[_Candidate], anchors: _An
 
 
 def _check_lines(spark: SparkSession, store: TableDir, batches: list[_Candidate],
-                 read: list[DataFrame]) -> dict[str, str]:
+                 touching: set[str], read: list[DataFrame]) -> dict[str, str]:
     """{data path: problem} for ``batches``, read (and kept: appended to ``read``) and
     checked one by one: their lines, then seqs the table holds for other events."""
     if not batches:
@@ -1158,13 +1159,13 @@ def _check_lines(spark: SparkSession, store: TableDir, batches: list[_Candidate]
     read.append(lines)
     problems = _line_problems(lines, batches)
     problems.update(_conflicts(spark, store, lines, [c for c in batches
-                                                     if c.data_path not in problems]))
+                                                     if c.data_path not in problems], touching))
     return problems
 
 
 def _append_checked(spark: SparkSession, store: TableDir, read: list[DataFrame],
-                    good: list[_Candidate], anchors: _Anchors, stats: IngestStats,
-                    stage: str, run: str) -> None:
+                    good: list[_Candidate], touching: set[str], anchors: _Anchors,
+                    stats: IngestStats, stage: str, run: str) -> None:
     """Write the rows of the ``good`` batches among the lines ``read`` to ``stage``, without
     those the table (or another batch of this run) already holds. The table is read only
     in the ranges of batches that overlap one the ingest log holds."""
@@ -1182,8 +1183,7 @@ def _append_checked(spark: SparkSession, store: TableDir, read: list[DataFrame],
             rows.where(shared).dropDuplicates(["gateway_id", "seq"]))
     existing = store.events()
     clock = time.monotonic()
-    touching = _touching(spark, store, good) if existing is not None else set()
-    if touching:
+    if existing is not None and any(c.data_uri in touching for c in good):
         ranges: dict[str, tuple[int, int]] = {}
         for c in good:
             if c.data_uri not in touching:
@@ -1231,18 +1231,19 @@ IDENTITY = ["publication", "topic", "wall_ms", "boot_id", "boottime_ns", "kwargs
 
 
 def _conflicts(spark: SparkSession, store: TableDir, lines: DataFrame | None,
-               candidates: list[_Candidate]) -> dict[str, str]:
+               candidates: list[_Candidate], touching: set[str]) -> dict[str, str]:
     """{data path: problem} for batches re-using seqs the table holds for other events (a
     gateway whose store was reset, or another gateway under its id). Only the rows of
     batches whose range overlaps an ingested batch's are compared."""
     existing = store.events()
     if existing is None or lines is None or not candidates:
         return {}
-    touching = sorted(_touching(spark, store, candidates))
-    if not touching:
+    compared = [c for c in candidates if c.data_uri in touching]
+    if not compared:
         return {}
-    ranges = _ranges(spark, [c for c in candidates if c.data_uri in touching])
-    new = lines.where(F.col("uri").isin(touching)).select("gateway_id", "seq", "uri", *IDENTITY)
+    ranges = _ranges(spark, compared)
+    new = (lines.where(F.col("uri").isin([c.data_uri for c in compared]))
+           .select("gateway_id", "seq", "uri", *IDENTITY))
     old = (existing.join(F.broadcast(ranges),
                          (existing.gateway_id == F.col("gw"))
                          & existing.seq.between(F.col("lo"), F.col("hi")), "left_semi")
