@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 WORK=${CAIRN_IMAGE_WORK:-$ROOT/build/image}
 PI_GEN_REPO=${PI_GEN_REPO:-https://github.com/RPi-Distro/pi-gen.git}
 # A release tag of pi-gen's arm64 branch: the recipe of that Raspberry Pi OS release.
-PI_GEN_REF=${PI_GEN_REF:-2024-11-19-raspios-bookworm-arm64}
+PI_GEN_REF=${PI_GEN_REF:-2026-06-18-raspios-trixie-arm64}
 USE_DOCKER=${USE_DOCKER:-1}
 
 say() { echo "build-image: $*" >&2; }

@@ -9,7 +9,7 @@ Layout of ``DIR/cairn-payload-<version>/``::
     install.sh                      installs all of it (into the image chroot, or on a Pi)
     wheels/cairn-<version>-py3-none-any.whl
     wheels/deps/*.whl               every pinned dependency, built for the device (linux
-                                    aarch64, CPython 3.11): install.sh needs no network there
+                                    aarch64, CPython 3.13): install.sh needs no network there
     constraints.txt                 the dependency versions this wheel was tested with
     rootfs/                         files copied to / as they are
         usr/lib/systemd/system/     cairn-router.service, cairn-sensor@.service, ...
@@ -76,17 +76,18 @@ REQUIRED_IN_WHEEL = ["cairn/gateway/cli.py", "cairn/gateway/server.py",
                      "cairn/drivers/__init__.py", "cairn/sync/cli.py",
                      "cairn/gateway/dashboard/index.html",
                      "cairn/gateway/dashboard/autobahn.min.js"]
-# The platform the image runs: Raspberry Pi OS (Debian 12) arm64, CPython 3.11.
-TARGET = {"python_version": "3.11", "python_full_version": "3.11.2", "os_name": "posix",
+# The platform the image runs: Debian 13 (trixie) and Raspberry Pi OS trixie, arm64, CPython
+# 3.13 (Debian's python3 there). The payload's wheels follow the image's Python.
+TARGET = {"python_version": "3.13", "python_full_version": "3.13.5", "os_name": "posix",
           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64",
           "platform_python_implementation": "CPython", "implementation_name": "cpython",
           "extra": ""}
 
 
-# Wheel tags pip may take for the device: glibc 2.36 (bookworm) runs every manylinux wheel up
-# to 2.36; pip does not widen a --platform it is given, so each one is listed.
+# Wheel tags pip may take for the device: glibc 2.41 (trixie) runs every manylinux wheel up
+# to 2.41; pip does not widen a --platform it is given, so each one is listed.
 DEVICE_PLATFORMS = ["manylinux2014_aarch64",
-                    *[f"manylinux_2_{v}_aarch64" for v in (17, 24, 26, 27, 28, 31, 34, 35, 36)]]
+                    *[f"manylinux_2_{v}_aarch64" for v in (17, *range(24, 42))]]
 
 
 class PayloadError(Exception):
@@ -174,7 +175,7 @@ def _canonical(name: str) -> str:
 def dependency_pins(requires: list[str]) -> list[str]:
     """``name==version`` for the whole runtime dependency closure, as installed in the
     environment that built and tested this wheel, with markers evaluated for the device
-    (CPython 3.11 on Linux aarch64). The image installs with these as pip constraints."""
+    (CPython 3.13 on Linux aarch64). The image installs with these as pip constraints."""
     pins: dict[str, str] = {}
     todo = list(requires)
     while todo:
@@ -211,7 +212,7 @@ def download_dependencies(pins: list[str], into: Path) -> list[str]:
     constraints.unlink()
     if done.returncode != 0:
         raise PayloadError("could not fetch the dependencies as wheels for linux aarch64, "
-                           "CPython 3.11 (pip download):\n" + done.stderr.strip()[-2000:])
+                           f"CPython {TARGET['python_version']} (pip download):\n" + done.stderr.strip()[-2000:])
     return sorted(p.name for p in into.glob("*.whl"))
 
 
@@ -260,7 +261,7 @@ def assemble(out: Path, wheel: Path | None = None, tar: bool = True,
     manifest = {
         "name": "cairn", "version": version, "wheel": f"wheels/{wheel.name}",
         "source": git_describe(), "source_date_epoch": epoch,
-        "target": "Raspberry Pi OS Lite (bookworm) arm64, Python 3.11",
+        "target": f"Debian / Raspberry Pi OS trixie arm64, Python {TARGET['python_version']}",
         "units": UNITS, "enable": ["cairn-router.service"],
         "dependencies": pins, "dependency_wheels": {"platform": "linux_aarch64",
                                                     "files": [f"wheels/deps/{d}" for d in deps]},

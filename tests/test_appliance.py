@@ -434,7 +434,7 @@ def test_payload_wheel_and_pins(payload):
 
 def test_payload_carries_every_pinned_dependency_as_a_wheel_the_device_runs(payload):
     """A device off the grid installs from the payload alone: one wheel per pin, at the
-    pinned version, pure Python or built for linux aarch64 with CPython 3.11."""
+    pinned version, pure Python or built for linux aarch64 with the image's CPython (3.13)."""
     from packaging.tags import Tag
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -447,8 +447,8 @@ def test_payload_carries_every_pinned_dependency_as_a_wheel_the_device_runs(payl
         name, version, _, tags = parse_wheel_filename(wheel.name)
         found[canonicalize_name(name)] = str(version)
         assert any(t.platform == "any" or t.platform.endswith("_aarch64") for t in tags), wheel
-        assert any(t.interpreter in ("py3", "cp311") or t.abi == "abi3" for t in tags), wheel
-        assert Tag("cp311", "cp311", "linux_x86_64") not in tags, wheel
+        assert any(t.interpreter in ("py3", "cp313") or t.abi == "abi3" for t in tags), wheel
+        assert Tag("cp313", "cp313", "linux_x86_64") not in tags, wheel
     assert found == pins
 
 
@@ -573,7 +573,7 @@ def test_pi_gen_config_resolves_everything_on_the_host():
             name = line.split("=")[0]
             values[name] = run("bash", "-c", f"{line}; printf %s \"${name}\"").stdout
     assert values["STAGE_LIST"] == "stage0 stage1 stage2 stage-cairn"
-    assert values["RELEASE"] == "bookworm"
+    assert values["RELEASE"] == "trixie"
     assert values["TARGET_HOSTNAME"] == "greenhouse-7"
     assert values["PUBKEY_SSH_FIRST_USER"] == "ssh-ed25519 AAAAC3Nza test@host"
     assert values["PUBKEY_ONLY_SSH"] == "1" and values["ENABLE_SSH"] == "1"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Build the Cairn SD-card image for a Raspberry Pi 4/5 from Debian's archive with Debian's
-# tools (bookworm, arm64): mmdebstrap, qemu-user via binfmt_misc, raspi-firmware,
+# tools (trixie, arm64): mmdebstrap, qemu-user via binfmt_misc, raspi-firmware,
 # linux-image-arm64. See images/README.md.
 #
 #   CAIRN_SSH_PUBKEY="$(cat ~/.ssh/id_ed25519.pub)" images/debian/build-image.sh
@@ -67,6 +67,10 @@ else
     say "building the base root file system (cache miss, ~10 min): $BASE"
     mkdir -p "$CACHE"
     "$HERE/base.sh" "$BASE.tmp"
+    # a cache entry is a tarball or nothing: a directory or a torn file there would be taken
+    # for the base by every later build
+    tar -tf "$BASE.tmp" > /dev/null ||
+        { say "base.sh made no tarball at $BASE.tmp"; rm -rf "$BASE.tmp"; exit 1; }
     mv "$BASE.tmp" "$BASE"
 fi
 
@@ -80,6 +84,7 @@ in_chroot() {
         exec chroot "$R" "$@"' sh "$R" "$@"
 }
 tar -xpf "$BASE" -C "$R" --numeric-owner --xattrs --xattrs-include='*'
+SUITE=$(. "$R/etc/os-release" && echo "$VERSION_CODENAME")   # the base's own word
 
 # -- 2. Cairn, installed by the payload's own install.sh inside the image's root -------------
 payload=$("$PYTHON" "$IMAGES/build_payload.py" --out "$WORK/payload")
@@ -190,7 +195,7 @@ grep -q "root=PARTUUID=$DISK_ID-02" "$R/boot/firmware/cmdline.txt" ||
 # -- 5. the manifest and the image ----------------------------------------------------------
 VERSION=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' \
     "$WORK/payload-manifest.json")
-NAME=cairn-$VERSION-debian-bookworm-arm64
+NAME=cairn-$VERSION-debian-$SUITE-arm64
 mkdir -p "$OUT/$NAME.boot"
 cp "$R/boot/vmlinuz-$KVER" "$OUT/$NAME.boot/vmlinuz"
 cp "$R/boot/initrd.img-$KVER" "$OUT/$NAME.boot/initrd.img"
@@ -224,10 +229,10 @@ dd if="$WORK/root.part" of="$IMG" bs=1M seek=$((root_start / 2048)) conv=notrunc
 rm -f "$WORK/boot.part" "$WORK/root.part"
 
 "$PYTHON" - "$OUT/$NAME.manifest.json" "$IMG" "$WORK/packages.tsv" "$WORK/payload-manifest.json" \
-    "$BASE" "$DISK_ID" "$KVER" "$OUT/$NAME.boot" <<'EOF'
+    "$BASE" "$DISK_ID" "$KVER" "$OUT/$NAME.boot" "$SUITE" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
-out, img, packages, payload, base, disk_id, kver, boot = sys.argv[1:]
+out, img, packages, payload, base, disk_id, kver, boot, suite = sys.argv[1:]
 def sha(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -237,7 +242,7 @@ def sha(path):
 payload = json.loads(Path(payload).read_text())
 Path(out).write_text(json.dumps({
     "image": Path(img).name, "sha256": sha(img), "size": Path(img).stat().st_size,
-    "debian": "bookworm", "architecture": "arm64", "kernel": kver,
+    "debian": suite, "architecture": "arm64", "kernel": kver,
     "disk_id": disk_id, "root": f"PARTUUID={disk_id}-02", "base_cache": Path(base).name,
     "cairn": {"version": payload["version"], "commit": payload.get("commit"),
               "wheel": payload.get("wheel")},
