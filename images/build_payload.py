@@ -212,7 +212,8 @@ def download_dependencies(pins: list[str], into: Path) -> list[str]:
     constraints.unlink()
     if done.returncode != 0:
         raise PayloadError("could not fetch the dependencies as wheels for linux aarch64, "
-                           f"CPython {TARGET['python_version']} (pip download):\n" + done.stderr.strip()[-2000:])
+                           f"CPython {TARGET['python_version']} (pip download):\n"
+                           + done.stderr.strip()[-2000:])
     return sorted(p.name for p in into.glob("*.whl"))
 
 
