@@ -9,11 +9,11 @@ Run from the repository root::
 What it does, in order:
 
 1. **populate** (not through the router, timed separately): a fresh database in a temporary
-   directory is filled with ``gateway.store.Store`` itself (``Store.open``, ``assign``,
-   ``append``, ``flush``, ``close``): ``--events`` history rows on ``sensor.dev0000`` ..
-   ``sensor.dev0099`` (each topic ~1 %) and, every 5,000th, ``sensor.door.front``; 10
-   events/s of wall time (so 1,000,000 events span ~28 hours), kwargs
-   ``{temperature, humidity}``, rule 0; and ``--retained`` retained-only rows on
+   directory is filled with ``gateway.store.Store`` itself (``Store.open``, ``append``,
+   ``flush``, ``close``; seqs from ``core.Sequence``): ``--events`` history rows on
+   ``sensor.dev0000`` .. ``sensor.dev0099`` (each topic ~1 %) and, every 5,000th,
+   ``sensor.door.front``; 10 events/s of wall time (so 1,000,000 events span ~28 hours),
+   kwargs ``{temperature, humidity}``, rule 0; and ``--retained`` retained-only rows on
    ``state.dev00000`` .. (no history rule covers ``state``).
 2. the router (``python -m cairn.gateway.cli router``, via ``harness.process.RouterProcess``)
    starts on that data dir with one realm whose history rule is prefix ``sensor`` (its

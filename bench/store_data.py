@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import file_size
+from cairn.gateway.core import Sequence
 from cairn.gateway.store import Store, StoredPublication
 
 HISTORY_PREFIX = "sensor"
@@ -48,10 +49,11 @@ async def populate(db_path: Path, events: int, retained: int, seed: int) -> dict
     sparse = 0
     t0 = time.perf_counter()
     store = await Store.open(db_path)
+    sequence = Sequence(store.next_seq, store.publication_ids)
     chunk = 20_000
     try:
         for i in range(events):
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             wall_ms = first_ms + i * SPACING_MS + rng.randrange(SPACING_MS)
             if mid_lo <= i <= mid_hi:
                 mid_pubs.append(publication)
@@ -71,7 +73,7 @@ async def populate(db_path: Path, events: int, retained: int, seed: int) -> dict
         history_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         for j in range(retained):
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             topic = f"{RETAINED_PREFIX}.dev{j:05d}"
             store.append(StoredPublication(
                 seq=seq, publication=publication, realm="realm1", topic=topic,

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.gateway.clock import Anchor
+from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from cairn.sync import uploader as uploader_module
 from cairn.sync.sinks import DirectorySink
@@ -55,12 +56,13 @@ BOOT = "3f1c2a9e-0000-4000-8000-00000000beef"
 async def populate(db: Path, events: int, seed: int = 1) -> int:
     rng = random.Random(seed)
     store = await Store.open(db)
+    sequence = Sequence(store.next_seq, store.publication_ids)
     try:
         store.add_anchor(Anchor("start", BOOT, 5_000_000_000, T0_MS * 1_000_000, None, True))
         for i in range(events):
             wall_ms = T0_MS + i * 100 + rng.randrange(100)
             if i % 100 == 50:
-                seq, publication = store.assign()
+                seq, publication = sequence.assign()
                 store.append(StoredPublication(
                     seq=seq, publication=publication, realm="realm1",
                     topic=f"gateway.device.dev{i % 100:04d}.status", args=[],
@@ -68,7 +70,7 @@ async def populate(db: Path, events: int, seed: int = 1) -> int:
                     boottime_ns=5_000_000_000 + (wall_ms - T0_MS) * 1_000_000,
                     clock_synced=True, retain=True))
             topic = f"sensor.dev{rng.randrange(100):04d}"
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             store.append(StoredPublication(
                 seq=seq, publication=publication, realm="realm1", topic=topic, args=[],
                 kwargs={"temperature": round(rng.uniform(-5, 35), 1),

@@ -217,15 +217,17 @@ async def prefill(db: Path, sensors: int, rows: int, interval: float) -> None:
     """A history of ``rows`` readings of the sensors, ``interval`` s apart each, up to now,
     written with the store itself as the router would have (the router is not running)."""
     from cairn.gateway import clock
+    from cairn.gateway.core import Sequence
     from cairn.gateway.store import Store, StoredPublication
 
     store = await Store.open(db)
+    sequence = Sequence(store.next_seq, store.publication_ids)
     rng = random.Random(1)
     now_ms, boot, boottime = clock.wall_ns() // 10**6, clock.boot_id(), clock.boottime_ns()
     step_ms = interval * 1000 / sensors
     try:
         for k in range(rows):
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             age_ms = int((rows - k) * step_ms)
             store.append(StoredPublication(
                 seq, publication, "realm1", topic(k % sensors), None, reading(rng),

@@ -2,7 +2,8 @@
 
 A batch is ``<gateway_id>/<first_seq:012d>-<last_seq:012d>.jsonl.gz``: gzip of JSON Lines,
 one history publication per line, in seq order, each line beginning with ``gateway_id``,
-``timestamp`` and ``seq`` (readable at a glance), bytes as ``{"$bytes": base64}``; and beside
+``timestamp`` and ``seq`` (readable at a glance), then the fields of :data:`ROW_FIELDS`
+(:func:`row_of`), bytes as ``{"$bytes": base64}``; and beside
 it a ``.manifest.json`` written last: schema, gateway_id, file, after_seq, first_seq,
 last_seq, count, bytes, sha256, created, clock
 anchors and gap records. The uploader writes it with :func:`data_name`,
@@ -14,13 +15,48 @@ from __future__ import annotations
 import base64
 import gzip
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cairn.gateway.clock import rfc3339
+
+if TYPE_CHECKING:
+    from cairn.gateway.publication import StoredPublication
 
 SCHEMA_VERSION = 1  # of the manifest and the rows; a job refuses other versions
 DATA_SUFFIX = ".jsonl.gz"
 MANIFEST_SUFFIX = ".manifest.json"
+
+
+class RowField(NamedTuple):
+    name: str
+    type: str  # "long", "string", "boolean", or "json": any JSON value (Spark reads its text)
+    required: bool  # never null (NOT NULL in the gateway's store)
+
+
+# A line's fields after ``gateway_id`` (string, required) and ``timestamp`` (RFC 3339 of
+# ``wall_ms``, for the eye), in the order they are written.
+ROW_FIELDS = (
+    RowField("seq", "long", True),
+    RowField("publication", "long", True),
+    RowField("realm", "string", True),
+    RowField("topic", "string", True),
+    RowField("wall_ms", "long", True),
+    RowField("boot_id", "string", True),
+    RowField("boottime_ns", "long", True),
+    RowField("clock_synced", "boolean", True),
+    RowField("authid", "string", False),
+    RowField("authrole", "string", False),
+    RowField("audience", "json", False),
+    RowField("details", "json", False),
+    RowField("args", "json", False),
+    RowField("kwargs", "json", False),
+)
+_ROW_NAMES = tuple(f.name for f in ROW_FIELDS)
+
+
+def row_of(pub: StoredPublication) -> dict[str, Any]:
+    """A history publication as a row of a batch (its fields are the publication's)."""
+    return {name: getattr(pub, name) for name in _ROW_NAMES}
 
 
 def data_name(gateway_id: str, first_seq: int, last_seq: int) -> str:

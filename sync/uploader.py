@@ -31,8 +31,14 @@ from typing import Any, Protocol
 
 from cairn.gateway.clock import rfc3339
 from cairn.gateway.data_dir import AGING, SyncStatus, write_sync_status
-from cairn.gateway.store import HistoryReader
-from cairn.sync.batch_format import SCHEMA_VERSION, data_name, encode_rows, manifest_name
+from cairn.gateway.store import Damaged, HistoryReader
+from cairn.sync.batch_format import (
+    SCHEMA_VERSION,
+    data_name,
+    encode_rows,
+    manifest_name,
+    row_of,
+)
 from cairn.sync.sinks import SinkError
 
 log = logging.getLogger("cairn.sync")
@@ -55,12 +61,12 @@ class Batch:
         return self.manifest["file"]
 
 
-def _damaged_gap(row: dict[str, Any]) -> dict[str, Any]:
+def _damaged_gap(row: Damaged) -> dict[str, Any]:
     """A damaged history row as a gap record of its batch (ids of the store's own gaps are
     positive, so these cannot collide)."""
-    return {"id": -row["seq"], "realm": row["realm"], "rule": None, "first_seq": row["seq"],
-            "last_seq": row["seq"], "count": 1, "reason": f"damaged: {row['damaged']}",
-            "wall_ms": row["wall_ms"]}
+    return {"id": -row.seq, "realm": row.realm, "rule": None, "first_seq": row.seq,
+            "last_seq": row.seq, "count": 1, "reason": f"damaged: {row.why}",
+            "wall_ms": row.wall_ms}
 
 
 def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
@@ -123,22 +129,22 @@ class Uploader:
         while len(data) > self.batch_bytes and len(rows) > 1:
             rows = rows[: max(1, len(rows) * self.batch_bytes // len(data) * 9 // 10)]
             data = encode_rows(self.gateway_id, rows)
-        lost = [_damaged_gap(r) for r in damaged if r["seq"] < rows[-1]["seq"]]
+        lost = [_damaged_gap(r) for r in damaged if r.seq < rows[-1]["seq"]]
         return build_batch(self.gateway_id, rows, self.status.synced_seq,
                            self.reader.anchors(), self.reader.gaps() + lost, data)
 
-    def _readable_rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _readable_rows(self) -> tuple[list[dict[str, Any]], list[Damaged]]:
         """The next rows that can be shipped, and the damaged ones before and among them.
         Damaged rows go in a batch's manifest as gaps (reason "damaged: ..."), so they ride
         with the next good row: a backlog that ends in them waits for one."""
         after, damaged = self.status.synced_seq, []
         while True:
             window = self.reader.publications_after(after, self.batch_events)
-            good = [r for r in window if "damaged" not in r]
-            damaged += [r for r in window if "damaged" in r]
+            good = [row_of(r) for r in window if not isinstance(r, Damaged)]
+            damaged += [r for r in window if isinstance(r, Damaged)]
             if good or len(window) < self.batch_events:
                 return good, damaged
-            after = window[-1]["seq"]  # a whole window of damage: look past it
+            after = window[-1].seq  # a whole window of damage: look past it
 
     def ship(self, batch: Batch) -> None:
         """Data first, manifest last; then (and only then) the watermark."""

@@ -17,8 +17,10 @@ FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", *(f"cairn.gateway.{name}" for na
 
 
 def source(module: str) -> Path:
-    """cairn.gateway.core -> gateway/core.py"""
-    return ROOT / (module.removeprefix("cairn.").replace(".", "/") + ".py")
+    """cairn.gateway.core -> gateway/core.py; a package: cairn.gateway.store ->
+    gateway/store/__init__.py"""
+    path = ROOT / module.removeprefix("cairn.").replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def imports_of(module: str, typing_too: bool = False) -> set[str]:
@@ -67,10 +69,13 @@ def test_the_import_check_finds_what_the_shell_imports():
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Each of Cairn's modules and the ones of Cairn it imports, type hints included."""
-    modules = {"cairn." + ".".join(path.relative_to(ROOT).with_suffix("").parts): path
+    """Each of Cairn's modules and the ones of Cairn it imports, type hints included (a
+    package inside a folder, such as gateway/store/, is a module and so is each of its own)."""
+    modules = {"cairn." + ".".join(path.relative_to(ROOT).with_suffix("").parts
+                                   ).removesuffix(".__init__"): path
                for folder in FOLDERS
-               for path in (ROOT / folder).glob("*.py") if path.stem != "__init__"}
+               for path in (ROOT / folder).rglob("*.py") if path.parent != ROOT / folder
+               or path.stem != "__init__"}
     return {m: {d for d in imports_of(m, typing_too=True) if d in modules and d != m}
             for m in modules}
 

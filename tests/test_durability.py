@@ -14,6 +14,7 @@ import sqlite3
 import pytest
 from autobahn.wamp.types import PublishOptions
 
+from cairn.gateway.core import Sequence
 from cairn.gateway.store import PruneRule, StorageError, Store, StoredPublication
 from harness.config import history_rule, open_realm
 from harness.process import RouterProcess
@@ -122,9 +123,10 @@ async def test_pruning_the_newest_rows_records_their_seqs_first(tmp_path):
     """Commits do not write the highest seq (a page per commit); the transaction that
     deletes rows does, before a crash could lose it."""
     store = await Store.open(tmp_path / "cairn.db")
+    sequence = Sequence(store.next_seq, store.publication_ids)
     try:
         for i in range(5):
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             store.append(StoredPublication(
                 seq=seq, publication=publication, realm="realm1", topic="sensor.x",
                 args=[i], kwargs=None, wall_ms=1000, boot_id="boot", boottime_ns=1,
@@ -142,9 +144,10 @@ async def test_pruning_the_newest_rows_records_their_seqs_first(tmp_path):
 
 async def test_a_batch_the_store_cannot_encode_fails_its_waiters_and_storing_goes_on(tmp_path):
     store = await Store.open(tmp_path / "cairn.db")
+    sequence = Sequence(store.next_seq, store.publication_ids)
     try:
         def publication(args: list) -> StoredPublication:
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             return StoredPublication(
                 seq=seq, publication=publication, realm="realm1",
                 topic="sensor.a", args=args, kwargs=None, wall_ms=1, boot_id="boot",

@@ -22,6 +22,7 @@ import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from cairn.gateway import ops
+from cairn.gateway.core import Sequence
 from cairn.gateway.metrics import MessageCounters
 from cairn.gateway.metrics import render as render_metrics
 from cairn.gateway.store import SCHEMA_VERSION, Store, StoredPublication
@@ -53,8 +54,9 @@ def make_store(data_dir: Path, events: int = 500, note: int = 200) -> Path:
 
     async def fill() -> None:
         store = await Store.open(data_dir / ops.DB_NAME)
+        sequence = Sequence(store.next_seq, store.publication_ids)
         for _ in range(events):
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             store.append(StoredPublication(
                 seq=seq, publication=publication, realm="realm1", topic=f"sensor.s{seq % 7}",
                 args=[seq], kwargs={"temperature": 20.5, "note": "x" * note},

@@ -8,18 +8,32 @@ import contextlib
 import shutil
 import sqlite3
 import struct
+import weakref
 from pathlib import Path
 
+from cairn.gateway.core import Sequence
 from cairn.gateway.publication_ids import PublicationIds, new_key
-from cairn.gateway.store import PruneRule, Store, StoredPublication
+from cairn.gateway.store import (
+    PruneRule,
+    Store,
+    StoredPublication,
+    StorePort,
+    StoreReads,
+    UnavailableStore,
+)
 
 BOOT = "7a9e4c2e-0d4b-4a43-9d0e-1f3b5f2c6a10"
 T0 = 1_700_000_000_000
 
 
+_sequences: weakref.WeakKeyDictionary[Store, Sequence] = weakref.WeakKeyDictionary()
+
+
 def reading(store: Store, topic: str, value: float, retain: bool = True,
             rule: int | None = 0) -> StoredPublication:
-    seq, publication = store.assign()
+    # seqs as the router hands them out: one Sequence per opened store, seeded from it
+    sequence = _sequences.setdefault(store, Sequence(store.next_seq, store.publication_ids))
+    seq, publication = sequence.assign()
     return StoredPublication(
         seq=seq, publication=publication, realm="realm1", topic=topic, args=None,
         kwargs={"temperature": value, "humidity": 50.0}, wall_ms=T0 + seq,
@@ -321,3 +335,29 @@ async def test_a_damaged_retained_row_is_left_out_and_the_others_come_back(tmp_p
     assert [(p.topic, p.kwargs["temperature"]) for p in retained] == [("state.y", 2.0)]
     assert "state.x" in caplog.text and "cannot be read" in caplog.text
 
+
+
+def port_members(port: type) -> set[str]:
+    return {name for name in [*vars(port), *port.__annotations__] if not name.startswith("_")}
+
+
+def implements(obj: object, port: type) -> set[str]:
+    """The members of ``port`` that ``obj`` lacks (what it inherits from ``port`` itself, a
+    stub, does not count)."""
+    own = [vars(obj), *(vars(k) for k in type(obj).__mro__ if k is not port and k is not object
+                        and k.__module__ != "typing")]
+    return {name for name in port_members(port) if not any(name in d for d in own)}
+
+
+async def test_the_store_and_its_stand_in_have_every_member_of_the_port(tmp_path):
+    """What the shell uses of a store (StorePort) is there whether the store opened or not."""
+    assert {"append", "reader", "prune", "close", "congested", "on_drained"} <= \
+        port_members(StorePort)
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        for obj in (store, UnavailableStore("disk full")):
+            assert isinstance(obj, StorePort) and isinstance(obj.reader, StoreReads)
+            assert implements(obj, StorePort) == set(), type(obj)
+            assert implements(obj.reader, StoreReads) == set(), type(obj)
+    finally:
+        await store.close()

@@ -7,6 +7,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
+from cairn.gateway.core import Sequence
 from cairn.gateway.store import (
     _LEGACY_SEQ_OF_PUBLICATION,
     MIGRATIONS,
@@ -46,7 +47,7 @@ def indexes(path: Path) -> set[str]:
 
 
 def new_publication(store: Store) -> StoredPublication:
-    seq, publication = store.assign()
+    seq, publication = Sequence(store.next_seq, store.publication_ids).assign()
     return StoredPublication(
         seq=seq, publication=publication, realm="realm1", topic="sensor.a",
         args=[1], kwargs=None, wall_ms=2000, boot_id="boot", boottime_ns=2,

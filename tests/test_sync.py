@@ -30,7 +30,9 @@ from autobahn.wamp.types import PublishOptions
 
 from cairn.gateway import cli
 from cairn.gateway.clock import Anchor
+from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
+from cairn.sync.batch_format import ROW_FIELDS, row_of
 from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
 from cairn.sync.uploader import Uploader
 from harness.config import history_rule, open_realm, router_table
@@ -51,6 +53,7 @@ def router_config(unix_path: Path, data_dir: Path) -> str:
 
 async def _fill(path: Path, events: int, retained_every: int, first_index: int) -> list[int]:
     store = await Store.open(path)
+    sequence = Sequence(store.next_seq, store.publication_ids)
     seqs = []
     try:
         if store.next_seq == 1:
@@ -58,13 +61,13 @@ async def _fill(path: Path, events: int, retained_every: int, first_index: int) 
         for i in range(first_index, first_index + events):
             if retained_every and i % retained_every == 0:
                 # a retained-only status publication: takes a seq, is not history
-                seq, publication = store.assign()
+                seq, publication = sequence.assign()
                 store.append(StoredPublication(
                     seq=seq, publication=publication, realm="realm1",
                     topic="gateway.device.d1.status", args=[], kwargs={"state": "ok"},
                     wall_ms=T0_MS + i * 1000, boot_id=BOOT,
                     boottime_ns=5_000_000_000 + i * 10**9, clock_synced=True, retain=True))
-            seq, publication = store.assign()
+            seq, publication = sequence.assign()
             seqs.append(seq)
             store.append(StoredPublication(
                 seq=seq, publication=publication, realm="realm1", topic=f"sensor.dev{i % 4}",
@@ -536,6 +539,20 @@ def test_bandwidth_cap_slows_the_upload_measurably(tmp_path):
         server.stop()
     assert capped >= 0.7 * expected, (capped, total)  # less the first quarter-second burst
     assert capped > 3 * uncapped, (capped, uncapped)
+
+
+def test_a_batch_row_has_the_fields_the_central_job_reads(tmp_path):
+    """ROW_FIELDS is the row's one definition: what row_of writes, in that order, and what the
+    Spark job's schema and required fields say (read, not run: no Spark starts here)."""
+    data_dir = tmp_path / "data"
+    fill_store(data_dir, 1)
+    [pub] = HistoryReader(data_dir / "cairn.db").publications_after(0, 10)
+    assert list(row_of(pub)) == [f.name for f in ROW_FIELDS]
+    spark = pytest.importorskip("cairn.sync.spark", exc_type=ImportError)
+    spark_types = {"long": "bigint", "string": "string", "boolean": "boolean", "json": "string"}
+    assert [(f.name, f.dataType.simpleString()) for f in spark.EVENT_SCHEMA.fields] == [
+        ("gateway_id", "string"), *((f.name, spark_types[f.type]) for f in ROW_FIELDS)]
+    assert ("gateway_id", *(f.name for f in ROW_FIELDS if f.required)) == spark.REQUIRED
 
 
 def damage_payload(db_path: Path, seq: int) -> None:

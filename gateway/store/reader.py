@@ -1,0 +1,212 @@
+"""The store's reading connection (:class:`StoreReader`): history pages, the status summary
+and what a restart brings back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import aiosqlite
+
+from cairn.gateway.clock import rfc3339
+from cairn.gateway.patterns import matches
+from cairn.gateway.publication import (
+    HistoryRead,
+    ReadAbandoned,
+    ReadTimeout,
+    StoredPublication,
+    UnknownPublication,
+    audience_allows,
+)
+from cairn.gateway.publication_ids import PublicationIds
+from cairn.gateway.store.schema import _IN_TOPICS, _LEGACY_SEQ_OF_PUBLICATION
+from cairn.gateway.store.state import Topics, _State
+
+log = logging.getLogger("cairn.store")
+
+
+def _never() -> bool:
+    return False
+
+
+def eligible(audience_json: str | None, authid: str | None, authrole: str | None) -> bool:
+    """audience_allows over the stored JSON: registered as an SQL function for history."""
+    return audience_allows(json.loads(audience_json) if audience_json else None, authid, authrole)
+
+
+class StoreReader:
+    """The store's reading connection (aiosqlite, query-only): one read at a time, each
+    interrupted at its deadline or as soon as nobody waits for it; history pages, the status
+    summary and what a restart brings back. It shares the writer's in-memory view of the
+    history (the topics, the counts per rule, the retained slots not yet written back)."""
+
+    query_timeout = 60.0  # s: any read on the reader connection is interrupted past it
+
+    def __init__(self, reader: aiosqlite.Connection, state: _State, topics: Topics,
+                 publication_ids: PublicationIds, legacy_seq: int) -> None:
+        self._reader = reader
+        self._state = state
+        self.topics = topics
+        self.publication_ids = publication_ids
+        self._legacy_sql = (_LEGACY_SEQ_OF_PUBLICATION.format(legacy=legacy_seq)
+                            if legacy_seq else None)
+        self._reading = asyncio.Lock()
+        self._read_deadline = math.inf
+        self._read_abandoned: Callable[[], bool] = _never
+
+    async def close(self) -> None:
+        await self._reader.close()
+
+    async def synced_seq(self) -> int:
+        rows = await self.query("SELECT value FROM meta WHERE key = 'synced_seq'", ())
+        return int(rows[0][0]) if rows else 0
+
+    async def gaps(self) -> list[tuple[Any, ...]]:
+        return await self.query(
+            "SELECT realm, rule, first_seq, last_seq, count, reason, wall_ms FROM gaps "
+            "ORDER BY id", ())
+
+    async def load_subscriptions(self) -> list[tuple[int, str, str, str, str]]:
+        async with self._reader.execute(
+                "SELECT id, realm, uri, match, created FROM subscriptions"
+                " ORDER BY created, id") as cur:
+            return [tuple(row) for row in await cur.fetchall()]
+
+    async def load_retained(self) -> list[StoredPublication]:
+        """Every retained slot, from the retained table and the stored publications newer
+        than it, in receive order."""
+        async with self._reader.execute(
+                "SELECT seq, publication, realm, topic, wall_ms, NULL, NULL, NULL, authid,"
+                " authrole, audience, details, payload FROM retained ORDER BY seq") as cur:
+            rows = await cur.fetchall()
+        slots = {}
+        for row in rows:
+            try:
+                pub = StoredPublication.from_row(row, retain=True)
+            except Exception as e:  # a damaged row must not keep the router from starting
+                log.error("the retained event of %s in realm %s (seq %s) cannot be read (%s: "
+                          "%s): left out; the topic has none until its next publication",
+                          row[3], row[2], row[0], type(e).__name__, e)
+                continue
+            slots[pub.slot] = pub
+        for key, pub in self._state.retained.items():
+            if key not in slots or pub.seq > slots[key].seq:
+                slots[key] = pub
+        return sorted(slots.values(), key=lambda p: p.seq)
+
+    async def query(self, sql: str, params: Iterable[Any], timeout: float | None = None,
+                    abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
+        """Rows of a read; past ``timeout`` seconds (default :attr:`query_timeout`) SQLite
+        interrupts it (ReadTimeout), and as soon as ``abandoned()`` is true (ReadAbandoned:
+        nobody waits for the answer any more). One read at a time, so both are its own."""
+        async with self._reading:
+            self._read_deadline = time.monotonic() + (timeout or self.query_timeout)
+            self._read_abandoned = abandoned or _never
+            try:
+                async with self._reader.execute(sql, tuple(params)) as cur:
+                    return [tuple(row) for row in await cur.fetchall()]
+            except sqlite3.OperationalError as e:
+                if "interrupt" not in str(e):
+                    raise
+                if self._read_abandoned():
+                    raise ReadAbandoned("the reader left") from None
+                if time.monotonic() >= self._read_deadline:
+                    raise ReadTimeout(
+                        f"the read ran past {timeout or self.query_timeout:g} s") from None
+                raise
+            finally:
+                self._read_deadline, self._read_abandoned = math.inf, _never
+
+    def _interrupt_read(self) -> bool:  # SQLite's progress handler, on the reader's thread
+        return time.monotonic() >= self._read_deadline or self._read_abandoned()
+
+    async def seq_of_publication(self, realm: str, publication: int) -> int | None:
+        seq = self.publication_ids.seq_of(publication)
+        if await self.query("SELECT 1 FROM publications WHERE seq = ? AND publication = ?"
+                            " AND realm = ?", (seq, publication, realm)):
+            return seq
+        if self._legacy_sql is None:
+            return None
+        rows = await self.query(self._legacy_sql, (publication, realm))
+        return rows[0][0] if rows else None
+
+    async def summary(self, realm: str) -> dict[str, Any]:
+        """Size and span of the stored history, for status displays."""
+        count = sum(n for (r, _), n in self._state.counts.items() if r == realm)
+        topics = json.dumps(self.topics.of_realm(realm))
+        ends = [await self.query(f"SELECT seq, wall_ms FROM history_scan WHERE {_IN_TOPICS}"
+                                 f" ORDER BY seq {order} LIMIT 1", (topics,))
+                if count else [] for order in ("ASC", "DESC")]
+        (first, oldest), (last, newest) = [end[0] if end else (None, None) for end in ends]
+        (gaps, dropped), = await self.query(
+            "SELECT COUNT(*), COALESCE(SUM(count), 0) FROM gaps WHERE realm = ? OR realm IS NULL",
+            (realm,))
+        (anchors,), = await self.query(
+            "SELECT COUNT(*) FROM anchors WHERE reason = 'step'", ())
+        return {"bytes": await self.size_bytes(), "events": count,
+                "first_seq": first, "last_seq": last, "synced_seq": await self.synced_seq(),
+                "oldest": rfc3339(oldest) if oldest is not None else None,
+                "newest": rfc3339(newest) if newest is not None else None,
+                "gaps": gaps, "dropped_events": dropped, "clock_steps": anchors}
+
+    async def read_history(self, read: HistoryRead) -> list[tuple[Any, ...]]:
+        """The rows of a history page (see :meth:`history`); UnknownPublication when it names
+        a publication the store does not hold."""
+        conditions = [("wall_ms", op, ms) for op, ms in read.times]
+        for argument, op, publication in read.publications:
+            seq = await self.seq_of_publication(read.realm, publication)
+            if seq is None:
+                raise UnknownPublication(argument, publication)
+            conditions.append(("seq", op, seq))
+        return await self.history(self._topic_ids(read), conditions, read.caller, read.reverse,
+                                  2**63 - 1 if read.reverse else 0, read.limit, read.timeout,
+                                  read.abandoned)
+
+    def _topic_ids(self, read: HistoryRead) -> list[int]:
+        """The stored topics a history read covers: the subscription's matches, or the one
+        topic asked for if the subscription matches it; of a pattern subscription, only
+        those ``visible`` (so SQL never reads a row it must skip)."""
+        pattern = read.match != "exact"
+        if read.topic is None:
+            return self.topics.matching(read.realm, read.uri, read.match,
+                                        read.visible if pattern else None)
+        if not matches(read.uri, read.match, read.topic) or (pattern and
+                                                             not read.visible(read.topic)):
+            return []
+        found = self.topics.get(read.realm, read.topic)
+        return [] if found is None else [found]
+
+    async def history(self, topics: list[int], conditions: list[tuple[str, str, int]],
+                      caller: tuple[str | None, str | None], reverse: bool, beyond: int,
+                      limit: int, timeout: float | None = None,
+                      abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` history rows of ``topics`` (ids) after seq ``beyond`` in receive
+        order (before it, newest first, when ``reverse``) that meet every ``(column, op,
+        value)`` of ``conditions`` (column seq or wall_ms) and the ``caller`` (authid,
+        authrole) was eligible to receive: (seq, publication, topic, wall_ms, details,
+        payload). Walks history_scan in seq order and reads only the rows that match."""
+        if not topics:
+            return []
+        where = [f"s.{_IN_TOPICS}" if len(topics) > 1 else "s.topic = ?"]
+        params: list[Any] = [json.dumps(topics) if len(topics) > 1 else topics[0]]
+        for column, op, value in [*conditions, ("seq", "<" if reverse else ">", beyond)]:
+            assert column in ("seq", "wall_ms") and op in ("<", "<=", ">", ">="), (column, op)
+            where.append(f"s.{column} {op} ?")
+            params.append(value)
+        where.append("(p.audience IS NULL OR eligible(p.audience, ?, ?))")
+        return await self.query(
+            f"SELECT s.seq, p.publication, p.topic, s.wall_ms, p.details, p.payload"
+            f" FROM history_scan AS s CROSS JOIN publications AS p ON p.seq = s.seq"
+            f" WHERE {' AND '.join(where)} ORDER BY s.seq {'DESC' if reverse else 'ASC'}"
+            f" LIMIT ?", [*params, *caller, limit], timeout, abandoned)
+
+    async def size_bytes(self) -> int:
+        rows = await self.query("SELECT page_count * page_size FROM pragma_page_count(), "
+                                "pragma_page_size()", ())
+        return int(rows[0][0]) if rows else 0

@@ -1,0 +1,251 @@
+"""The file's shape: the schema, its migrations, the connection settings and the small
+SQL helpers every connection that writes shares (transactions, meta values, the highest seq).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sqlite3
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("cairn.store")
+
+
+SCHEMA_VERSION = 3
+# What queries and pruning walk: per history row, in seq order, its topic (an id from
+# ``topics``), rule and timestamp. A table, not an index: SQLite appends to a table's last
+# page and starts a new one when it is full, but an index page that fills is split with its
+# neighbours, so an index in seq order cost a commit of ten readings 2.7 pages, this table
+# 1.2 (and a topic index one page per topic). ``topics`` holds each (realm, topic) once.
+_HISTORY_SCAN = """
+    CREATE TABLE topics (id INTEGER PRIMARY KEY, realm TEXT NOT NULL, topic TEXT NOT NULL,
+                         UNIQUE (realm, topic));
+    CREATE TABLE history_scan (seq INTEGER PRIMARY KEY, topic INTEGER NOT NULL,
+                               rule INTEGER NOT NULL, wall_ms INTEGER NOT NULL,
+                               clock_synced INTEGER NOT NULL);
+"""
+
+
+def _encode_state(seq: int, counts: Counter[tuple[str, int]]) -> str:
+    """The meta value ``state``: the seq the counts of rows per (realm, rule) are complete up
+    to, and the counts (see :class:`~gateway.store.state._State`)."""
+    return json.dumps({"seq": seq, "counts": [[r, i, n] for (r, i), n in counts.items()]})
+
+
+def _version_3(db: sqlite3.Connection) -> None:
+    """Fewer pages per commit: history_scan instead of four indexes. The topic index put
+    each topic's newest entries on a page of their own (a commit of ten sensors' readings
+    dirtied ten of its pages, and splits rewrote their neighbours); the publication, time
+    and rule indexes a few more."""
+    for statement in _HISTORY_SCAN.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    db.execute("INSERT INTO topics (realm, topic) SELECT DISTINCT realm, topic FROM publications")
+    db.execute("INSERT INTO history_scan SELECT p.seq, t.id, p.rule, p.wall_ms, p.clock_synced"
+               " FROM publications AS p JOIN topics AS t USING (realm, topic)")
+    for name in ("publications_topic", "publications_time", "publications_rule",
+                 "publications_chunk_publication"):
+        db.execute(f"DROP INDEX {name}")
+    (top,) = db.execute("SELECT MAX(seq) FROM publications").fetchone()
+    if top is not None:  # rows from before keep their random ids, found through this index,
+        db.execute(  # which no new row enters
+            "CREATE INDEX publications_legacy_publication ON publications"
+            f" ((seq >> 10), publication) WHERE seq <= {int(top)}")
+    _put_meta(db, "legacy_publication_seq", int(top or 0))
+    counts = Counter({(realm, rule): n for realm, rule, n in db.execute(
+        "SELECT realm, rule, COUNT(*) FROM publications GROUP BY realm, rule")})
+    _put_meta(db, "state", _encode_state(_highest_seq(db), counts))  # retained: all there
+
+
+MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
+    # version 1
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE publications (
+        seq INTEGER PRIMARY KEY,
+        publication INTEGER NOT NULL,
+        realm TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        rule INTEGER,                 -- index of the history rule that stored it
+        wall_ms INTEGER NOT NULL,     -- wall clock on receipt (may be wrong, may jump)
+        boot_id TEXT NOT NULL,
+        boottime_ns INTEGER NOT NULL, -- CLOCK_BOOTTIME on receipt: monotonic within a boot
+        clock_synced INTEGER NOT NULL,
+        authid TEXT,
+        authrole TEXT,
+        audience TEXT,                -- JSON of the authid/authrole black/white lists, or NULL
+        details TEXT,                 -- JSON: topic, and publisher when disclosed
+        payload BLOB NOT NULL,        -- msgpack [args, kwargs]
+        retain INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX publications_topic ON publications (realm, topic, seq);
+    CREATE INDEX publications_publication ON publications (publication);
+    CREATE INDEX publications_time ON publications (realm, wall_ms);
+    CREATE INDEX publications_rule ON publications (rule, seq);
+    CREATE TABLE retained (
+        realm TEXT NOT NULL,
+        topic TEXT NOT NULL,
+        audience_key TEXT NOT NULL,   -- '' for the slot every subscriber is eligible for
+        seq INTEGER NOT NULL,
+        publication INTEGER NOT NULL,
+        wall_ms INTEGER NOT NULL,
+        authid TEXT,
+        authrole TEXT,
+        audience TEXT,
+        details TEXT,
+        payload BLOB NOT NULL,
+        PRIMARY KEY (realm, topic, audience_key)
+    );
+    CREATE TABLE subscriptions (
+        id INTEGER PRIMARY KEY,
+        realm TEXT NOT NULL,
+        uri TEXT NOT NULL,
+        match TEXT NOT NULL,
+        created TEXT NOT NULL,
+        UNIQUE (realm, uri, match)
+    );
+    CREATE TABLE anchors (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        reason TEXT NOT NULL,
+        boot_id TEXT NOT NULL,
+        boottime_ns INTEGER NOT NULL,
+        wall_ns INTEGER NOT NULL,
+        offset_before_ns INTEGER,
+        clock_synced INTEGER NOT NULL,
+        after_seq INTEGER NOT NULL    -- the last seq assigned before the anchor
+    );
+    CREATE TABLE gaps (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        realm TEXT,
+        rule INTEGER,
+        first_seq INTEGER,
+        last_seq INTEGER,
+        count INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        wall_ms INTEGER NOT NULL
+    );
+    """,
+    # version 2: the random-key index on publication put every new row on a random page of
+    # a large index (about one 4 KiB page written per event, twice). Keyed by seq chunk
+    # first, new rows all land in the few pages of the newest chunk.
+    """
+    DROP INDEX publications_publication;
+    CREATE INDEX publications_chunk_publication ON publications ((seq >> 10), publication);
+    """,
+    _version_3,
+]
+
+
+_RAISE_META = ("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) "
+               "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)")
+_PUT_META = ("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) "
+             "DO UPDATE SET value = excluded.value")
+# Rows from before schema version 3 (random publication ids, seq up to {legacy}): probe each
+# chunk of 1,024 seqs, newest first, on the partial (seq >> 10, publication) index (the
+# expression and the bound must stay exactly the index's): ~1,000 seeks per million rows.
+_LEGACY_SEQ_OF_PUBLICATION = (
+    "WITH RECURSIVE chunk(k) AS ("
+    " SELECT MIN({legacy}, (SELECT MAX(seq) FROM publications)) >> 10"
+    " UNION ALL SELECT k - 1 FROM chunk"
+    " WHERE k > (SELECT MIN(seq) FROM publications) >> 10)"
+    " SELECT p.seq FROM chunk CROSS JOIN publications AS p"
+    " WHERE (p.seq >> 10) = chunk.k AND p.publication = ? AND +p.realm = ?"
+    " AND p.seq <= {legacy} LIMIT 1")
+_STORED_ROW = ("seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, clock_synced,"
+               " authid, authrole, audience, details, payload")
+
+
+class SchemaTooNew(Exception):
+    """The database was written by a newer Cairn; refuse rather than corrupt it."""
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled back already
+            db.execute("ROLLBACK")
+        raise
+
+
+def _meta(db: sqlite3.Connection, key: str) -> str | None:
+    row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return row[0] if row else None
+
+
+def _put_meta(db: sqlite3.Connection, key: str, value: Any) -> None:
+    db.execute(_PUT_META, (key, value))
+
+
+def _fetch(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
+    return db.execute(sql, tuple(params)).fetchall()
+
+
+def _highest_seq(db: sqlite3.Connection) -> int:
+    values = []
+    for sql in ("SELECT value FROM meta WHERE key = 'highest_seq'",
+                "SELECT MAX(seq) FROM publications", "SELECT MAX(seq) FROM retained",
+                "SELECT MAX(last_seq) FROM gaps"):
+        row = db.execute(sql).fetchone()
+        if row and row[0] is not None:
+            values.append(int(row[0]))
+    return max(values, default=0)
+
+
+_IN_TOPICS = "topic IN (SELECT value FROM json_each(?))"
+
+
+PAGE_SIZE = 1024
+
+
+def _configure(db: sqlite3.Connection) -> None:
+    # Both take effect on a new database only. Small pages: a commit writes whole pages to
+    # the WAL, and most of a small commit's are the last, partly filled page of a table
+    # (ten readings: 7 KiB of 1 KiB pages against 17 KiB of 4 KiB ones).
+    db.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = FULL")
+    # Debian builds SQLite to overwrite every freed page with zeros, which writes each pruned
+    # page a second time: FAST zeroes only what is being written anyway.
+    db.execute("PRAGMA secure_delete = FAST")
+    db.execute("PRAGMA foreign_keys = ON")
+    db.execute("PRAGMA wal_autocheckpoint = 4000")  # pages: fewer, larger checkpoints
+    db.execute("PRAGMA journal_size_limit = 4194304")  # a WAL grown by a storm shrinks back
+
+
+def _refuse_newer_schema(path: Path) -> None:
+    """Read the schema version without writing: even setting pragmas would change the file
+    of a newer release."""
+    if not path.exists():
+        return
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"{path} has schema version {version}, but this Cairn knows only up to "
+            f"{SCHEMA_VERSION}: it was written by a newer release. Upgrade Cairn, or restore "
+            f"a backup made by this release; refusing to start rather than corrupt it.")
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        log.info("migrating %s to schema version %d", path, target)
+        migration = MIGRATIONS[target - 1]
+        with _transaction(db):
+            if callable(migration):
+                migration(db)
+            else:  # executescript() would COMMIT first; run statement by statement in ours
+                for statement in migration.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(f"PRAGMA user_version = {target}")
