@@ -8,8 +8,8 @@
 #
 # The host tools: `scripts/setup.sh image` (or `make image`, which runs it) installs them.
 #
-# Steps: 1. the base root file system (packages, kernel, initramfs), cached under
-# $CAIRN_CACHE keyed by ./packages, ./initramfs-modules and ./base.sh; 2. Cairn's payload
+# Steps: 1. the base root file system (packages, kernel, initramfs), cached by ./base.sh under
+# $CAIRN_CACHE keyed by ./packages, ./initramfs-modules and ./base.sh itself; 2. Cairn's payload
 # installed with its own install.sh in the image's root, as on a device; 3. the appliance
 # (images/appliance/appliance.sh: data partition, read-only root, journal in RAM); 4. the
 # system: host name, admin user with SSH by key only, network, fstab, boot command line;
@@ -58,21 +58,8 @@ fi
     say "warning: CAIRN_SSH_PUBKEY is empty: the image will have no way in over SSH"
 started=$(date +%s)
 
-# -- 1. the base root file system, cached ---------------------------------------------------
-key=$(cat "$HERE/packages" "$HERE/initramfs-modules" "$HERE/base.sh" | sha256sum | cut -c1-16)
-BASE=$CACHE/debian-base-arm64-$key.tar
-if [ -f "$BASE" ]; then
-    say "base root file system from the cache: $BASE"
-else
-    say "building the base root file system (cache miss, ~10 min): $BASE"
-    mkdir -p "$CACHE"
-    "$HERE/base.sh" "$BASE.tmp"
-    # a cache entry is a tarball or nothing: a directory or a torn file there would be taken
-    # for the base by every later build
-    tar -tf "$BASE.tmp" > /dev/null ||
-        { say "base.sh made no tarball at $BASE.tmp"; rm -rf "$BASE.tmp"; exit 1; }
-    mv "$BASE.tmp" "$BASE"
-fi
+# -- 1. the base root file system, cached (base.sh fills the cache on a miss) ------------------
+BASE=$("$HERE/base.sh" "$CACHE")
 
 R=$WORK/rootfs
 rm -rf "$R" && mkdir -p "$R" "$OUT"
