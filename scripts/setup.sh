@@ -59,8 +59,10 @@ if [ "$PROFILE" = test ]; then
     command -v java >/dev/null || apt_install default-jre-headless
     pip_install -e ".[test,spark]"
     # the MQTT bridge tests run a real broker; the image tests partition and format card
-    # images (sfdisk, mkfs.ext4)
-    apt_install mosquitto fdisk e2fsprogs
+    # images (sfdisk, mkfs.ext4); the A/B boot chooser runs in U-Boot under QEMU (u-boot-qemu
+    # as the firmware, mkimage and mkenvimage from u-boot-tools, a FAT made with mtools)
+    apt_install mosquitto fdisk e2fsprogs qemu-system-arm u-boot-qemu u-boot-tools mtools \
+        dosfstools
 else
     pip_install -e .
 fi
