@@ -4,8 +4,10 @@
 backend writes it (an environment image with a CRC, as ``mkenvimage`` and ``fw_setenv`` make
 it). The same script runs on a Raspberry Pi 4 under u-boot-rpi; only the board differs.
 
-The slots here hold no kernel: a boot is watched until the script names the slot it chose and
-has written its state back, which it does before it loads anything."""
+A slot's kernel here is the smallest arm64 Linux image U-Boot's booti accepts, whose first
+instruction branches to itself: a kernel that never reaches user space, so nothing marks its
+slot good. A boot is watched until that kernel is started (the chooser's state is written
+by then) or the board resets."""
 
 from __future__ import annotations
 
@@ -33,6 +35,16 @@ pytestmark = pytest.mark.skipif(
     reason=f"{missing or UBOOT} is not installed (scripts/setup.sh test installs it)")
 
 
+def hanging_kernel() -> bytes:
+    """An arm64 Image header (Documentation/arch/arm64/booting.rst) whose code0 is `b .`."""
+    header = bytearray(64)
+    header[0:4] = (0x14000000).to_bytes(4, "little")        # b .  (branch to itself)
+    header[8:16] = (0x80000).to_bytes(8, "little")          # text_offset
+    header[16:24] = (0x10000).to_bytes(8, "little")         # image_size
+    header[56:60] = b"ARM\x64"                               # magic
+    return bytes(header) + bytes(0x10000 - 64)
+
+
 def env_image(**values: str | int) -> bytes:
     """A state file as RAUC's fw_setenv writes it (mkenvimage's format)."""
     text = "".join(f"{name}={value}\n" for name, value in values.items())
@@ -49,9 +61,10 @@ def parse_env(image: bytes) -> dict[str, str]:
 
 
 class Card:
-    """A card image: boot.scr and cairn/boot.env on its FAT partition, two empty slots."""
+    """A card image: boot.scr and cairn/boot.env on its FAT partition, and root slots A and B,
+    each with a kernel and initrd in /boot unless it is left out of ``kernels``."""
 
-    def __init__(self, workdir: Path, state: bytes | None) -> None:
+    def __init__(self, workdir: Path, state: bytes | None, kernels: str = "AB") -> None:
         self.workdir = workdir
         self.disk = workdir / "card.img"
         fat = workdir / "boot.part"
@@ -75,10 +88,23 @@ class Card:
             f"start={BOOT_START}, size={BOOT_SECTORS}, type=c\n"
             f"start={slot_a}, size={SLOT_SECTORS}, type=83\n"
             f"start={slot_a + SLOT_SECTORS}, size={SLOT_SECTORS}, type=83\n"))
-        with open(fat, "rb") as src, open(self.disk, "r+b") as dst:
-            dst.seek(BOOT_START * 512)
+        self._write(fat, BOOT_START)
+        for index, slot in enumerate("AB"):
+            root = workdir / f"root-{slot}"
+            (root / "boot").mkdir(parents=True)
+            if slot in kernels:
+                (root / "boot" / "vmlinuz").write_bytes(hanging_kernel())
+                (root / "boot" / "initrd.img").write_bytes(b"initrd\n")
+            part = workdir / f"root-{slot}.part"
+            subprocess.run(["mkfs.ext4", "-q", "-d", str(root), str(part),
+                            f"{SLOT_SECTORS // 2}k"], check=True)
+            self._write(part, slot_a + index * SLOT_SECTORS)
+
+    def _write(self, part: Path, start: int) -> None:
+        with open(part, "rb") as src, open(self.disk, "r+b") as dst:
+            dst.seek(start * 512)
             shutil.copyfileobj(src, dst)
-        fat.unlink()
+        part.unlink()
 
     def state(self) -> dict[str, str]:
         done = subprocess.run(["mcopy", "-n", "-i", f"{self.disk}@@{BOOT_START * 512}",
@@ -100,8 +126,8 @@ class Card:
                               check=True).stdout
 
     def boot(self, timeout: float = 120) -> str:
-        """Powers the board on and returns the slot the script chose, or "reset" when it
-        reset the board instead (QEMU exits on a reset: -no-reboot)."""
+        """Powers the board on and returns the slot whose kernel U-Boot started, or "reset"
+        when the script reset the board instead (QEMU exits on a reset: -no-reboot)."""
         log = self.workdir / "console.log"
         with open(log, "wb") as out:
             qemu = subprocess.Popen(
@@ -115,10 +141,11 @@ class Card:
             while time.monotonic() < deadline:
                 console = log.read_text(errors="replace")
                 chosen = re.search(r"cairn: booting slot (\w+)", console)
-                if chosen:
+                if chosen and "Starting kernel" in console:
                     return chosen.group(1)
                 if qemu.poll() is not None:
-                    assert "every slot gets 3 again" in console, console[-3000:]
+                    assert "every slot gets 3 again" in console or \
+                        "has no kernel to boot" in console, console[-3000:]
                     return "reset"
                 time.sleep(0.1)
             raise AssertionError("U-Boot chose no slot:\n" + log.read_text()[-3000:])
@@ -130,8 +157,8 @@ class Card:
 @pytest.fixture
 def card(tmp_path):
     def make(state: bytes | None = env_image(BOOT_ORDER="A B", BOOT_A_LEFT=3,
-                                             BOOT_B_LEFT=3)) -> Card:
-        return Card(tmp_path, state)
+                                             BOOT_B_LEFT=3), kernels: str = "AB") -> Card:
+        return Card(tmp_path, state, kernels)
     return make
 
 
@@ -159,6 +186,15 @@ def test_when_every_slot_used_up_its_tries_they_get_them_again_and_the_board_res
     c = card(env_image(BOOT_ORDER="A B", BOOT_A_LEFT=0, BOOT_B_LEFT=0))
     assert c.boot() == "reset"
     assert c.state() == {"BOOT_ORDER": "A B", "BOOT_A_LEFT": "3", "BOOT_B_LEFT": "3"}
+    assert c.boot() == "A"
+
+
+def test_a_slot_without_a_kernel_gives_up_its_tries_at_once_and_the_board_resets(card):
+    """An install cut short leaves slot B empty or torn: one boot, not three, and back to A
+    (falling through to U-Boot's network boot would end at a prompt nobody sees)."""
+    c = card(env_image(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3), kernels="A")
+    assert c.boot() == "reset"
+    assert c.state() == {"BOOT_ORDER": "B A", "BOOT_A_LEFT": "3", "BOOT_B_LEFT": "0"}
     assert c.boot() == "A"
 
 

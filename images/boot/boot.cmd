@@ -13,7 +13,8 @@
 # back before the kernel starts, and boots that slot's kernel and initrd from its own root
 # (/boot/vmlinuz, /boot/initrd.img: a slot's kernel is updated with its root). A slot that
 # never reaches user space (where cairn-health marks it good) uses up its tries and the next
-# slot in the order boots. A missing or damaged state file means the defaults below.
+# slot in the order boots; a slot with no kernel to load gives up its tries at once. A missing
+# or damaged state file means the defaults below.
 setenv BOOT_ORDER "A B"
 setenv BOOT_A_LEFT 3
 setenv BOOT_B_LEFT 3
@@ -54,6 +55,15 @@ if load ${devtype} ${devnum}:1 ${scriptaddr} cairn/bootargs.env; then
     env import -t ${scriptaddr} ${filesize} cairn_cmdline
 fi
 setenv bootargs "root=PARTUUID=${rootuuid} rootwait ro rauc.slot=${slot} ${cairn_cmdline}"
-load ${devtype} ${devnum}:${rootpart} ${kernel_addr_r} /boot/vmlinuz
-load ${devtype} ${devnum}:${rootpart} ${ramdisk_addr_r} /boot/initrd.img
-booti ${kernel_addr_r} ${ramdisk_addr_r}:${filesize} ${fdt_addr}
+if load ${devtype} ${devnum}:${rootpart} ${kernel_addr_r} /boot/vmlinuz &&
+        load ${devtype} ${devnum}:${rootpart} ${ramdisk_addr_r} /boot/initrd.img; then
+    booti ${kernel_addr_r} ${ramdisk_addr_r}:${filesize} ${fdt_addr}
+fi
+# Only when the slot has no kernel U-Boot can start (an empty or torn slot): its tries are
+# gone at once, and the next boot takes the next slot. Falling through to U-Boot's other boot
+# targets would end at a prompt nobody sees.
+echo "cairn: slot ${slot} has no kernel to boot: it gets no more tries"
+setenv BOOT_${slot}_LEFT 0
+env export -c -s 0x4000 ${scriptaddr} BOOT_ORDER BOOT_A_LEFT BOOT_B_LEFT
+fatwrite ${devtype} ${devnum}:1 ${scriptaddr} cairn/boot.env 0x4000
+reset
