@@ -41,6 +41,7 @@ from cairn.gateway.core import (
 )
 from cairn.gateway.data_dir import db_path, read_sync_status
 from cairn.gateway.flow_control import StoreBackpressure, WriteBatcher
+from cairn.gateway.http_front import HttpFront
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.metrics import MessageCounters
 from cairn.gateway.notify import keep_watchdog_fed, notify
@@ -49,7 +50,7 @@ from cairn.gateway.origins import BrowserGuard
 from cairn.gateway.publication import Restored
 from cairn.gateway.router import Realm, Router
 from cairn.gateway.store import PruneRule, Store, UnavailableStore
-from cairn.gateway.transport import HttpFront, rawsocket_factory, websocket_factory
+from cairn.gateway.transport import rawsocket_factory, websocket_factory
 from cairn.gateway.wear import WearMeter, disk_of
 from cairn.gateway.web import Web
 
