@@ -29,7 +29,6 @@ from cairn.gateway.wire import CborWire, JsonWire, MsgPackWire, decode
 
 if TYPE_CHECKING:
     from cairn.gateway.config import Config
-    from cairn.gateway.flow_control import StoreBackpressure
     from cairn.gateway.metrics import MessageCounters
 
 
@@ -39,7 +38,6 @@ class Pump(Protocol):
 
     config: Config
     admission: Admission
-    backpressure: StoreBackpressure
     writes: WriteBatcher
     counters: MessageCounters
     connections: set[Any]
@@ -130,12 +128,8 @@ class Connection:
         except ProtocolError as e:
             self.violation(str(e))
             return
-        store = self.node.backpressure.store
-        queued = store.queued_bytes
-        for msg, extra in messages:
+        for msg, extra in messages:  # (Node.receive charges what they queue in the store)
             self.node.receive(self.session, msg, extra)
-        if store.queued_bytes > queued:  # (commits end in callbacks)
-            self.node.backpressure.added(self, store.queued_bytes - queued)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None

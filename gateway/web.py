@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     from cairn.gateway.limits import LimitHits
     from cairn.gateway.metrics import MessageCounters
     from cairn.gateway.router import Realm, Router
-    from cairn.gateway.store import Store, UnavailableStore
-    from cairn.gateway.wear import WearMeter
+    from cairn.gateway.store_service import StoreService
 
 
 class Running(Protocol):
@@ -30,9 +29,7 @@ class Running(Protocol):
 
     config: Config
     router: Router
-    store: Store | UnavailableStore
-    store_error: str | None
-    wear: WearMeter | None
+    stores: StoreService
     admission: Admission
     limit_hits: LimitHits
     counters: MessageCounters
@@ -131,13 +128,13 @@ class Web:
         """What the dashboard's status strip and ``cairn doctor`` show."""
         node = self.node
         reading, _ = node.router.clock.read()
-        store = await node.store.reader.summary(realm.name)
+        store = await node.stores.store.reader.summary(realm.name)
         return {
             "uptime_s": round(time.monotonic() - node.started, 1),
             "sessions": len(realm.sessions),
             "realm": realm.name,
             "store": store,
-            "store_error": node.store_error,
+            "store_error": node.stores.error,
             "retained_topics": len(realm.retention),
             "retained_slots": realm.retention.count,
             "retained_bytes": realm.retention.bytes,
@@ -145,7 +142,7 @@ class Web:
                       "now": rfc3339(reading.wall_ms)},
             "sync": read_sync_status(node.config.router.data_dir),
             "slow_consumers": node.slow_consumers,
-            "wear": node.wear.report() if node.wear is not None else None,
+            "wear": node.stores.wear.report() if node.stores.wear is not None else None,
             "connections": {"network": node.admission.network, "local": node.admission.local,
                             "pending": node.admission.pending},
             "limit_hits": dict(node.limit_hits.counts),
@@ -157,9 +154,10 @@ class Web:
         status = await self.status(realms[0])
         status["sessions_by_realm"] = {r.name: len(r.sessions) for r in realms}
         status["protocol_violations"] = node.protocol_violations
-        status["failed_writes"] = node.store.failed_writes
-        status["store_queued_bytes"] = node.store.queued_bytes
-        return render_metrics(status, node.counters, node.store.commit_latencies)
+        store = node.stores.store
+        status["failed_writes"] = store.failed_writes
+        status["store_queued_bytes"] = store.queued_bytes
+        return render_metrics(status, node.counters, store.commit_latencies)
 
     def _status_text(self) -> str:
         node = self.node
