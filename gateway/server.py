@@ -18,7 +18,6 @@ import os
 import resource
 import signal
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +31,13 @@ from cairn.gateway.core import (
     Task,
     Timer,
 )
-from cairn.gateway.flow_control import StoreBackpressure, WriteBatcher
+from cairn.gateway.flow_control import StoreBackpressure
 from cairn.gateway.http_front import HttpFront
 from cairn.gateway.limits import LimitHits
-from cairn.gateway.metrics import MessageCounters
 from cairn.gateway.notify import keep_watchdog_fed, notify
 from cairn.gateway.origins import BrowserGuard
 from cairn.gateway.router import Realm, Router
+from cairn.gateway.shell_state import Callbacks, ShellState
 from cairn.gateway.store import UnavailableStore
 from cairn.gateway.store_service import StoreService
 from cairn.gateway.transport import rawsocket_factory, websocket_factory
@@ -50,26 +49,21 @@ class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.limit_hits = LimitHits()
+        self.state = ShellState(config, self.limit_hits,
+                                Admission(config.router.limits, self.limit_hits))
+        self.callbacks = Callbacks(self.receive, self.violation, self.lost)
         self.router: Router  # built in start(), once the store is open
-        self.started = time.monotonic()
-        self.slow_consumers = 0
-        self.protocol_violations = 0
-        self.counters = MessageCounters()
+        self.web: Web  # built in start(), with the router
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
-        self.urls: list[str] = []
-        self.connections: set = set()  # open transports (gateway.transport.Connection)
-        self.writes = WriteBatcher()
         self.rawsocket_ports: list[int] = []
-        self.web = Web(self)
-        self.admission = Admission(config.router.limits, self.limit_hits)
         self.backpressure = StoreBackpressure(self.limit_hits, UnavailableStore("not open yet"))
         self.stores = StoreService(config, self.backpressure, self.flush)
 
     # -- the outbox pump -----------------------------------------------------------------
 
     def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None:
-        self.counters.received[type(msg)] += 1
+        self.state.counters.received[type(msg)] += 1
         out = Outbox()
         queued = self.stores.queued_bytes
         try:
@@ -88,7 +82,7 @@ class Node:
     def violation(self, session: Session, reason: str) -> None:
         if session.closed:
             return
-        self.protocol_violations += 1
+        self.state.protocol_violations += 1
         out = Outbox()
         self.router.abort(session, "wamp.error.protocol_violation", reason, out)
         self.flush(out)
@@ -142,6 +136,7 @@ class Node:
         self.router = Router(self.config, restored, out, self.limit_hits,
                              {"cairn.router.status": self._status_procedure})
         self.flush(out)
+        self.web = Web(self.state, self.router, self.stores)
         self.stores.start(self.router.clock)
         try:
             await self._listen()
@@ -155,28 +150,28 @@ class Node:
         listen = cfg.listen
         guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
         server = await loop.create_server(
-            lambda: HttpFront(self._ws, self.web.route, self.admission, guard),
+            lambda: HttpFront(self._ws, self.web.route, self.state.admission, guard),
             listen.host, listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
         ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"
-        self._ws = websocket_factory(self, ws_url)
+        self._ws = websocket_factory(self.state, self.callbacks, ws_url)
         self._servers.append(server)
-        self.urls.append(ws_url)
+        self.state.urls.append(ws_url)
         for endpoint in cfg.rawsocket:
             rs = await self._listen_rawsocket(loop, endpoint)
             self._servers.append(rs)
             if endpoint.path:
-                self.urls.append(f"rawsocket+unix:{endpoint.path}")
+                self.state.urls.append(f"rawsocket+unix:{endpoint.path}")
             else:
                 port = rs.sockets[0].getsockname()[1]
                 self.rawsocket_ports.append(port)
                 scheme = "rawsocket+tls" if endpoint.tls else "rawsocket+tcp"
-                self.urls.append(f"{scheme}://{endpoint.host}:{port}")
-        log.info("listening: %s", "  ".join(self.urls))
+                self.state.urls.append(f"{scheme}://{endpoint.host}:{port}")
+        log.info("listening: %s", "  ".join(self.state.urls))
 
     async def _listen_rawsocket(self, loop: asyncio.AbstractEventLoop,
                                 endpoint: Endpoint) -> asyncio.AbstractServer:
-        factory = rawsocket_factory(self)
+        factory = rawsocket_factory(self.state, self.callbacks)
         if endpoint.path:
             path = Path(endpoint.path)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +211,7 @@ class Node:
     async def stop(self) -> None:
         out = Outbox()
         self.router.shutdown(out)
-        for connection in list(self.connections):
+        for connection in list(self.state.connections):
             if not connection.session.established:  # connected, but no session yet
                 self.router.abort(connection.session, "wamp.close.system_shutdown",
                                   "the router is stopping", out)
@@ -225,7 +220,7 @@ class Node:
             server.close()
         if out.messages:
             await asyncio.sleep(0.2)  # let GOODBYEs reach the wire, and the replies come back
-        for connection in list(self.connections):
+        for connection in list(self.state.connections):
             connection.close()
         for server in self._servers:
             with contextlib.suppress(Exception):
@@ -255,7 +250,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     gc.freeze()
     if ready is not None:
         ready.set()
-    notify(f"READY=1\nSTATUS=listening: {' '.join(node.urls)}")
+    notify(f"READY=1\nSTATUS=listening: {' '.join(node.state.urls)}")
     watchdog = loop.create_task(keep_watchdog_fed(stop))
     await stop.wait()
     notify("STOPPING=1")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from autobahn.asyncio.rawsocket import WampRawSocketServerFactory, WampRawSocketServerProtocol
 from autobahn.asyncio.websocket import WampWebSocketServerFactory, WampWebSocketServerProtocol
@@ -28,26 +28,7 @@ from cairn.gateway.flow_control import WriteBatcher
 from cairn.gateway.wire import CborWire, JsonWire, MsgPackWire, decode
 
 if TYPE_CHECKING:
-    from cairn.gateway.config import Config
-    from cairn.gateway.metrics import MessageCounters
-
-
-class Pump(Protocol):
-    """What the transport needs of the shell that runs the core (gateway.server.Node):
-    where to hand what arrives, and the shared state of connections."""
-
-    config: Config
-    admission: Admission
-    writes: WriteBatcher
-    counters: MessageCounters
-    connections: set[Any]
-    slow_consumers: int
-
-    def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None: ...
-
-    def violation(self, session: Session, reason: str) -> None: ...
-
-    def lost(self, session: Session) -> None: ...
+    from cairn.gateway.shell_state import Callbacks, ShellState
 
 log = logging.getLogger("cairn.transport")
 
@@ -82,13 +63,14 @@ def _unmask(mask: bytes, data: bytes) -> bytes:
 class Connection:
     """One transport's link to the core; autobahn calls it as the 'session' of the transport."""
 
-    def __init__(self, node: Pump, kind: str) -> None:
-        self.node = node
+    def __init__(self, state: ShellState, callbacks: Callbacks, kind: str) -> None:
+        self.state = state
+        self.callbacks = callbacks
         self.kind = kind
         self.transport: Any = None  # the autobahn protocol instance
         self.session = Session(link=self)
         self._open = False
-        self._sent = node.counters.sent
+        self._sent = state.counters.sent
         self._ticket: Ticket | None = None  # until the session is established
 
     # autobahn's ITransportHandler
@@ -96,15 +78,15 @@ class Connection:
         self.transport = transport
         self._ticket = transport._ticket
         self._open = True
-        self.node.connections.add(self)
+        self.state.connections.add(self)
         details = transport.transport_details
         self.session.transport = {
             "type": self.kind,
             "peer": details.peer if details else None,
             "serializer": transport._serializer.SERIALIZER_ID,
         }
-        transport.transport = self.node.writes.cork(
-            transport.transport, self.node.config.router.send_buffer_limit, self._overflowed)
+        transport.transport = self.state.writes.cork(
+            transport.transport, self.state.config.router.send_buffer_limit, self._overflowed)
         # The object serializer is shared by all sessions, and a message caches its bytes per
         # serializer: an EVENT is encoded once for all its subscribers. (This skips autobahn's
         # per-session statistics wrapper; /metrics counts messages.)
@@ -113,11 +95,11 @@ class Connection:
 
     def onClose(self, was_clean: bool) -> None:
         self._open = False
-        self.node.connections.discard(self)
-        self.node.lost(self.session)
+        self.state.connections.discard(self)
+        self.callbacks.lost(self.session)
 
     def onMessage(self, msg: m.Message) -> None:  # not used: our protocols call receive()
-        self.node.receive(self.session, msg)
+        self.callbacks.receive(self.session, msg, None)
 
     # called by our protocol subclasses
     def receive(self, payload: bytes) -> None:
@@ -129,13 +111,13 @@ class Connection:
             self.violation(str(e))
             return
         for msg, extra in messages:  # (Node.receive charges what they queue in the store)
-            self.node.receive(self.session, msg, extra)
+            self.callbacks.receive(self.session, msg, extra)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None
 
     def violation(self, reason: str) -> None:
-        self.node.violation(self.session, reason)
+        self.callbacks.violation(self.session, reason)
 
     def pause_reading(self) -> None:
         if self._open:
@@ -164,8 +146,8 @@ class Connection:
     def _overflowed(self, buffered: int) -> None:
         if self._open:
             log.warning("session %s: disconnecting slow consumer (%d bytes unsent, limit %d)",
-                        self.session.id, buffered, self.node.config.router.send_buffer_limit)
-            self.node.slow_consumers += 1
+                        self.session.id, buffered, self.state.config.router.send_buffer_limit)
+            self.state.slow_consumers += 1
             self.abort()
 
     def close(self) -> None:
@@ -177,7 +159,7 @@ class Connection:
         self._open = False
         if self.transport.transport is not None:
             self.transport.transport.abort()
-        self.node.lost(self.session)
+        self.callbacks.lost(self.session)
 
 
 _LINGER = 2.0  # seconds a closing RawSocket waits for its peer to close
@@ -411,12 +393,13 @@ class WebSocketFactory(WampWebSocketServerFactory):
         return framed[1]
 
 
-def websocket_factory(node: Pump, url: str) -> WampWebSocketServerFactory:
-    factory = WebSocketFactory(lambda: Connection(node, "websocket"), url=url,
+def websocket_factory(state: ShellState, callbacks: Callbacks,
+                      url: str) -> WampWebSocketServerFactory:
+    factory = WebSocketFactory(lambda: Connection(state, callbacks, "websocket"), url=url,
                                serializers=serializers())
     factory.protocol = WebSocketProtocol
-    factory.writes = node.writes
-    limit = node.config.router.max_message_size
+    factory.writes = state.writes
+    limit = state.config.router.max_message_size
     factory.setProtocolOptions(maxMessagePayloadSize=limit, maxFramePayloadSize=limit,
                                autoPingInterval=30, autoPingTimeout=20)
     return factory
@@ -437,12 +420,13 @@ class RawSocketFactory(WampRawSocketServerFactory):
         return framed[1]
 
 
-def rawsocket_factory(node: Pump) -> WampRawSocketServerFactory:
-    factory = RawSocketFactory(lambda: Connection(node, "rawsocket"), serializers=serializers())
+def rawsocket_factory(state: ShellState, callbacks: Callbacks) -> WampRawSocketServerFactory:
+    factory = RawSocketFactory(lambda: Connection(state, callbacks, "rawsocket"),
+                               serializers=serializers())
     factory.protocol = RawSocketProtocol
-    factory.writes = node.writes
-    factory.admission = node.admission
-    limit = node.config.router.max_message_size
+    factory.writes = state.writes
+    factory.admission = state.admission
+    limit = state.config.router.max_message_size
     factory.max_message_size = limit
     factory.setProtocolOptions(maxMessagePayloadSize=min(max(limit, 512), 2**24))
     return factory
