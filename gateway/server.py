@@ -45,6 +45,9 @@ from cairn.gateway.web import Web
 
 log = logging.getLogger("cairn.server")
 
+GOODBYE_WAIT = 0.2  # s stop() gives the peers told GOODBYE to answer and close, at the most
+
+
 class Node:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -59,6 +62,8 @@ class Node:
         self.rawsocket_ports: list[int] = []
         self.backpressure = StoreBackpressure(self.limit_hits, UnavailableStore("not open yet"))
         self.stores = StoreService(config, self.backpressure, self.flush)
+        # while stop() waits for the peers told GOODBYE to close: those still open, and then
+        self._closing: tuple[set[Any], asyncio.Future[None]] | None = None
 
     # -- the outbox pump -----------------------------------------------------------------
 
@@ -91,6 +96,11 @@ class Node:
         out = Outbox()
         self.router.lost(session, out)
         self.flush(out)
+        if self._closing is not None:
+            waiting, closed = self._closing
+            waiting.discard(session.link)
+            if not waiting and not closed.done():
+                closed.set_result(None)
 
     def flush(self, out: Outbox) -> None:
         for effect in out.effects:  # first, as when the core wrote to the store itself
@@ -218,8 +228,9 @@ class Node:
         self.flush(out)
         for server in self._servers:
             server.close()
-        if out.messages:
-            await asyncio.sleep(0.2)  # let GOODBYEs reach the wire, and the replies come back
+        if out.messages:  # let GOODBYEs reach the wire, and the replies come back
+            await self._until_closed({session.link for session, _ in out.messages},
+                                     GOODBYE_WAIT)
         for connection in list(self.state.connections):
             connection.close()
         for server in self._servers:
@@ -230,6 +241,19 @@ class Node:
                 with contextlib.suppress(OSError):
                     Path(endpoint.path).unlink()
         await self.stores.close()
+
+    async def _until_closed(self, links: set[Any], timeout: float) -> None:
+        """Until the peers of ``links`` have closed them (a client closes its transport once
+        it answered GOODBYE or got ABORT), or ``timeout`` s for those that do not."""
+        waiting = links & self.state.connections
+        if not waiting:
+            return
+        closed = asyncio.get_running_loop().create_future()
+        self._closing = waiting, closed
+        try:
+            await asyncio.wait([closed], timeout=timeout)
+        finally:
+            self._closing = None
 
 
 async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
