@@ -1,6 +1,6 @@
 """HTTP on the router's main port, beside the WebSocket upgrade: the dashboard's files, a
 plain-text ``/status``, Prometheus ``/metrics``, and the status the dashboard and
-``cairn.router.status`` show. Reads the running node; changes nothing."""
+``cairn.router.status`` show. Reads the running gateway; changes nothing."""
 
 from __future__ import annotations
 
@@ -9,37 +9,16 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from cairn.gateway.clock import rfc3339
 from cairn.gateway.data_dir import read_sync_status
 from cairn.gateway.metrics import render as render_metrics
 
 if TYPE_CHECKING:
-    from cairn.gateway.admission import Admission
-    from cairn.gateway.config import Config
-    from cairn.gateway.limits import LimitHits
-    from cairn.gateway.metrics import MessageCounters
     from cairn.gateway.router import Realm, Router
-    from cairn.gateway.store import Store, UnavailableStore
-    from cairn.gateway.wear import WearMeter
-
-
-class Running(Protocol):
-    """What the pages read of the running router (gateway.server.Node)."""
-
-    config: Config
-    router: Router
-    store: Store | UnavailableStore
-    store_error: str | None
-    wear: WearMeter | None
-    admission: Admission
-    limit_hits: LimitHits
-    counters: MessageCounters
-    slow_consumers: int
-    protocol_violations: int
-    started: float
-    urls: list[str]
+    from cairn.gateway.shell_state import ShellState
+    from cairn.gateway.store_service import StoreService
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboard"
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -74,8 +53,10 @@ class StaticFiles:
 
 
 class Web:
-    def __init__(self, node: Running) -> None:
-        self.node = node
+    def __init__(self, state: ShellState, router: Router, stores: StoreService) -> None:
+        self.state = state
+        self.router = router
+        self.stores = stores
         self.dashboard = StaticFiles(DASHBOARD_DIR)
 
     async def route(self, method: str, path: str, headers: dict[str, str],
@@ -114,7 +95,7 @@ class Web:
     def _status_refused(self, authorization: str) -> tuple[int, str, bytes] | None:
         """/status and /metrics from another host: only with the bearer token of
         ``router.status_token_file`` (what they tell helps an attacker on the LAN)."""
-        token = self.node.config.router.status_token
+        token = self.state.config.router.status_token
         if token is None:
             return 403, "text/plain", (b"/status and /metrics answer the device itself; for "
                                        b"other hosts set router.status_token_file and send "
@@ -123,47 +104,46 @@ class Web:
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
                                                                token.encode()):
             return None
-        self.node.limit_hits.hit("status_token", "a request for /status or /metrics from "
+        self.state.limit_hits.hit("status_token", "a request for /status or /metrics from "
                                                  "another host without the right token")
         return 401, "text/plain", b"a bearer token is needed (router.status_token_file)\n"
 
     async def status(self, realm: Realm) -> dict[str, Any]:
         """What the dashboard's status strip and ``cairn doctor`` show."""
-        node = self.node
-        reading, _ = node.router.clock.read()
-        store = await node.store.reader.summary(realm.name)
+        state, stores = self.state, self.stores
+        reading, _ = self.router.clock.read()
+        store = await stores.store.reader.summary(realm.name)
         return {
-            "uptime_s": round(time.monotonic() - node.started, 1),
+            "uptime_s": round(time.monotonic() - state.started, 1),
             "sessions": len(realm.sessions),
             "realm": realm.name,
             "store": store,
-            "store_error": node.store_error,
+            "store_error": stores.error,
             "retained_topics": len(realm.retention),
             "retained_slots": realm.retention.count,
             "retained_bytes": realm.retention.bytes,
-            "clock": {"synchronized": reading.synced, "boot_id": node.router.clock.boot_id,
+            "clock": {"synchronized": reading.synced, "boot_id": self.router.clock.boot_id,
                       "now": rfc3339(reading.wall_ms)},
-            "sync": read_sync_status(node.config.router.data_dir),
-            "slow_consumers": node.slow_consumers,
-            "wear": node.wear.report() if node.wear is not None else None,
-            "connections": {"network": node.admission.network, "local": node.admission.local,
-                            "pending": node.admission.pending},
-            "limit_hits": dict(node.limit_hits.counts),
+            "sync": read_sync_status(state.config.router.data_dir),
+            "slow_consumers": state.slow_consumers,
+            "wear": stores.wear.report() if stores.wear is not None else None,
+            "connections": {"network": state.admission.network,
+                            "local": state.admission.local, "pending": state.admission.pending},
+            "limit_hits": dict(state.limit_hits.counts),
         }
 
     async def metrics(self) -> str:
-        node = self.node
-        realms = list(node.router.realms.values())
+        realms = list(self.router.realms.values())
         status = await self.status(realms[0])
         status["sessions_by_realm"] = {r.name: len(r.sessions) for r in realms}
-        status["protocol_violations"] = node.protocol_violations
-        status["failed_writes"] = node.store.failed_writes
-        status["store_queued_bytes"] = node.store.queued_bytes
-        return render_metrics(status, node.counters, node.store.commit_latencies)
+        status["protocol_violations"] = self.state.protocol_violations
+        store = self.stores.store
+        status["failed_writes"] = store.failed_writes
+        status["store_queued_bytes"] = store.queued_bytes
+        return render_metrics(status, self.state.counters, store.commit_latencies)
 
     def _status_text(self) -> str:
-        node = self.node
-        return (f"Cairn router\nrealms: {', '.join(node.router.realms)}\n"
-                f"sessions: {len(node.router.sessions)}\n"
-                f"uptime: {time.monotonic() - node.started:.0f} s\n"
-                f"WAMP endpoints: {' '.join(node.urls)}\n")
+        return (f"Cairn router\nrealms: {', '.join(self.router.realms)}\n"
+                f"sessions: {len(self.router.sessions)}\n"
+                f"uptime: {time.monotonic() - self.state.started:.0f} s\n"
+                f"WAMP endpoints: {' '.join(self.state.urls)}\n")

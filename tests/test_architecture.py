@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = tuple(f"cairn.gateway.{name}" for name in (
-    "core", "router", "broker", "dealer", "meta", "retention", "history", "auth"))
+    "core", "router", "broker", "dealer", "meta", "retention", "history", "auth", "wire"))
 FOLDERS = ("gateway", "drivers", "sync")  # installed as cairn.gateway, cairn.drivers, cairn.sync
 PACKAGES = tuple(f"cairn.{folder}" for folder in FOLDERS)
 FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", *(f"cairn.gateway.{name}" for name in (

@@ -474,10 +474,10 @@ async def test_slow_subscriber_is_disconnected_and_nobody_else_loses_anything(ro
         await asyncio.wait_for(publisher.session.publish(
             topic, published, blob, options=PublishOptions(acknowledge=True)), 5)
         published += 1
-        if cut_at is None and router.node.slow_consumers:
+        if cut_at is None and router.node.state.slow_consumers:
             cut_at = published
     assert cut_at is not None, f"the stalled subscriber was not cut off after {published} events"
-    assert router.node.slow_consumers == 1
+    assert router.node.state.slow_consumers == 1
 
     for _ in range(200):
         if len(received) == published:
@@ -519,7 +519,7 @@ async def test_a_websocket_subscriber_closing_with_events_queued_costs_nobody_el
     writer.write(_masked_frame(1, json.dumps([32, 1, {}, topic]).encode()))
     await asyncio.sleep(0.2)  # WELCOME and SUBSCRIBED arrive; from now on nobody reads
 
-    stalled = next(c for c in router.node.connections
+    stalled = next(c for c in router.node.state.connections
                    if c.session.id != publisher.session.session_id)
     for i in range(300):  # until events wait in the router, not only in the kernel
         await asyncio.wait_for(publisher.session.publish(

@@ -83,7 +83,7 @@ async def test_live_routing_survives_a_full_disk_and_storing_resumes(small_disk,
         stored = [e["publication"] for e in history]
         assert set(acked) <= set(stored)
         assert stored[-1] == recovered.id
-        gaps = await node.store.reader.gaps()
+        gaps = await node.stores.store.reader.gaps()
         assert any(g[5].startswith("write failed") for g in gaps), gaps
     finally:
         await node.stop()
@@ -126,8 +126,8 @@ async def live_and_refused(node) -> tuple[list, ApplicationError]:
 
 @pytest.fixture
 def quick_retry(monkeypatch):
-    from cairn.gateway.server import Node
-    monkeypatch.setattr(Node, "store_retry_interval", 0.2)
+    from cairn.gateway.store_service import StoreService
+    monkeypatch.setattr(StoreService, "retry_interval", 0.2)
 
 
 async def test_a_router_started_on_a_full_disk_routes_and_stores_once_space_returns(
@@ -141,7 +141,7 @@ async def test_a_router_started_on_a_full_disk_routes_and_stores_once_space_retu
         status = await node.web.status(node.router.realms["realm1"])
         (small_disk / "filler").unlink()
         for _ in range(100):
-            if node.store_error is None:
+            if node.stores.error is None:
                 break
             await asyncio.sleep(0.05)
         publisher = await connect(RunningRouter(node, ""))
@@ -171,7 +171,7 @@ async def test_a_subscription_with_history_made_without_the_store_keeps_its_id_a
         made = (await subscriber.subscribe(lambda *a: None, "sensor.new")).id
         (small_disk / "filler").unlink()
         for _ in range(100):
-            if node.store_error is None:
+            if node.stores.error is None:
                 break
             await asyncio.sleep(0.05)
         await subscriber.leave()

@@ -159,7 +159,7 @@ async def publish_many(session: Client, topic: str, count: int) -> int:
 
 
 async def seq_of(cairn: Cairn, publication: int) -> int:
-    (row,) = await cairn.node.store.reader.query(
+    (row,) = await cairn.node.stores.store.reader.query(
         "SELECT seq FROM publications WHERE publication = ?", (publication,))
     return row[0]
 
@@ -500,7 +500,7 @@ async def test_a_store_read_failure_answers_get_events_with_an_error(cairn, monk
     async def failing_query(sql: str, params: Any) -> list:
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(cairn.node.store.reader, "query", failing_query)
+    monkeypatch.setattr(cairn.node.stores.store.reader, "query", failing_query)
     with pytest.raises(ApplicationError):
         await asyncio.wait_for(session.call("wamp.subscription.get_events", sub), 1)
 
@@ -557,14 +557,14 @@ async def test_hidden_events_cost_a_pattern_subscriptions_history_no_extra_reads
     store one limit=1 call ran over 10 minutes). The hidden topics are left out of the SQL."""
     user, sub, public = await hidden_behind_one_public(cairn, 5000)
     reads = 0
-    history = cairn.node.store.reader.history
+    history = cairn.node.stores.store.reader.history
 
     async def counted(*args: Any, **kwargs: Any) -> list:
         nonlocal reads
         reads += 1
         return await history(*args, **kwargs)
 
-    cairn.node.store.reader.history = counted
+    cairn.node.stores.store.reader.history = counted
     events, reached = await get_page(user, sub, limit=1, after_time="2000-01-01T00:00:00Z")
     assert ([e["publication"] for e in events], reached) == ([public], False)
     assert reads == 1
@@ -603,7 +603,7 @@ async def test_a_get_events_query_stops_when_its_caller_leaves(cairn):
     publisher, alice = await cairn.connect(), await cairn.connect(authid="alice")
     await acked(publisher, "hist.other", "small")
     await acked(publisher, "hist.public", "not for alice", exclude_authid=["alice"])
-    store = cairn.node.store
+    store = cairn.node.stores.store
     seq = (await store.reader.query("SELECT max(seq) FROM publications", ()))[0][0]
     await asyncio.to_thread(copy_row, store.path, seq, 1_000_000)
     sub = await lookup(alice, "hist", "prefix")
@@ -630,7 +630,7 @@ async def test_a_damaged_row_is_left_out_of_its_page_and_the_page_still_comes(ca
     publisher = await cairn.connect()
     for value in ("first", "damaged", "last"):
         await acked(publisher, "hist.public", value)
-    store = cairn.node.store
+    store = cairn.node.stores.store
     seq = (await store.reader.query("SELECT seq FROM publications WHERE topic = 'hist.public'"
                              " ORDER BY seq LIMIT 1 OFFSET 1", ()))[0][0]
     db = sqlite3.connect(store.path, timeout=30)
@@ -707,7 +707,8 @@ async def test_a_publication_with_a_session_id_list_is_not_stored(cairn, list_op
     plain = await acked(session, "hist.x", "plain")
     for caller in (session, other):
         assert await publications(caller, sub) == [plain]
-    assert await cairn.node.store.reader.query("SELECT COUNT(*) FROM publications", ()) == [(1,)]
+    count = "SELECT COUNT(*) FROM publications"
+    assert await cairn.node.stores.store.reader.query(count, ()) == [(1,)]
 
 
 # -- storage -------------------------------------------------------------------------------
@@ -723,7 +724,7 @@ async def test_a_publication_is_stored_once_however_many_subscriptions_match_it(
     publication = await acked(await cairn.connect(), "hist.once.x", 1)
     for sub in subs:
         assert await publications(session, sub) == [publication]
-    assert await cairn.node.store.reader.query(
+    assert await cairn.node.stores.store.reader.query(
         "SELECT COUNT(*) FROM publications WHERE publication = ?", (publication,)) == [(1,)]
 
 
@@ -790,7 +791,7 @@ async def test_published_waits_until_the_publication_is_committed(cairn):
     live = Inbox()
     await subscriber.subscribe(live.handler, "hist.slow",
                                options=SubscribeOptions(details_arg="details"))
-    store = cairn.node.store
+    store = cairn.node.stores.store
     async with store._transaction:  # hold the writer: nothing can commit
         publishing = asyncio.ensure_future(session.publish(
             "hist.slow", 1, options=PublishOptions(acknowledge=True)))
@@ -806,22 +807,22 @@ async def test_bounded_storage_keeps_the_newest_events_and_records_the_dropped_a
     sub = await lookup(session, "capped", "prefix")
     ids = await publish_series(session, "capped.x", 25)
     seqs = [await seq_of(cairn, p) for p in ids]
-    await cairn.node.prune()
+    await cairn.node.stores.prune()
     assert await publications(session, sub) == ids[15:]
-    gaps = await cairn.node.store.reader.gaps()
+    gaps = await cairn.node.stores.store.reader.gaps()
     assert [g[:6] for g in gaps] == [("realm1", CAPPED_RULE, seqs[0], seqs[14], 15, "max_events")]
-    await cairn.node.prune()  # within bounds now: nothing more dropped or recorded
+    await cairn.node.stores.prune()  # within bounds now: nothing more dropped or recorded
     assert await publications(session, sub) == ids[15:]
-    assert len(await cairn.node.store.reader.gaps()) == 1
+    assert len(await cairn.node.stores.store.reader.gaps()) == 1
 
 
 async def test_bounded_storage_leaves_other_rules_alone(cairn):
     session = await cairn.connect()
     other = await publish_series(session, "hist.x", 12)
     await publish_series(session, "capped.x", 12)
-    await cairn.node.prune()
+    await cairn.node.stores.prune()
     assert await publications(session, await lookup(session, "hist", "prefix")) == other
-    assert [g[4] for g in await cairn.node.store.reader.gaps()] == [2]
+    assert [g[4] for g in await cairn.node.stores.store.reader.gaps()] == [2]
 
 
 @pytest.mark.parametrize("synced", [5, 20])
@@ -830,13 +831,13 @@ async def test_bounded_storage_drops_synced_events_first(cairn, synced):
     sub = await lookup(session, "capped", "prefix")
     ids = await publish_series(session, "capped.x", 25)
     seqs = [await seq_of(cairn, p) for p in ids]
-    await cairn.node.store.set_synced_seq(seqs[synced - 1])
-    await cairn.node.prune()
+    await cairn.node.stores.store.set_synced_seq(seqs[synced - 1])
+    await cairn.node.stores.prune()
     kept = await publications(session, sub)
     assert kept == ids[15:]
     # no unsynced event was dropped while a synced one was kept
     assert set(ids[synced:]) <= set(kept) or set(ids[:synced]).isdisjoint(kept)
-    gaps = await cairn.node.store.reader.gaps()
+    gaps = await cairn.node.stores.store.reader.gaps()
     assert [g[:6] for g in gaps] == [("realm1", CAPPED_RULE, seqs[0], seqs[14], 15, "max_events")]
 
 

@@ -268,7 +268,7 @@ async def test_retained_events_come_between_subscribed_and_gapless_live_events_w
 async def test_an_acknowledged_retained_publish_is_stored_before_published(cairn):
     pub = await cairn.connect()
     publication = await acked(pub, "temp.room", 21.5, retain=True)
-    rows = await cairn.node.store.reader.query("SELECT topic, publication FROM retained", ())
+    rows = await cairn.node.stores.store.reader.query("SELECT topic, publication FROM retained", ())
     assert rows == [("temp.room", publication)]
 
 
@@ -305,7 +305,7 @@ async def test_retained_values_published_after_a_restart_replace_those_from_befo
 async def test_a_retained_value_served_before_a_restart_is_not_replaced_by_an_older_one(cairn):
     pub = await cairn.connect()
     await acked(pub, "temp.room", "old", retain=True)
-    store = cairn.node.store
+    store = cairn.node.stores.store
     commit = store._commit_locked
 
     async def fail_once(batch: Any) -> None:

@@ -231,7 +231,7 @@ async def test_the_autobahn_internals_the_transport_relies_on_still_exist(router
     for transport in ("websocket", "rawsocket-tcp"):
         await connect(router, transport, "json")
     missing = []
-    for link in router.node.connections:
+    for link in router.node.state.connections:
         protocol = link.transport
         if isinstance(protocol, WebSocketProtocol):
             missing += autobahn_lacks(protocol, WampWebSocketServerProtocol,
@@ -241,6 +241,6 @@ async def test_the_autobahn_internals_the_transport_relies_on_still_exist(router
                                       AUTOBAHN_RAWSOCKET_INTERNALS)
         missing += autobahn_lacks(protocol.factory, type(protocol.factory).__mro__[1],
                                   AUTOBAHN_FACTORY_INTERNALS)
-    assert len(router.node.connections) == 2
+    assert len(router.node.state.connections) == 2
     assert not missing, f"autobahn no longer has {sorted(set(missing))}: gateway/transport.py " \
                         f"relies on them"
