@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from cairn.gateway.limits import LimitHits
+from cairn.gateway.store.port import StorePort
 
 
 class WriteBatcher:
@@ -116,13 +117,13 @@ class StoreBackpressure:
     eighth of it there since it last drained are paused; a sensor's few readings never are.
     All resume when the store drains."""
 
-    def __init__(self, hits: LimitHits, store: Any) -> None:
+    def __init__(self, hits: LimitHits, store: StorePort) -> None:
         self.hits = hits
-        self.store: Any = store  # gateway.store.Store: queued_bytes, congested, on_drained
+        self.store = store
         self.paused: set[Readable] = set()
         self.shares: dict[Readable, int] = {}  # bytes each connection queued since it drained
 
-    def attach(self, store: Any) -> None:
+    def attach(self, store: StorePort) -> None:
         self.store = store
         store.on_drained = self.resume_all
 

@@ -34,7 +34,7 @@ from cairn.gateway.data_dir import db_path, read_sync_status
 from cairn.gateway.flow_control import StoreBackpressure
 from cairn.gateway.ops import data_dir_lock
 from cairn.gateway.publication import Restored
-from cairn.gateway.store import PruneRule, Store, UnavailableStore
+from cairn.gateway.store import PruneRule, Store, StorePort, UnavailableStore
 from cairn.gateway.wear import WearMeter, disk_of
 
 log = logging.getLogger("cairn.server")  # the logger these lines had in gateway.server
@@ -53,7 +53,7 @@ class StoreService:
     def __init__(self, config: Config, backpressure: StoreBackpressure,
                  flush: Callable[[Outbox], None]) -> None:
         self.config = config
-        self.store: Store | UnavailableStore = UnavailableStore("not open yet")
+        self.store: StorePort = UnavailableStore("not open yet")
         self.wear: WearMeter | None = None
         self._backpressure = backpressure
         self._flush = flush
