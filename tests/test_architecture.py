@@ -17,8 +17,9 @@ FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", *(f"cairn.gateway.{name}" for na
 
 
 def source(module: str) -> Path:
-    """cairn.gateway.core -> gateway/core.py"""
-    return ROOT / (module.removeprefix("cairn.").replace(".", "/") + ".py")
+    """cairn.gateway.core -> gateway/core.py; cairn.sync.spark -> sync/spark/__init__.py"""
+    path = ROOT / module.removeprefix("cairn.").replace(".", "/")
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def imports_of(module: str, typing_too: bool = False) -> set[str]:
@@ -35,7 +36,8 @@ def imports_of(module: str, typing_too: bool = False) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-            if node.module in PACKAGES:  # from cairn.gateway import clock
+            if node.module in PACKAGES or source(node.module).name == "__init__.py":
+                # from cairn.gateway import clock; from cairn.sync.spark import table
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
 
@@ -68,9 +70,12 @@ def test_the_import_check_finds_what_the_shell_imports():
 
 def import_graph() -> dict[str, set[str]]:
     """Each of Cairn's modules and the ones of Cairn it imports, type hints included."""
-    modules = {"cairn." + ".".join(path.relative_to(ROOT).with_suffix("").parts): path
+    # subpackages too (sync/spark/), each as a module of its own (its __init__)
+    modules = {"cairn." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
+               .removesuffix(".__init__"): path
                for folder in FOLDERS
-               for path in (ROOT / folder).glob("*.py") if path.stem != "__init__"}
+               for path in (ROOT / folder).rglob("*.py")
+               if path.stem != "__init__" or path.parent != ROOT / folder}
     return {m: {d for d in imports_of(m, typing_too=True) if d in modules and d != m}
             for m in modules}
 
@@ -113,4 +118,7 @@ def test_cairns_modules_import_each_other_in_no_circle():
 
 def test_the_circle_check_finds_circles_and_sees_imports_of_other_packages():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert {"cairn.drivers.cli", "cairn.sync.cli"} <= import_graph()["cairn.gateway.cli"]
+    graph = import_graph()
+    assert {"cairn.drivers.cli", "cairn.sync.cli"} <= graph["cairn.gateway.cli"]
+    assert {"cairn.sync.spark.table", "cairn.sync.spark.files"} <= \
+        graph["cairn.sync.spark.ingest"]  # modules of subpackages too
