@@ -38,82 +38,57 @@ EVENT_SCHEMA = T.StructType([
     T.StructField("kwargs", T.StringType()),
 ])
 
-TABLE_SCHEMA = T.StructType([
-    T.StructField("gateway_id", T.StringType()),
-    T.StructField("seq", T.LongType()),
-    T.StructField("publication", T.LongType()),
-    T.StructField("realm", T.StringType()),
-    T.StructField("topic", T.StringType()),
-    T.StructField("timestamp", T.TimestampType()),      # raw wall clock of the gateway
-    T.StructField("wall_ms", T.LongType()),             # the same, as it was stored
-    T.StructField("boot_id", T.StringType()),
-    T.StructField("boottime_ns", T.LongType()),
-    T.StructField("clock_synced", T.BooleanType()),
-    T.StructField("event_time", T.TimestampType()),     # corrected time
-    T.StructField("time_estimated", T.BooleanType()),   # event_time was re-based
-    T.StructField("time_anchor", T.LongType()),         # id of the anchor it was re-based on
-    T.StructField("authid", T.StringType()),
-    T.StructField("authrole", T.StringType()),
-    T.StructField("audience", T.StringType()),
-    T.StructField("details", T.StringType()),
-    T.StructField("args", T.StringType()),
-    T.StructField("kwargs", T.StringType()),
-    T.StructField("batch", T.StringType()),             # the batch file it came in
-    T.StructField("ingested_at", T.TimestampType()),
-    T.StructField("date", T.DateType()),                # partition: UTC date of event_time
-])
+_TYPES = {"string": T.StringType(), "long": T.LongType(), "boolean": T.BooleanType(),
+          "timestamp": T.TimestampType(), "date": T.DateType()}
+
+
+def _struct(*parts: str) -> T.StructType:
+    """A schema of nullable fields from ``"name type, name type, ..."`` (the parts joined):
+    Spark's own DDL parser needs a running JVM; this one needs none."""
+    fields = [f.split() for f in " ".join(parts).split(",") if f.strip()]
+    return T.StructType([T.StructField(name, _TYPES[kind]) for name, kind in fields])
+
+
+TABLE_SCHEMA = _struct(
+    "gateway_id string, seq long, publication long, realm string, topic string,"
+    "timestamp timestamp,"          # raw wall clock of the gateway
+    "wall_ms long,"                 # the same, as it was stored
+    "boot_id string, boottime_ns long, clock_synced boolean,"
+    "event_time timestamp,"         # corrected time
+    "time_estimated boolean,"       # event_time was re-based
+    "time_anchor long,"             # id of the anchor it was re-based on
+    "authid string, authrole string, audience string, details string, args string,"
+    "kwargs string,"
+    "batch string,"                 # the batch file it came in
+    "ingested_at timestamp,"
+    "date date,"                    # partition: UTC date of event_time
+)
 TABLE_COLUMNS = [f.name for f in TABLE_SCHEMA.fields]
 
-ANCHOR_SCHEMA = T.StructType([
-    T.StructField("gateway_id", T.StringType()),
-    T.StructField("id", T.LongType()),
-    T.StructField("reason", T.StringType()),
-    T.StructField("boot_id", T.StringType()),
-    T.StructField("boottime_ns", T.LongType()),
-    T.StructField("wall_ns", T.LongType()),
-    T.StructField("offset_before_ns", T.LongType()),
-    T.StructField("clock_synced", T.BooleanType()),
-    T.StructField("after_seq", T.LongType()),
-])
+ANCHOR_SCHEMA = _struct(
+    "gateway_id string, id long, reason string, boot_id string, boottime_ns long,"
+    "wall_ns long, offset_before_ns long, clock_synced boolean, after_seq long,"
+)
 
-GAP_SCHEMA = T.StructType([
-    T.StructField("gateway_id", T.StringType()),
-    T.StructField("id", T.LongType()),
-    T.StructField("realm", T.StringType()),
-    T.StructField("rule", T.LongType()),
-    T.StructField("first_seq", T.LongType()),
-    T.StructField("last_seq", T.LongType()),
-    T.StructField("count", T.LongType()),
-    T.StructField("reason", T.StringType()),
-    T.StructField("wall_ms", T.LongType()),
-])
+GAP_SCHEMA = _struct(
+    "gateway_id string, id long, realm string, rule long, first_seq long, last_seq long,"
+    "count long, reason string, wall_ms long,"
+)
 
-BATCH_LOG_SCHEMA = T.StructType([
-    T.StructField("gateway_id", T.StringType()),
-    T.StructField("file", T.StringType()),
-    T.StructField("sha256", T.StringType()),
-    T.StructField("after_seq", T.LongType()),
-    T.StructField("first_seq", T.LongType()),
-    T.StructField("last_seq", T.LongType()),
-    T.StructField("count", T.LongType()),
-    T.StructField("status", T.StringType()),   # ingested | quarantined
-    T.StructField("reason", T.StringType()),
-    T.StructField("manifest", T.StringType()),
+BATCH_LOG_SCHEMA = _struct(
+    "gateway_id string, file string, sha256 string, after_seq long, first_seq long,"
+    "last_seq long, count long,"
+    "status string,"                # ingested | quarantined
+    "reason string, manifest string,"
     # the manifest file's size and modification time when read: a later listing that shows
     # the same skips reading it again
-    T.StructField("manifest_bytes", T.LongType()),
-    T.StructField("manifest_mtime_ms", T.LongType()),
-    T.StructField("run", T.StringType()),
-    T.StructField("logged_at", T.TimestampType()),
-])
+    "manifest_bytes long, manifest_mtime_ms long, run string, logged_at timestamp,"
+)
 
-REF_SCHEMA = T.StructType([
-    T.StructField("gateway_id", T.StringType()),
-    T.StructField("boot_id", T.StringType()),
-    T.StructField("ref_id", T.LongType()),
-    T.StructField("ref_wall_ns", T.LongType()),
-    T.StructField("ref_boottime_ns", T.LongType()),
-])
+REF_SCHEMA = _struct(
+    "gateway_id string, boot_id string, ref_id long, ref_wall_ns long,"
+    "ref_boottime_ns long,"
+)
 
 
 # the fields every event has (NOT NULL in the gateway's store)
