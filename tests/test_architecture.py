@@ -37,7 +37,8 @@ def imports_of(module: str, typing_too: bool = False) -> set[str]:
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-            if node.module in PACKAGES:  # from cairn.gateway import clock
+            if node.module in PACKAGES or source(node.module).name == "__init__.py":
+                # from cairn.gateway import clock; from cairn.sync.spark import table
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
 
@@ -118,4 +119,7 @@ def test_cairns_modules_import_each_other_in_no_circle():
 
 def test_the_circle_check_finds_circles_and_sees_imports_of_other_packages():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert {"cairn.drivers.cli", "cairn.sync.cli"} <= import_graph()["cairn.gateway.cli"]
+    graph = import_graph()
+    assert {"cairn.drivers.cli", "cairn.sync.cli"} <= graph["cairn.gateway.cli"]
+    assert {"cairn.sync.spark.table", "cairn.sync.spark.files"} <= \
+        graph["cairn.sync.spark.ingest"]  # modules of subpackages too

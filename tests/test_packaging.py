@@ -62,8 +62,8 @@ def test_the_wheel_puts_nothing_but_cairn_at_the_top_of_site_packages(wheel_file
     tops = {name.split("/")[0] for name in wheel_files}
     assert tops == {"cairn", "cairn-0.1.0.dist-info"}, tops
     assert {"cairn/gateway/cli.py", "cairn/gateway/store/__init__.py",
-            "cairn/gateway/store/writer.py", "cairn/drivers/cli.py", "cairn/sync/spark.py"} <= \
-        set(wheel_files)
+            "cairn/gateway/store/writer.py", "cairn/drivers/cli.py",
+            "cairn/sync/spark/__init__.py", "cairn/sync/spark/table.py"} <= set(wheel_files)
     entry_points = wheel_files["cairn-0.1.0.dist-info/entry_points.txt"].decode()
     assert "cairn = cairn.gateway.cli:main" in entry_points
 

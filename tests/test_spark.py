@@ -225,7 +225,8 @@ def test_batches_from_the_flaky_http_server_land_exactly_once(spark, tmp_path):
 
 
 def test_streaming_ingests_only_what_landed_since_the_last_run(spark, tmp_path, monkeypatch):
-    monkeypatch.setattr(jobs, "COMPACT_FILES", 1)  # compact the side tables every time
+    # compact the side tables every time (the table module reads it)
+    monkeypatch.setattr("cairn.sync.spark.table.COMPACT_FILES", 1)
     landing, table = tmp_path / "landing", str(tmp_path / "table")
     checkpoint, quarantine = str(tmp_path / "checkpoint"), str(tmp_path / "q")
     for lo in (0, 100):
@@ -594,22 +595,6 @@ def test_batches_without_holes_are_read_checked_and_written_in_one_pass(spark, t
         2, 1, 15, 5)
     rows = spark.read.parquet(str(table))
     assert rows.count() == rows.select("gateway_id", "seq").distinct().count() == 44
-
-
-def test_only_batches_overlapping_another_are_deduped(tmp_path):
-    """Batches of one run are deduped among themselves only when their seq ranges touch
-    another's (of the same gateway): the others skip that shuffle."""
-    def candidate(gateway: str, first: int, last: int) -> jobs._Candidate:
-        name = f"{gateway}/{first}-{last}"
-        return jobs._Candidate(name + ".manifest.json", name, {
-            "gateway_id": gateway, "first_seq": first, "last_seq": last})
-
-    good = [candidate("a", 1, 100), candidate("a", 101, 200), candidate("a", 150, 160),
-            candidate("a", 201, 300), candidate("b", 1, 100), candidate("b", 50, 400),
-            candidate("b", 401, 500), candidate("c", 1, 300), candidate("c", 2, 3),
-            candidate("c", 250, 260)]
-    assert jobs._overlapping(good) == {"a/101-200", "a/150-160", "b/1-100", "b/50-400",
-                                       "c/1-300", "c/2-3", "c/250-260"}
 
 
 def test_reports_tell_an_operator_rows_per_day_rebasing_and_the_last_batch(spark, tmp_path):

@@ -1,0 +1,91 @@
+"""The Spark session and what each job needs of it: the settings of
+:data:`~cairn.sync.spark.schemas.JOB_CONF`, and Cairn's code shipped to the executors as a zip
+(workers of a cluster have Python and PySpark, not Cairn)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from cairn.sync.spark.schemas import JOB_CONF
+
+
+def session(master: str = "local[*]", conf: dict[str, str] | None = None,
+            app: str = "cairn") -> SparkSession:
+    """A SparkSession on ``master`` (``local[*]``, ``spark://...``, ``yarn``, ``k8s://...``).
+    Executors run ``spark.pyspark.python`` when given; local masters default to this
+    interpreter, others to ``python3`` on the workers (which need no Cairn: it is shipped)."""
+    settings = {**JOB_CONF, "spark.ui.showConsoleProgress": "false"}
+    python = (conf or {}).get("spark.pyspark.python")
+    if python:  # PySpark takes the executors' Python from the environment, not the conf
+        os.environ["PYSPARK_PYTHON"] = python
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        # 200 shuffle partitions are for clusters; on one machine a few per core do better
+        cores = master.removeprefix("local").strip("[]").split(",")[0]
+        cores = int(cores) if cores.isdigit() else os.cpu_count() or 1
+        settings["spark.sql.shuffle.partitions"] = str(max(2, 2 * cores))
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    builder = SparkSession.builder.master(master).appName(app)
+    for key, value in {**settings, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _prepare(spark: SparkSession) -> None:
+    for key, value in JOB_CONF.items():
+        spark.conf.set(key, value)
+    ship_code(spark)
+
+
+# Cairn's packages the executors import (cairn.sync.spark and what it imports), by their
+# folders, subpackages included. Workers of a cluster need Python and PySpark, not Cairn: the
+# job ships these itself.
+SHIPPED_PACKAGES = ("sync", "gateway")
+
+
+def code_zip(directory: str | None = None) -> str:
+    """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files, under ``cairn/`` as installed),
+    named by its content's hash so that a changed Cairn gets a new name (Spark refuses a
+    second file of the same name)."""
+    import hashlib
+    import tempfile
+    import zipfile
+
+    # the repository (or site-packages/cairn): this file is <root>/sync/spark/session.py
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sources = sorted(
+        os.path.relpath(os.path.join(folder, name), root)
+        for package in SHIPPED_PACKAGES
+        for folder, _, names in os.walk(os.path.join(root, package))
+        for name in names if name.endswith(".py"))
+    digest = hashlib.sha256()
+    for rel in sources:
+        digest.update(rel.encode() + b"\0")
+        with open(os.path.join(root, rel), "rb") as f:
+            digest.update(f.read())
+    target = os.path.join(directory or tempfile.gettempdir(),
+                          f"cairn-{digest.hexdigest()[:16]}.zip")
+    if not os.path.exists(target):  # write aside and rename: concurrent jobs share the name
+        temp = f"{target}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(temp, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("cairn/__init__.py", "")  # zipimport finds regular packages only
+            for rel in sources:
+                z.write(os.path.join(root, rel), f"cairn/{rel}")
+        os.replace(temp, target)
+    return target
+
+
+def ship_code(spark: SparkSession) -> None:
+    """Make Cairn importable on the executors (once per SparkContext): addPyFile puts the
+    zip on every executor's Python path, as ``--py-files`` would."""
+    sc = spark.sparkContext
+    name = os.path.basename(code_zip())
+    if any(os.path.basename(p) == name for p in sc._python_includes):
+        return
+    sc.addPyFile(code_zip())

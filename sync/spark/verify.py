@@ -1,0 +1,149 @@
+"""Verifying a batch against its manifest: its bytes (size, sha256) and its lines (count,
+whole events of its gateway, its seq range, no seq twice). The problems are worked out in
+plain Python from per-batch totals (:func:`_bytes_problem`, :func:`_lines_problem`); the totals
+come from one Spark pass each, next to the data."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cairn.sync.spark.files import _name
+from cairn.sync.spark.schemas import EVENT_SCHEMA, REQUIRED
+
+
+@dataclass
+class _Candidate:
+    """A batch whose manifest parsed: its paths and what the manifest says."""
+    manifest_path: str
+    data_path: str
+    manifest: dict[str, Any]
+    data_uri: str = ""  # data_path as Spark's _metadata.file_path gives it (URL-encoded)
+
+    @property
+    def name(self) -> str:
+        return _name(self.data_path)
+
+
+def _bytes_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+    """{data path: problem} for the batches whose raw bytes are not what the manifest says:
+    one pass in the JVM, next to the data, bringing back a length and a sha256 per batch."""
+    if not candidates:
+        return {}
+    sums = {r.uri: (r.length, r.sha256) for r in (
+        spark.read.format("binaryFile").load([c.data_path for c in candidates])
+        .select(F.col("_metadata.file_path").alias("uri"), "length",
+                F.sha2("content", 256).alias("sha256"))
+        .collect())}
+    problems = {}
+    for c in candidates:
+        problem = _bytes_problem(c.manifest, *sums.get(c.data_uri, (None, None)))
+        if problem:
+            problems[c.data_path] = problem
+    return problems
+
+
+def _bytes_problem(manifest: dict[str, Any], length: int | None,
+                   sha256: str | None) -> str | None:
+    if length is None or sha256 is None:
+        return "Spark could not read the data file"
+    if length != manifest["bytes"]:
+        return f"{length} bytes, the manifest says {manifest['bytes']} (truncated?)"
+    if sha256 != manifest["sha256"]:
+        return (f"sha256 {sha256[:16]}... differs from the manifest's "
+                f"{manifest['sha256'][:16]}...")
+    return None
+
+
+def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
+    """The lines of ``batches`` as events, with the ``uri`` of the file each came from."""
+    return (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
+            .schema(EVENT_SCHEMA).json([c.data_path for c in batches])
+            .withColumn("uri", F.col("_metadata.file_path")))
+
+
+def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
+    """Every line of the batches, parsed once and kept (memory, then disk): the line checks,
+    the conflict check and the append all read this, not the files again. ``pos`` is the
+    line's read position (gzip is not splittable: one task reads a file top to bottom)."""
+    return (_parse(spark, candidates)
+            .withColumn("pos", F.monotonically_increasing_id())
+            .persist(StorageLevel.MEMORY_AND_DISK))
+
+
+def _line_problems(lines: DataFrame, candidates: list[_Candidate]) -> dict[str, str]:
+    """Per batch: its lines, those that are not whole events (and the first of them), the
+    lowest and highest seq, the seqs that are there more than once, the gateways named.
+    (A file's lines have consecutive read positions: one task reads it top to bottom.)"""
+    if not candidates:
+        return {}
+    missing = F.filter(F.array(*[F.when(F.col(f).isNull(), F.lit(f)) for f in REQUIRED]),
+                       lambda f: f.isNotNull())
+    per_file = (lines.select("uri", "pos", "gateway_id", "seq", missing.alias("missing"))
+                .groupBy("uri")
+                .agg(F.count(F.lit(1)).alias("lines"),
+                     F.count_if(F.size("missing") > 0).alias("incomplete"),
+                     (F.min_by(F.struct("pos", "missing"), F.when(F.size("missing") > 0,
+                                                                 F.col("pos")))
+                      .alias("first_bad")),
+                     F.min("pos").alias("top"),
+                     F.min("seq").alias("first"), F.max("seq").alias("last"),
+                     F.count_distinct("seq").alias("seqs"),
+                     F.collect_set("gateway_id").alias("gateways")))
+    found = {r.uri: r for r in per_file.collect()}
+    problems = {}
+    for c in candidates:
+        problem = _lines_problem(c.manifest, found.get(c.data_uri))
+        if problem:
+            problems[c.data_path] = problem
+    return problems
+
+
+def _lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
+    """What is wrong with one batch's lines (``batch``: its row of the per-file checks)."""
+    count, gateway_id = manifest["count"], manifest["gateway_id"]
+    if batch is None or batch.lines != count:
+        return f"{0 if batch is None else batch.lines} lines, the manifest says {count}"
+    if batch.incomplete:
+        bad = batch.first_bad
+        what = ("is not JSON" if len(bad.missing) == len(REQUIRED)
+                else f"has no {', '.join(bad.missing)}")
+        return (f"{batch.incomplete} lines are not events of the batch format: "
+                f"line {bad.pos - batch.top + 1} {what}")
+    others = sorted(g for g in batch.gateways if g != gateway_id)
+    if others:
+        return f"rows of gateway {', '.join(others[:3])} in a batch of {gateway_id!r}"
+    if batch.first != manifest["first_seq"] or batch.last != manifest["last_seq"]:
+        return (f"seqs {batch.first}..{batch.last}, the manifest says "
+                f"{manifest['first_seq']}..{manifest['last_seq']}")
+    if batch.seqs != count:
+        return f"{count - batch.seqs} lines repeat a seq of the batch"
+    return None
+
+
+def _triage(parsed: list[_Candidate], done: set[tuple[str, str]],
+            landed: Callable[[_Candidate], bool],
+            ) -> tuple[list[_Candidate], list[_Candidate], list[tuple[_Candidate, str]]]:
+    """(candidates, already, rejected with their reason) of the batches whose manifest
+    parsed: ``done`` holds the (file, sha256) the table has; ``landed`` tells whether a batch's
+    data file is there."""
+    candidates: list[_Candidate] = []
+    already: list[_Candidate] = []
+    rejected: list[tuple[_Candidate, str]] = []
+    for c in parsed:
+        m = c.manifest
+        if (m["file"], m["sha256"]) in done:
+            already.append(c)
+        elif m["file"] != c.name or not m["file"].startswith(m["gateway_id"] + "/"):
+            # a manifest vouches only for the file beside it, in its own gateway's directory
+            rejected.append((c, f"manifest of gateway {m['gateway_id']!r} names {m['file']}"))
+        elif not landed(c):
+            rejected.append((c, "the data file is missing"))
+        else:
+            candidates.append(c)
+    return candidates, already, rejected
