@@ -41,7 +41,8 @@ CAIRN = Path(sys.executable).with_name("cairn")
 
 UNITS = ["cairn-router.service", "cairn-sensor@.service", "cairn-bridge-mqtt@.service",
          "cairn-sync.service"]
-IMAGE_UNITS = ["cairn-data-partition.service", "cairn-readonly-root.service"]
+IMAGE_UNITS = ["cairn-data-partition.service", "cairn-readonly-root.service",
+               "cairn-overlay-rw.service"]
 # what `systemd-analyze verify` is asked about: templates through an instance, so that
 # their specifiers (%i) are expanded as on the device
 INSTANCES = {"cairn-sensor@.service": "cairn-sensor@greenhouse.service",
@@ -85,13 +86,14 @@ def words(unit: dict, section: str, key: str) -> list[str]:
 
 
 def fake_device_root(root: Path, cairn: Path | None = None) -> Path:
-    """A root for systemd-analyze --root: this machine's units and kill(1), ours installed
-    where the payload puts them, and /opt/cairn/bin/cairn."""
+    """A root for systemd-analyze --root: this machine's units, kill(1) and mount(8), ours
+    installed where the payload puts them, and /opt/cairn/bin/cairn."""
     (root / "usr/lib/systemd").mkdir(parents=True)
     shutil.copytree("/usr/lib/systemd/system", root / "usr/lib/systemd/system", symlinks=True)
     (root / "usr/bin").mkdir(parents=True, exist_ok=True)
     (root / "usr/lib/cairn").mkdir(parents=True)
     shutil.copy2(shutil.which("kill"), root / "usr/bin/kill")
+    shutil.copy2(shutil.which("mount"), root / "usr/bin/mount")
     (root / "bin").symlink_to("usr/bin")
     for name in UNITS:
         shutil.copy2(SYSTEMD / name, root / "usr/lib/systemd/system" / name)
