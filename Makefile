@@ -7,7 +7,7 @@ run: setup
 
 test: setup-test
 	.venv/bin/ruff check .
-	.venv/bin/pytest
+	.venv/bin/pytest -n 2 --dist loadfile
 
 lint: setup-test
 	.venv/bin/ruff check .

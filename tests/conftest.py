@@ -14,6 +14,17 @@ from cairn.gateway.server import Node
 from harness.config import open_realm, router_table
 from harness.wamp_client import Client, connect
 
+# The longest modules, started first: `make test` runs the suite on two workers a module at
+# a time (pytest-xdist, --dist loadfile), and a long module dealt out last would run alone
+# while the other worker idles.
+LONGEST_FIRST = ("test_spark_cluster.py", "test_spark_concurrency.py", "test_spark.py",
+                 "test_spark_bad_input.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
 
 def router_config(unix_path: Path | str, data_dir: Path | str) -> str:
     """Two open realms on ephemeral ports and a Unix socket, with small transport limits."""
