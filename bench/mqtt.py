@@ -153,7 +153,7 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
         + open_realm(history=[history_rule("sensor")]))
     (workdir / "bridge.toml").write_text(BRIDGE_TOML.format(dir=workdir, backlog=backlog,
                                                             mqtt_port=mqtt_port))
-    router = Process("router", [sys.executable, "-m", "cairn.gateway.cli", "router", "--config",
+    router = Process("router", [sys.executable, "-m", "cairn.app.cli", "router", "--config",
                                 str(workdir / "router.toml")], workdir / "router.log", workdir)
     processes = [mosquitto, router]
     try:

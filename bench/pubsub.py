@@ -96,7 +96,7 @@ class RouterProcess(HarnessRouterProcess):
         realm = open_realm(allow=("publish", "subscribe"),
                            history=[history_rule(*history)] if history is not None else [])
         cairn = Path(sys.executable).parent / "cairn"
-        cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "cairn.gateway.cli"]
+        cmd = [str(cairn)] if cairn.exists() else [sys.executable, "-m", "cairn.app.cli"]
         env: dict[str, str] = {}
         self.gc_log: Path | None = None
         if trace_gc:

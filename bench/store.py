@@ -15,7 +15,7 @@ What it does, in order:
    ``sensor.door.front``; 10 events/s of wall time (so 1,000,000 events span ~28 hours),
    kwargs ``{temperature, humidity}``, rule 0; and ``--retained`` retained-only rows on
    ``state.dev00000`` .. (no history rule covers ``state``).
-2. the router (``python -m cairn.gateway.cli router``, via ``harness.process.RouterProcess``)
+2. the router (``python -m cairn.app.cli router``, via ``harness.process.RouterProcess``)
    starts on that data dir with one realm whose history rule is prefix ``sensor`` (its
    ``max_events`` is raised so that pruning never deletes rows during the run). Every
    measurement below goes through it, with lean RawSocket/msgpack WAMP clients in this

@@ -1,6 +1,6 @@
 """``cairn`` with garbage-collection pauses logged, for ``bench.pubsub --trace-gc``.
 
-Runs :func:`gateway.cli.main` unchanged, with a :data:`gc.callbacks` hook that appends one
+Runs :func:`app.cli.main` unchanged, with a :data:`gc.callbacks` hook that appends one
 line per collection longer than 1 ms to the file named by ``BENCH_GC_LOG``:
 ``<time.monotonic()> <generation> <pause ms>``. CLOCK_MONOTONIC is shared by all processes
 on the host, so the benchmark can match pauses to its own phases.
@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from cairn.gateway.cli import main
+from cairn.app.cli import main
 
 _started = 0.0
 

@@ -150,7 +150,7 @@ class Router:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "cairn.gateway.cli", "router", "--config", str(self.config)],
+                [sys.executable, "-m", "cairn.app.cli", "router", "--config", str(self.config)],
                 cwd=self.cwd, env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

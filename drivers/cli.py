@@ -1,6 +1,6 @@
 """``cairn sensor``: run the serial driver, or simulate serial sensors.
 
-``gateway.cli`` hooks this in with ``add_commands(subparsers)`` and hands the parsed
+``app.cli`` hooks this in with ``add_commands(subparsers)`` and hands the parsed
 arguments of ``cairn sensor ...`` to ``main(args)``. Standalone, for tests and benchmarks:
 ``python -m cairn.drivers.cli sensor run --config FILE``.
 """

@@ -1,6 +1,6 @@
 """``cairn bridge mqtt --config FILE``: run the MQTT bridge (see :mod:`drivers.mqtt_bridge`).
 
-``gateway.cli`` calls :func:`add_commands` on its subparsers; the parsed arguments carry
+``app.cli`` calls :func:`add_commands` on its subparsers; the parsed arguments carry
 ``handler=main``, which returns the exit code. Kept free of the MQTT imports, so ``cairn
 router`` does not load them.
 """

@@ -21,7 +21,7 @@ from cairn.gateway import clock, wear
 from cairn.gateway.config import Config, ConfigError, load, read_document
 from cairn.gateway.data_dir import DB_NAME, lock_path
 from cairn.gateway.store import SCHEMA_VERSION
-from cairn.sync.sinks import redact_url
+from cairn.gateway.urls import redact_url
 
 MIN_FREE_BYTES = 64 * 1024 * 1024
 

@@ -1,5 +1,5 @@
 """Servers as real processes, for tests, benchmarks and soak runs: the router
-(``python -m cairn.gateway.cli router``, or another command that takes the same arguments) that
+(``python -m cairn.app.cli router``, or another command that takes the same arguments) that
 they kill, restart or re-clock, the free TCP port every harness asks for, and the readings
 of a process's CPU time."""
 
@@ -79,7 +79,7 @@ class RouterProcess(LoggedProcess):
                  command: Sequence[str] | None = None, config: Path | None = None) -> None:
         """``host``: what the TCP listeners bind; ``unix``: a Unix socket listener too
         (``unix_path``); ``nofile``: the router's file descriptor limit (soft and hard);
-        ``command``: what runs instead of ``python -m cairn.gateway.cli`` (an installed ``cairn``,
+        ``command``: what runs instead of ``python -m cairn.app.cli`` (an installed ``cairn``,
         another build's)."""
         self.workdir = workdir
         self.data_dir = workdir / "data"
@@ -105,7 +105,7 @@ class RouterProcess(LoggedProcess):
         # PYTHONPATH as given first: a benchmark of another build's tree sets it
         path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)]))
         self.env = {**os.environ, "PYTHONPATH": path, **(env or {})}
-        self.command = list(command or [sys.executable, "-m", "cairn.gateway.cli"])
+        self.command = list(command or [sys.executable, "-m", "cairn.app.cli"])
         self.proc: subprocess.Popen | None = None
         self.log_path = workdir / "router.log"  # what it logs (stderr)
         self.stdout_path = workdir / "router.stdout"  # nothing, as a daemon should

@@ -304,7 +304,7 @@ class SyncRunner:
 
     async def once(self) -> None:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cairn.gateway.cli", "sync", "--config", str(self.write_config()),
+            sys.executable, "-m", "cairn.app.cli", "sync", "--config", str(self.write_config()),
             "--once", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
         self.runs += 1

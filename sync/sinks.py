@@ -22,6 +22,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cairn.gateway.urls import redact_url
+
 
 class SinkError(Exception):
     """The batch did not land; try again later."""
@@ -95,18 +97,6 @@ class DirectorySink:
                 os.close(directory)
         except OSError as e:
             raise SinkError(f"cannot write {target}: {e.strerror or e}") from e
-
-
-def redact_url(url: str) -> str:
-    """``url`` as it may be shown and logged: without a user, password or query values
-    (a presigned URL's signature, a token), which only the uploader needs."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.hostname or ""
-    netloc = ("***@" if parts.username or parts.password else "") + \
-        (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    query = "&".join(f"{key}=***" if value else key
-                     for key, value in urllib.parse.parse_qsl(parts.query, True))
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

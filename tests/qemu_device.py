@@ -37,7 +37,7 @@ def free_port() -> int:
 # What the test image is made of (the payload's sources, the units, the recipe): a change
 # elsewhere (a test) does not rebuild it.
 IMAGE_SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway",
-                 "drivers", "sync", "systemd", "images"]
+                 "drivers", "sync", "app", "systemd", "images"]
 
 
 def _source_key() -> str:

@@ -336,7 +336,7 @@ async def test_router_serves_under_memory_deny_write_execute(tmp_path):
         .replace('data_dir = "/var/lib/cairn"', f'data_dir = "{tmp_path / "data"}"'))
     log = (tmp_path / "router.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-c", MDWE_EXEC, sys.executable, "-m", "cairn.gateway.cli", "router",
+        [sys.executable, "-c", MDWE_EXEC, sys.executable, "-m", "cairn.app.cli", "router",
          "--config", str(config)], stdout=log, stderr=log, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -421,7 +421,7 @@ def test_payload_wheel_and_pins(payload):
     manifest = json.loads((payload / "manifest.json").read_text())
     with zipfile.ZipFile(payload / manifest["wheel"]) as wheel:
         names = set(wheel.namelist())
-    for module in ("gateway/cli.py", "gateway/ops.py", "gateway/metrics.py", "sync/cli.py",
+    for module in ("app/cli.py", "gateway/ops.py", "gateway/metrics.py", "sync/cli.py",
                    "drivers/__init__.py", "gateway/dashboard/index.html",
                    "gateway/dashboard/autobahn.min.js"):
         assert f"cairn/{module}" in names, module
@@ -466,7 +466,7 @@ def test_payload_units_verify(payload, tmp_path):
 def test_payload_configs_validate(payload, tmp_path):
     config = payload / "rootfs/etc/cairn/cairn.toml"
     done = run(CAIRN if CAIRN.exists() else sys.executable, *(
-        [] if CAIRN.exists() else ["-m", "cairn.gateway.cli"]), "check-config", config,
+        [] if CAIRN.exists() else ["-m", "cairn.app.cli"]), "check-config", config,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
     assert "ok" in done.stdout

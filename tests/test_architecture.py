@@ -10,7 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CORE = tuple(f"cairn.gateway.{name}" for name in (
     "core", "router", "broker", "dealer", "meta", "retention", "history", "auth", "wire"))
-FOLDERS = ("gateway", "drivers", "sync")  # installed as cairn.gateway, cairn.drivers, cairn.sync
+# installed as cairn.gateway, cairn.drivers, cairn.sync, cairn.app
+FOLDERS = ("gateway", "drivers", "sync", "app")
 PACKAGES = tuple(f"cairn.{folder}" for folder in FOLDERS)
 FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", *(f"cairn.gateway.{name}" for name in (
     "store", "server", "transport", "flow_control", "admission")))
@@ -69,14 +70,17 @@ def test_the_import_check_finds_what_the_shell_imports():
     assert {"asyncio", "sqlite3", "cairn.gateway.store", "cairn.gateway.transport"} <= reached
 
 
+def modules_of(folder: str) -> list[str]:
+    """The modules of one folder, its own __init__ included: cairn.sync, cairn.sync.cli, ..."""
+    return sorted("cairn." + ".".join(path.relative_to(ROOT).with_suffix("").parts
+                                      ).removesuffix(".__init__")
+                  for path in (ROOT / folder).rglob("*.py"))
+
+
 def import_graph() -> dict[str, set[str]]:
     """Each of Cairn's modules and the ones of Cairn it imports, type hints included (a
     package inside a folder, such as gateway/store/, is a module and so is each of its own)."""
-    modules = {"cairn." + ".".join(path.relative_to(ROOT).with_suffix("").parts
-                                   ).removesuffix(".__init__"): path
-               for folder in FOLDERS
-               for path in (ROOT / folder).rglob("*.py") if path.parent != ROOT / folder
-               or path.stem != "__init__"}
+    modules = {m for folder in FOLDERS for m in modules_of(folder) if m != f"cairn.{folder}"}
     return {m: {d for d in imports_of(m, typing_too=True) if d in modules and d != m}
             for m in modules}
 
@@ -113,13 +117,41 @@ def test_cairns_modules_import_each_other_in_no_circle():
     """Type hints included: a TYPE_CHECKING import that closes a circle mirrors a real
     dependency both ways (the core's eight modules and server <-> transport were two), and so
     does an import in a function (gateway.cli <-> drivers.cli was one, hidden by importlib
-    on one side)."""
+    on one side; the command is app.cli now)."""
     assert circles(import_graph()) == []
 
 
 def test_the_circle_check_finds_circles_and_sees_imports_of_other_packages():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = import_graph()
-    assert {"cairn.drivers.cli", "cairn.sync.cli"} <= graph["cairn.gateway.cli"]
+    assert {"cairn.drivers.cli", "cairn.sync.cli"} <= graph["cairn.app.cli"]
     assert {"cairn.sync.spark.table", "cairn.sync.spark.files"} <= \
         graph["cairn.sync.spark.ingest"]  # modules of subpackages too
+
+
+# The folders a folder must not import: gateway is the base the others build on, app (the
+# ``cairn`` command) the top that gathers them, so no import runs back down the stack.
+NOT_IMPORTED_BY = {
+    "gateway": ("drivers", "sync", "app"),
+    "drivers": ("app",),
+    "sync": ("app",),
+}
+
+
+def imports_against_the_layers() -> list[str]:
+    """Each import, type hints and imports in functions included, of a folder that
+    NOT_IMPORTED_BY forbids to the importing one: "cairn.gateway.ops -> cairn.sync.sinks"."""
+    found = []
+    for folder, forbidden in NOT_IMPORTED_BY.items():
+        for module in modules_of(folder):
+            found += [f"{module} -> {name}" for name in sorted(imports_of(module, True))
+                      if any(name == f"cairn.{other}" or name.startswith(f"cairn.{other}.")
+                             for other in forbidden)]
+    return found
+
+
+def test_the_base_imports_neither_drivers_nor_sync_nor_the_command():
+    """gateway/ imports nothing of drivers/, sync/ or app/; drivers/ and sync/ nothing of
+    app/. A helper both need belongs in gateway/ (as urls.redact_url does)."""
+    wrong = imports_against_the_layers()
+    assert not wrong, "an import runs against the layers:\n" + "\n".join(wrong)

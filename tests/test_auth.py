@@ -591,7 +591,7 @@ def test_check_config_refuses_an_empty_secret_naming_the_key(tmp_path, form):
     realm, key, env = empty_secret_config(tmp_path, form)
     config = tmp_path / "cairn.toml"
     config.write_text(router_toml(tmp_path / "data", realm))
-    result = subprocess.run([sys.executable, "-m", "cairn.gateway.cli", "check-config",
+    result = subprocess.run([sys.executable, "-m", "cairn.app.cli", "check-config",
                              str(config)], capture_output=True, text=True, timeout=30,
                             env={**os.environ, "PYTHONPATH": str(ROOT), **env})
     assert result.returncode == 2, result.stdout

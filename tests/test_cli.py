@@ -20,7 +20,7 @@ from harness.process import RouterProcess
 from harness.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")
-COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "cairn.gateway.cli"]
+COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "cairn.app.cli"]
 LOG_LINE = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S")
 
 def write_config(tmp_path: Path, port: int = 0, rawsocket: tuple[str, ...] = (),

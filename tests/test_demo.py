@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 async def test_demo_serves_simulated_readings_retained_and_stops_on_sigint(tmp_path):
     ports = RouterProcess(tmp_path, REALM)  # writes a config on free ports; not started
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cairn.gateway.cli", "demo", "--config", str(ports.config),
+        [sys.executable, "-m", "cairn.app.cli", "demo", "--config", str(ports.config),
          "--interval", "0.5", "--fault-rate", "0"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**ports.env, "PYTHONPATH": str(ROOT)})

@@ -31,7 +31,7 @@ from harness.process import ROOT, RouterProcess, free_port
 from harness.wamp_client import connect
 
 CAIRN = Path(sys.executable).with_name("cairn")
-COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "cairn.gateway.cli"]
+COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "cairn.app.cli"]
 
 REALM = open_realm(history=[history_rule("sensor")])
 

@@ -57,15 +57,15 @@ def test_a_wheel_built_by_pip_alone_carries_the_dashboards_client(wheel_files):
 
 @pytest.mark.slow
 def test_the_wheel_puts_nothing_but_cairn_at_the_top_of_site_packages(wheel_files):
-    """gateway/, drivers/ and sync/ install as cairn.gateway, cairn.drivers, cairn.sync:
-    generic names of their own would collide in an analyst's Spark environment."""
+    """gateway/, drivers/, sync/ and app/ install as cairn.gateway, cairn.drivers, cairn.sync,
+    cairn.app: generic names of their own would collide in an analyst's Spark environment."""
     tops = {name.split("/")[0] for name in wheel_files}
     assert tops == {"cairn", "cairn-0.1.0.dist-info"}, tops
-    assert {"cairn/gateway/cli.py", "cairn/gateway/store/__init__.py",
+    assert {"cairn/app/cli.py", "cairn/gateway/store/__init__.py",
             "cairn/gateway/store/writer.py", "cairn/drivers/cli.py",
             "cairn/sync/spark/__init__.py", "cairn/sync/spark/table.py"} <= set(wheel_files)
     entry_points = wheel_files["cairn-0.1.0.dist-info/entry_points.txt"].decode()
-    assert "cairn = cairn.gateway.cli:main" in entry_points
+    assert "cairn = cairn.app.cli:main" in entry_points
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from cairn.gateway import cli  # noqa: E402
+from cairn.app import cli  # noqa: E402
 from cairn.sync import spark as jobs  # noqa: E402
 from cairn.sync.batch_format import manifest_name  # noqa: E402
 from cairn.sync.uploader import Batch, build_batch  # noqa: E402
@@ -37,7 +37,7 @@ T0_MS = int(T0.timestamp() * 1000)
 
 @pytest.fixture
 def cairn_cli():
-    """``gateway.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
+    """``app.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
     with restored_logging():
         yield cli.main
 

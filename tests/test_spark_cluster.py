@@ -40,7 +40,7 @@ def cluster(tmp_path_factory):
 
 
 # ``cairn`` in a process of its own (its own Spark driver)
-CAIRN = [sys.executable, "-c", "import sys; from cairn.gateway.cli import main; "
+CAIRN = [sys.executable, "-c", "import sys; from cairn.app.cli import main; "
          "sys.exit(main(sys.argv[1:]))"]
 
 

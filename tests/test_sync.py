@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway import cli
+from cairn.app import cli
 from cairn.gateway.clock import Anchor
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
@@ -228,7 +228,7 @@ def restored_logging():
 
 @pytest.fixture
 def cairn_cli():
-    """``gateway.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
+    """``app.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
     with restored_logging():
         yield cli.main
 
