@@ -10,7 +10,7 @@ backlog = 1000            # readings kept while the router is away; the oldest g
 ```
 
 Each driver validates its own sections ([[sensors]], [mqtt]) with the same
-:class:`gateway.config.ConfigError`, naming file, key and problem.
+:class:`gateway.config_tools.ConfigError`, naming file, key and problem.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cairn.gateway.config import ConfigError, _secret, _Validator
 from cairn.gateway.config import read_document as read_toml  # noqa: F401  (drivers' entry point)
+from cairn.gateway.config_tools import ConfigError, Validator, secret
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class DriverConfig:
 
 
 def parse_driver(data: dict[str, Any], source: str) -> DriverConfig:
-    v = _Validator(source)
+    v = Validator(source)
     t = v.table(data, "driver")
     at = "driver"
     v.keys(t, at, {"router", "realm", "authid", "secret", "secret_file", "secret_env",
@@ -44,5 +44,5 @@ def parse_driver(data: dict[str, Any], source: str) -> DriverConfig:
                           f"expected ws://host:port/ws, rawsocket+tcp://host:port or "
                           f"rawsocket+unix:/path, not {router!r}")
     return DriverConfig(router=router, realm=v.get(t, at, "realm", str, d.realm),
-                        authid=v.get(t, at, "authid", str, None), secret=_secret(v, t, at),
+                        authid=v.get(t, at, "authid", str, None), secret=secret(v, t, at),
                         backlog=v.positive(t, at, "backlog", d.backlog))

@@ -53,7 +53,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from cairn.drivers.config import DriverConfig, parse_driver
 from cairn.drivers.runtime import DeviceStatus, RouterLink, open_session
-from cairn.gateway.config import ConfigError, _secret, _Validator
+from cairn.gateway.config_tools import ConfigError, Validator, secret
 
 log = logging.getLogger("cairn.mqtt")
 
@@ -133,7 +133,7 @@ class MqttConfig:
 
 
 def parse_mqtt(data: dict[str, Any], source: str) -> MqttConfig:
-    v, at = _Validator(source), "mqtt"
+    v, at = Validator(source), "mqtt"
     if "mqtt" not in data:
         raise ConfigError(source, at, "missing: the bridge needs an [mqtt] table")
     t = v.table(data, at)
@@ -159,7 +159,7 @@ def parse_mqtt(data: dict[str, Any], source: str) -> MqttConfig:
                       backlog=v.positive(t, at, "backlog", 1000), maps=maps, forwards=forwards)
 
 
-def _map(v: _Validator, t: dict[str, Any], at: str) -> MapRule:
+def _map(v: Validator, t: dict[str, Any], at: str) -> MapRule:
     v.keys(t, at, {"filter", "topic", "retain", "qos", "fields"})
     mqtt_filter, topic = _required(v, t, at, "filter"), _required(v, t, at, "topic")
     levels = mqtt_filter.split("/")
@@ -184,7 +184,7 @@ def _map(v: _Validator, t: dict[str, Any], at: str) -> MapRule:
                    tuple(fields))
 
 
-def _forward(v: _Validator, t: dict[str, Any], at: str) -> ForwardRule:
+def _forward(v: Validator, t: dict[str, Any], at: str) -> ForwardRule:
     v.keys(t, at, {"topic", "match", "mqtt", "retain", "qos"})
     topic, mqtt_topic = _required(v, t, at, "topic"), _required(v, t, at, "mqtt")
     match = v.get(t, at, "match", str, "exact")
@@ -197,21 +197,21 @@ def _forward(v: _Validator, t: dict[str, Any], at: str) -> ForwardRule:
                        _qos(v, t, at))
 
 
-def _required(v: _Validator, t: dict[str, Any], at: str, key: str) -> str:
+def _required(v: Validator, t: dict[str, Any], at: str, key: str) -> str:
     value = v.get(t, at, key, str, None)
     if not value:
         raise ConfigError(v.source, f"{at}.{key}", "missing")
     return value
 
 
-def _qos(v: _Validator, t: dict[str, Any], at: str) -> int:
+def _qos(v: Validator, t: dict[str, Any], at: str) -> int:
     qos = v.get(t, at, "qos", int, 1)
     if qos not in (0, 1, 2):
         raise ConfigError(v.source, f"{at}.qos", f"must be 0, 1 or 2, not {qos}")
     return qos
 
 
-def _template(v: _Validator, template: str, at: str, wildcards: int | None, wamp: bool,
+def _template(v: Validator, template: str, at: str, wildcards: int | None, wamp: bool,
               why: str) -> None:
     """Placeholders are {0} (the whole topic) and {1}..{wildcards}; the rest must be a valid
     WAMP URI (``wamp``) or MQTT topic."""
@@ -237,12 +237,12 @@ def _template(v: _Validator, template: str, at: str, wildcards: int | None, wamp
         raise ConfigError(v.source, at, f"invalid MQTT topic {template!r} (no wildcards)")
 
 
-def _password(v: _Validator, t: dict[str, Any], at: str) -> str | None:
+def _password(v: Validator, t: dict[str, Any], at: str) -> str | None:
     """password / password_file / password_env, read the way ``secret`` is."""
     renamed = {k.replace("password", "secret"): t[k]
                for k in ("password", "password_file", "password_env") if k in t}
     try:
-        return _secret(v, renamed, at)
+        return secret(v, renamed, at)
     except ConfigError as e:
         raise ConfigError(e.source, e.key.replace(f"{at}.secret", f"{at}.password"),
                           e.problem.replace("secret", "password")) from None

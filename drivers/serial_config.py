@@ -31,7 +31,7 @@ import serial
 from cairn.drivers.config import DriverConfig, parse_driver, read_toml
 from cairn.drivers.line import MAX_LINE, THS, RegexFormat
 from cairn.drivers.modbus import FUNCTIONS, MAX_REGISTERS, XY_MD02, Register, register_block
-from cairn.gateway.config import ConfigError, _describe, _Validator
+from cairn.gateway.config_tools import ConfigError, Validator, describe
 
 TOP_LEVEL = {"router", "realms", "driver", "sensors", "mqtt", "sync"}
 KINDS = ("modbus", "line")
@@ -91,7 +91,7 @@ def load(path: str | Path) -> SerialConfig:
 
 
 def parse(data: dict[str, Any], source: str) -> SerialConfig:
-    v = _Validator(source)
+    v = Validator(source)
     v.keys(data, "", TOP_LEVEL)
     driver = parse_driver(data, source)
     tables = v.tables(data, "sensors")
@@ -102,20 +102,20 @@ def parse(data: dict[str, Any], source: str) -> SerialConfig:
     return SerialConfig(source, driver, sensors)
 
 
-def _number(v: _Validator, t: dict[str, Any], at: str, key: str, default: float,
+def _number(v: Validator, t: dict[str, Any], at: str, key: str, default: float,
             minimum: float = 0.0, strict: bool = True) -> float:
     if key not in t:
         return default
     value = t[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(v.source, f"{at}.{key}", f"expected a number, got {_describe(value)}")
+        raise ConfigError(v.source, f"{at}.{key}", f"expected a number, got {describe(value)}")
     if value < minimum or (strict and value == minimum):
         relation = "greater than" if strict else "at least"
         raise ConfigError(v.source, f"{at}.{key}", f"must be {relation} {minimum:g}, not {value}")
     return float(value)
 
 
-def _int_in(v: _Validator, t: dict[str, Any], at: str, key: str, default: int,
+def _int_in(v: Validator, t: dict[str, Any], at: str, key: str, default: int,
             allowed: range | tuple) -> int:
     value = v.get(t, at, key, int, default)
     if value not in allowed:
@@ -125,7 +125,7 @@ def _int_in(v: _Validator, t: dict[str, Any], at: str, key: str, default: int,
     return value
 
 
-def _sensor(v: _Validator, t: dict[str, Any], at: str) -> SensorConfig:
+def _sensor(v: Validator, t: dict[str, Any], at: str) -> SensorConfig:
     kind = v.get(t, at, "kind", str, None)
     if kind is None:
         raise ConfigError(v.source, f"{at}.kind", "missing (modbus or line)")
@@ -181,7 +181,7 @@ def _sensor(v: _Validator, t: dict[str, Any], at: str) -> SensorConfig:
                         default_deadband=default_deadband)
 
 
-def _registers(v: _Validator, t: dict[str, Any], at: str) -> tuple[Register, ...]:
+def _registers(v: Validator, t: dict[str, Any], at: str) -> tuple[Register, ...]:
     table = v.get(t, at, "registers", dict, None)
     if table is None:
         return XY_MD02
@@ -195,7 +195,7 @@ def _registers(v: _Validator, t: dict[str, Any], at: str) -> tuple[Register, ...
         if not isinstance(spec, dict):
             raise ConfigError(v.source, rat, f"expected a register number or a table "
                                              f"{{ register, signed, scale, offset }}, got "
-                                             f"{_describe(spec)}")
+                                             f"{describe(spec)}")
         v.keys(spec, rat, REGISTER_KEYS)
         if "register" not in spec:
             raise ConfigError(v.source, f"{rat}.register", "missing (the register address, "
@@ -203,11 +203,11 @@ def _registers(v: _Validator, t: dict[str, Any], at: str) -> tuple[Register, ...
         scale = spec.get("scale", 0.1)
         if isinstance(scale, bool) or not isinstance(scale, int | float) or scale == 0:
             raise ConfigError(v.source, f"{rat}.scale",
-                              f"expected a non-zero number, got {_describe(scale)}")
+                              f"expected a non-zero number, got {describe(scale)}")
         offset = spec.get("offset", 0.0)
         if isinstance(offset, bool) or not isinstance(offset, int | float):
             raise ConfigError(v.source, f"{rat}.offset",
-                              f"expected a number, got {_describe(offset)}")
+                              f"expected a number, got {describe(offset)}")
         registers.append(Register(
             name, _int_in(v, spec, rat, "register", 0, range(0, 0x10000)),
             signed=v.get(spec, rat, "signed", bool, True), scale=float(scale),
@@ -220,7 +220,7 @@ def _registers(v: _Validator, t: dict[str, Any], at: str) -> tuple[Register, ...
     return tuple(registers)
 
 
-def _line(v: _Validator, t: dict[str, Any], at: str) -> tuple[dict[str, Any], tuple[str, ...]]:
+def _line(v: Validator, t: dict[str, Any], at: str) -> tuple[dict[str, Any], tuple[str, ...]]:
     regex = v.get(t, at, "regex", str, None)
     fmt = v.get(t, at, "format", str, "regex" if regex is not None else THS)
     if fmt not in (THS, "regex"):
@@ -242,7 +242,7 @@ def _line(v: _Validator, t: dict[str, Any], at: str) -> tuple[dict[str, Any], tu
     return specific, fields
 
 
-def _deadband(v: _Validator, t: dict[str, Any], at: str,
+def _deadband(v: Validator, t: dict[str, Any], at: str,
               fields: tuple[str, ...]) -> tuple[dict[str, float], float]:
     value = t.get("deadband", 0.0)
     if isinstance(value, dict):
@@ -256,7 +256,7 @@ def _deadband(v: _Validator, t: dict[str, Any], at: str,
     return {}, _number(v, t, at, "deadband", 0.0, strict=False)
 
 
-def _check_together(v: _Validator, sensors: tuple[SensorConfig, ...]) -> None:
+def _check_together(v: Validator, sensors: tuple[SensorConfig, ...]) -> None:
     """What only shows across entries: duplicate ids, and entries that share a port (one
     bus or one line port) disagreeing on it."""
     first_on_port: dict[str, int] = {}

@@ -3,11 +3,12 @@
 Every problem is reported as a :class:`ConfigError` naming the file, the key (a dotted path
 such as ``realms[0].roles[1].permissions[0].match``) and what is wrong, so that
 ``cairn router --config FILE`` can exit with status 2 and a message a person can act on.
+The checks themselves (:class:`Validator`, :func:`secret`) are gateway.config_tools', shared
+with the drivers' and sync's sections.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -15,44 +16,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from cairn.gateway.patterns import MATCH_POLICIES
+from cairn.gateway.config_tools import (
+    ConfigError,
+    Endpoint,
+    Validator,
+    secret,
+)
 
 ACTIONS = ("publish", "subscribe", "call", "register")
-_URI_COMPONENT = re.compile(r"^[^\s.#]+$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|[smhdw])$")
 _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 # An acknowledged publish on a rule with a commit window waits up to that long for its group
 # commit; beyond a minute a driver's readings in flight would time out first.
 MAX_COMMIT_WINDOW = 60.0
 EMBEDDED = "<embedded default>"
-
-
-class ConfigError(Exception):
-    def __init__(self, source: str, key: str, problem: str) -> None:
-        super().__init__(f"{source}: {key}: {problem}")
-        self.source, self.key, self.problem = source, key, problem
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where a listener binds: TCP ``host:port`` (``tls:host:port`` for TLS) or
-    ``unix:/path``."""
-
-    host: str | None = None
-    port: int | None = None
-    path: str | None = None
-    tls: bool = False
-
-    def __str__(self) -> str:
-        if self.path:
-            return f"unix:{self.path}"
-        return f"{'tls:' if self.tls else ''}{self.host}:{self.port}"
-
-    @property
-    def is_loopback(self) -> bool:
-        if self.path:
-            return True
-        return self.host in ("localhost", "::1") or (self.host or "").startswith("127.")
 
 
 @dataclass(frozen=True)
@@ -217,9 +194,9 @@ def read_document(path: str | Path | None) -> tuple[dict[str, Any], str]:
 
 
 def parse(data: dict[str, Any], source: str) -> Config:
-    v = _Validator(source)
+    v = Validator(source)
     v.keys(data, "", {"router", "realms", "driver", "sensors", "mqtt", "sync"})
-    router = _router(v, v.table(data, "router"), "router")
+    router = parse_router(v, v.table(data, "router"), "router")
     realms = tuple(
         _realm(v, table, f"realms[{i}]") for i, table in enumerate(v.tables(data, "realms"))
     )
@@ -234,7 +211,8 @@ def parse(data: dict[str, Any], source: str) -> Config:
     return config
 
 
-def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
+def parse_router(v: Validator, t: dict[str, Any], at: str) -> RouterConfig:
+    """The [router] section; public because ``cairn sync`` reads its data_dir the same way."""
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
                    "history_page_cap", "max_store_bytes", "log_level", "tls",
                    "card_endurance_tb", "limits", "allowed_hosts", "allowed_origins",
@@ -274,7 +252,7 @@ def _router(v: _Validator, t: dict[str, Any], at: str) -> RouterConfig:
     )
 
 
-def _token(v: _Validator, path: str | None, at: str) -> str | None:
+def _token(v: Validator, path: str | None, at: str) -> str | None:
     if path is None:
         return None
     try:
@@ -287,7 +265,7 @@ def _token(v: _Validator, path: str | None, at: str) -> str | None:
     return token
 
 
-def _origin(v: _Validator, origin: str, at: str) -> str:
+def _origin(v: Validator, origin: str, at: str) -> str:
     parts = urlsplit(origin)
     if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc
                           or parts.path.strip("/") or parts.query):
@@ -296,7 +274,7 @@ def _origin(v: _Validator, origin: str, at: str) -> str:
     return origin
 
 
-def _limits(v: _Validator, t: dict[str, Any], at: str) -> Limits:
+def _limits(v: Validator, t: dict[str, Any], at: str) -> Limits:
     d = Limits()
     counts = [f.name for f in fields(Limits) if f.name.startswith("max_")]
     durations = [f.name for f in fields(Limits) if not f.name.startswith("max_")]
@@ -311,7 +289,7 @@ def _limits(v: _Validator, t: dict[str, Any], at: str) -> Limits:
     return Limits(**values)
 
 
-def _tls(v: _Validator, t: dict[str, Any] | None, at: str) -> TlsConfig | None:
+def _tls(v: Validator, t: dict[str, Any] | None, at: str) -> TlsConfig | None:
     if t is None:
         return None
     v.keys(t, at, {"cert", "key"})
@@ -354,7 +332,7 @@ def _covers_everything(permission: Permission) -> bool:
         (permission.match == "wildcard" and all(not part for part in permission.uri.split(".")))
 
 
-def _realm(v: _Validator, t: dict[str, Any], at: str) -> RealmConfig:
+def _realm(v: Validator, t: dict[str, Any], at: str) -> RealmConfig:
     v.keys(t, at, {"name", "anonymous_role", "roles", "users", "history"})
     name = v.get(t, at, "name", str, None)
     if name is None:
@@ -377,13 +355,13 @@ def _realm(v: _Validator, t: dict[str, Any], at: str) -> RealmConfig:
     return RealmConfig(name, anonymous_role, roles, users, history)
 
 
-def _unique(v: _Validator, names: list[str], at: str, key: str, what: str) -> None:
+def _unique(v: Validator, names: list[str], at: str, key: str, what: str) -> None:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ConfigError(v.source, f"{at}[{i}].{key}", f"duplicate {what} {name!r}")
 
 
-def _role(v: _Validator, t: dict[str, Any], at: str) -> Role:
+def _role(v: Validator, t: dict[str, Any], at: str) -> Role:
     v.keys(t, at, {"name", "permissions"})
     name = v.get(t, at, "name", str, None)
     if not name:
@@ -409,7 +387,7 @@ def _role(v: _Validator, t: dict[str, Any], at: str) -> Role:
     return Role(name, tuple(permissions))
 
 
-def _user(v: _Validator, t: dict[str, Any], at: str) -> User:
+def _user(v: Validator, t: dict[str, Any], at: str) -> User:
     v.keys(t, at, {"authid", "role", "secret", "secret_file", "secret_env", "salt",
                    "iterations", "keylen", "pubkeys"})
     authid = v.get(t, at, "authid", str, None)
@@ -424,44 +402,12 @@ def _user(v: _Validator, t: dict[str, Any], at: str) -> User:
             raise ConfigError(v.source, f"{at}.pubkeys[{i}]",
                               "must be an Ed25519 public key as 64 hex digits")
         pubkeys.append(key.lower())
-    return User(authid, role, _secret(v, t, at), v.get(t, at, "salt", str, None),
+    return User(authid, role, secret(v, t, at), v.get(t, at, "salt", str, None),
                 v.positive(t, at, "iterations", User.iterations),
                 v.positive(t, at, "keylen", User.keylen), tuple(pubkeys))
 
 
-def _secret(v: _Validator, t: dict[str, Any], at: str) -> str | None:
-    """The secret inline, or read from a file or an environment variable (so the config
-    file itself can be world-readable)."""
-    given = [k for k in ("secret", "secret_file", "secret_env") if k in t]
-    if len(given) > 1:
-        raise ConfigError(v.source, f"{at}.{given[1]}", f"give only one of {', '.join(given)}")
-    if "secret_file" in t:
-        path = v.get(t, at, "secret_file", str, None)
-        try:
-            secret = Path(path).read_text(encoding="utf-8").strip()
-        except OSError as e:
-            raise ConfigError(v.source, f"{at}.secret_file",
-                              f"cannot read {path}: {e.strerror}") from e
-        return _non_empty(v, secret, f"{at}.secret_file", path)
-    if "secret_env" in t:
-        name = v.get(t, at, "secret_env", str, None)
-        if name not in os.environ:
-            raise ConfigError(v.source, f"{at}.secret_env",
-                              f"environment variable {name} is not set")
-        return _non_empty(v, os.environ[name], f"{at}.secret_env", f"environment variable {name}")
-    secret = v.get(t, at, "secret", str, None)
-    return None if secret is None else _non_empty(v, secret, f"{at}.secret", "the secret")
-
-
-def _non_empty(v: _Validator, secret: str, key: str, origin: str) -> str:
-    # An empty secret is a login anyone can type (ticket), or compute (wampcra).
-    if not secret.strip():
-        raise ConfigError(v.source, key, f"{origin} is empty: a secret must not be empty or "
-                                          f"only whitespace")
-    return secret
-
-
-def _history(v: _Validator, t: dict[str, Any], at: str) -> HistoryRule:
+def _history(v: Validator, t: dict[str, Any], at: str) -> HistoryRule:
     v.keys(t, at, {"uri", "match", "max_events", "max_age", "commit_window"})
     uri = v.get(t, at, "uri", str, None)
     if uri is None:
@@ -488,108 +434,3 @@ def parse_duration(text: str, source: str, key: str) -> float:
             "expected a duration like '90d', '12h', '30m', '5s' or '250ms'"
         raise ConfigError(source, key, f"{problem}, not {text!r}")
     return float(m.group(1)) * _DURATION_SECONDS[m.group(2)]
-
-
-class _Validator:
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def keys(self, table: dict[str, Any], at: str, allowed: set[str]) -> None:
-        for key in table:
-            if key not in allowed:
-                where = f"{at}.{key}" if at else key
-                raise ConfigError(self.source, where,
-                                  f"unknown key (allowed here: {', '.join(sorted(allowed))})")
-
-    def get(self, table: dict[str, Any], at: str, key: str, kind: type, default: Any) -> Any:
-        if key not in table:
-            return default
-        value = table[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise ConfigError(self.source, f"{at}.{key}" if at else key,
-                              f"expected {_KIND_NAMES[kind]}, got {_describe(value)}")
-        return value
-
-    def positive(self, table: dict[str, Any], at: str, key: str, default: int) -> int:
-        value = self.get(table, at, key, int, default)
-        if value <= 0:
-            raise ConfigError(self.source, f"{at}.{key}",
-                              f"must be a positive integer, not {value}")
-        return value
-
-    def positive_number(self, table: dict[str, Any], at: str, key: str,
-                        default: float) -> float:
-        value = table.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ConfigError(self.source, f"{at}.{key}",
-                              f"must be a positive number, not {_describe(value)}")
-        return float(value)
-
-    def strings(self, table: dict[str, Any], at: str, key: str) -> list[str]:
-        items = self.get(table, at, key, list, [])
-        for i, item in enumerate(items):
-            if not isinstance(item, str) or not item:
-                raise ConfigError(self.source, f"{at}.{key}[{i}]",
-                                  f"expected a non-empty string, got {_describe(item)}")
-        return items
-
-    def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
-        return self.get(data, "", key, dict, {}) if key in data else {}
-
-    def tables(self, data: dict[str, Any], key: str, at: str = "") -> list[dict[str, Any]]:
-        items = self.get(data, at, key, list, [])
-        where = f"{at}.{key}" if at else key
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise ConfigError(self.source, f"{where}[{i}]",
-                                  f"expected a table ([[{where}]]), got {_describe(item)}")
-        return items
-
-    def match(self, table: dict[str, Any], at: str) -> str:
-        match = self.get(table, at, "match", str, "exact")
-        if match not in MATCH_POLICIES:
-            raise ConfigError(self.source, f"{at}.match",
-                              f"must be exact, prefix or wildcard, not {match!r}")
-        return match
-
-    def uri(self, uri: str, at: str, match: str = "exact") -> None:
-        if match == "prefix" and uri == "":
-            return
-        parts = uri.split(".")
-        for i, part in enumerate(parts):
-            if part == "" and match == "wildcard":
-                continue
-            if part == "" and match == "prefix" and i == len(parts) - 1:
-                continue
-            if not _URI_COMPONENT.match(part):
-                raise ConfigError(self.source, at, f"invalid URI {uri!r} for match={match}")
-
-    def endpoint(self, text: str | None, at: str, tcp_only: bool = False) -> Endpoint | None:
-        if text is None:
-            return None
-        if not isinstance(text, str):
-            raise ConfigError(self.source, at, f"expected a string, got {_describe(text)}")
-        if text.startswith("unix:"):
-            if tcp_only:
-                raise ConfigError(self.source, at, "must be host:port")
-            if len(text) == 5:
-                raise ConfigError(self.source, at, "unix: needs a socket path")
-            return Endpoint(path=text[5:])
-        host, sep, port = text.rpartition(":")
-        host = host.strip("[]")
-        tls = text.startswith("tls:")
-        host, sep, port = text.removeprefix("tls:").rpartition(":")
-        host = host.strip("[]")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ConfigError(self.source, at,
-                              f"expected 'host:port', 'tls:host:port' or 'unix:/path', "
-                              f"not {text!r}")
-        return Endpoint(host=host, port=int(port), tls=tls)
-
-
-_KIND_NAMES = {str: "a string", int: "an integer", bool: "true or false", list: "an array",
-               dict: "a table", float: "a number"}
-
-
-def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"[:80]

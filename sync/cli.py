@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from cairn.gateway import config as gateway_config
-from cairn.gateway.config import ConfigError, _Validator, read_document
+from cairn.gateway.config import read_document
+from cairn.gateway.config_tools import ConfigError, Validator, secret
 from cairn.gateway.data_dir import db_path, sync_status_path
 from cairn.gateway.store import HistoryReader
 from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
@@ -59,18 +60,18 @@ class SyncConfig:
     redirect_hosts: tuple[str, ...] = ()
 
 
-def _optional_secret(v: _Validator, t: dict[str, Any], at: str, name: str) -> str | None:
+def _optional_secret(v: Validator, t: dict[str, Any], at: str, name: str) -> str | None:
     keys = {name: "secret", f"{name}_file": "secret_file", f"{name}_env": "secret_env"}
     renamed = {keys[k]: value for k, value in t.items() if k in keys}
     try:
-        return gateway_config._secret(v, renamed, at)
+        return secret(v, renamed, at)
     except ConfigError as e:  # name the key the user wrote
         key = e.key.replace("secret", name)
         raise ConfigError(e.source, key, e.problem) from None
 
 
 def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
-    v = _Validator(source)
+    v = Validator(source)
     t = v.table(data, "sync")
     at = "sync"
     v.keys(t, at, {"sink", "gateway_id", "token", "token_file", "token_env", "username",
@@ -84,7 +85,7 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     if not sink.startswith(("dir:", "http://", "https://")):
         raise ConfigError(source, f"{at}.sink",
                           f"must start with dir:, http:// or https://, not {sink!r}")
-    router = gateway_config._router(v, v.table(data, "router"), "router")
+    router = gateway_config.parse_router(v, v.table(data, "router"), "router")
     numbers = {}
     for key, default in (("interval", 60.0), ("timeout", 30.0), ("max_backoff", 600.0)):
         value = t.get(key, default)

@@ -155,3 +155,34 @@ def test_the_base_imports_neither_drivers_nor_sync_nor_the_command():
     app/. A helper both need belongs in gateway/ (as urls.redact_url does)."""
     wrong = imports_against_the_layers()
     assert not wrong, "an import runs against the layers:\n" + "\n".join(wrong)
+
+
+def private_names_used_across_folders() -> list[str]:
+    """Each ``_name`` a module takes from a module of another folder, imported (``from
+    cairn.gateway.config import _secret``) or as an attribute (``gateway_config._router``)."""
+    found = []
+    for folder in FOLDERS:
+        for module in modules_of(folder):
+            tree = ast.parse(source(module).read_text())
+            others: set[str] = set()  # local names bound to another folder's modules
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and \
+                        node.module.startswith("cairn.") and \
+                        not node.module.startswith(f"cairn.{folder}"):
+                    for alias in node.names:
+                        if alias.name.startswith("_"):
+                            found.append(f"{module}: {alias.name} from {node.module}")
+                        elif source(f"{node.module}.{alias.name}").exists():
+                            others.add(alias.asname or alias.name)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                        node.value.id in others and node.attr.startswith("_"):
+                    found.append(f"{module}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_folder_uses_another_ones_private_names():
+    """drivers/ and sync/ check their config sections with gateway.config_tools' public
+    names, not gateway.config's private ones, which it may change freely."""
+    wrong = private_names_used_across_folders()
+    assert not wrong, "private names used across folders:\n" + "\n".join(wrong)
