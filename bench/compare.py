@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -53,6 +52,7 @@ from bench.pubsub import (
     ROUTER_CASES,
     Case,
     RouterProcess,
+    add_fanout_args,
     fmt,
     machine,
     machine_busy_seconds,
@@ -60,13 +60,13 @@ from bench.pubsub import (
     source_version,
     table,
 )
+from bench.report import aligned
 
 CASES = ROUTER_CASES
 DEFAULT_CASES = ",".join(c.id for c in CASES)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    cpus = len(os.sched_getaffinity(0))
     p = argparse.ArgumentParser(prog="python -m bench.compare",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--duration", type=float, default=3.0,
@@ -76,12 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lat-rate", type=float, default=1000.0,
                    help="publications/s in the latency phase, capped at half of Crossbar's "
                         "measured capacity; Cairn runs at Crossbar's rate (default 1000)")
-    p.add_argument("--window", type=int, default=1000,
-                   help="max publications ahead of the slowest subscriber (default 1000)")
-    p.add_argument("--batch", type=int, default=50,
-                   help="PUBLISH frames per socket write in the throughput phase (default 50)")
-    p.add_argument("--sub-procs", type=int, default=max(2, cpus // 2),
-                   help="subscriber processes per case (default max(2, cpus/2))")
+    add_fanout_args(p)
     p.add_argument("--cases", metavar="IDS", default=DEFAULT_CASES,
                    help=f"comma-separated subset of {DEFAULT_CASES} (default: all)")
     p.add_argument("--settle", type=float, default=1.0,
@@ -235,14 +230,7 @@ def ratio_table(rows: list[dict[str, Any]], cairn: dict[str, Any],
     ca, xa = mib(cairn.get("rss_after")), mib(crossbar.get("rss_after"))
     lines.append(("RSS MiB after the workload", fmt(ca, ".1f"), fmt(xa, ".1f"),
                   fmt(ratio(ca, xa), ".2f"), ""))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    text = []
-    for i, row in enumerate(lines):
-        text.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                              for j, (c, w) in enumerate(zip(row, widths, strict=True))))
-        if i == 0:
-            text.append("  ".join("-" * w for w in widths))
-    return "\n".join(text)
+    return aligned(lines)
 
 
 def _terminate(signum: int, frame: Any) -> None:

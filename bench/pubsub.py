@@ -566,13 +566,19 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
 # -- reporting ----------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, "unknown" where there is none."""
     model = "unknown"
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name"):
                 model = line.split(":", 1)[1].strip()
                 break
+    return model
+
+
+def machine() -> dict[str, Any]:
+    model = cpu_model()
     mem = None
     with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
         mem = round(int(f.readline().split()[1]) / 1024 / 1024, 1)
@@ -692,8 +698,18 @@ def run_generator_check(opts: argparse.Namespace, cases: list[tuple[bool, Case]]
     return results
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def add_fanout_args(p: argparse.ArgumentParser) -> None:
+    """--window, --batch and --sub-procs: how a fan-out case publishes and subscribes."""
     cpus = len(os.sched_getaffinity(0))
+    p.add_argument("--window", type=int, default=1000,
+                   help="max publications ahead of the slowest subscriber (default 1000)")
+    p.add_argument("--batch", type=int, default=50,
+                   help="PUBLISH frames per socket write in the throughput phase (default 50)")
+    p.add_argument("--sub-procs", type=int, default=max(2, cpus // 2),
+                   help="subscriber processes per case (default max(2, cpus/2))")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.pubsub", description=__doc__.split("\n")[0])
     p.add_argument("--duration", type=float, default=5.0,
                    help="seconds of the throughput phase per router case (default 5)")
@@ -704,12 +720,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "capacity (default 1000)")
     p.add_argument("--check-duration", type=float, default=3.0,
                    help="seconds of each generator-check phase (default 3)")
-    p.add_argument("--window", type=int, default=1000,
-                   help="max publications ahead of the slowest subscriber (default 1000)")
-    p.add_argument("--batch", type=int, default=50,
-                   help="PUBLISH frames per socket write in the throughput phase (default 50)")
-    p.add_argument("--sub-procs", type=int, default=max(2, cpus // 2),
-                   help="subscriber processes per case (default max(2, cpus/2))")
+    add_fanout_args(p)
     p.add_argument("--cases", metavar="IDS",
                    help="comma-separated subset of "
                         f"{', '.join(c.id for c in ROUTER_CASES)} (default: all)")

@@ -4,7 +4,7 @@ ratio | target | result), as a text table and as Markdown for docs/benchmarks.md
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -255,8 +255,13 @@ def cells(r: Row) -> tuple[str, ...]:
 
 
 def text_table(rows: list[Row]) -> str:
-    lines = [HEAD, *(cells(r) for r in rows)]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(HEAD))]
+    return aligned([HEAD, *(cells(r) for r in rows)])
+
+
+def aligned(lines: Sequence[Sequence[str]]) -> str:
+    """``lines`` (the head first) as a text table: the first column left-aligned, the others
+    right-aligned, a rule of dashes under the head."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     out = []
     for i, line in enumerate(lines):
         out.append("  ".join(c.ljust(w) if j == 0 else c.rjust(w)

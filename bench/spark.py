@@ -30,7 +30,6 @@ takes about five minutes on two cores.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import multiprocessing
@@ -44,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.pubsub import cpu_model
 from cairn.gateway.clock import rfc3339
 from cairn.sync.batch_format import encode_rows, manifest_name
 from cairn.sync.uploader import build_batch
@@ -136,12 +136,7 @@ def tree_bytes(path: Path) -> int:
 
 
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
     import pyspark
 
     # others may be running things on the machine: say how busy it was

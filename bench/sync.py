@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gzip
 import hashlib
 import json
@@ -41,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.pubsub import cpu_model
 from cairn.gateway.clock import Anchor
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
@@ -120,12 +120,7 @@ def check(landing: Path) -> tuple[int, list[int]]:
 
 
 def machine() -> dict[str, Any]:
-    model = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+    model = cpu_model()
     # others may be running things on the machine: say how busy it was
     return {"cpu": model, "cpus": os.cpu_count(), "load_average_1_5_15": os.getloadavg(),
             "python": sys.version.split()[0],
