@@ -43,3 +43,31 @@ def router_table(data_dir: Path | str, listen: str = "127.0.0.1:0",
     (``host:port`` or ``unix:PATH``), the store in ``data_dir``; ``extra`` more keys."""
     return (f'[router]\nlisten = "{listen}"\nrawsocket = {_value(list(rawsocket))}\n'
             f'data_dir = "{data_dir}"\nlog_level = "{log_level}"\n{extra}')
+
+
+def permission(uri: str, allow: Iterable[str], match: str = "prefix", **settings: object) -> str:
+    """One entry of a role's ``permissions``,
+    e.g. ``permission("app.", ["call"], disclose=True)``."""
+    more = "".join(f", {key} = {_value(value)}" for key, value in settings.items())
+    return f'{{ uri = "{uri}", match = "{match}", allow = {_value(list(allow))}{more} }}'
+
+
+def role(name: str, *permissions: str) -> str:
+    """A ``[[realms.roles]]`` table with the :func:`permission` entries ``permissions``."""
+    entries = "".join(f"    {p},\n" for p in permissions)
+    return f'\n  [[realms.roles]]\n  name = "{name}"\n  permissions = [\n{entries}  ]\n'
+
+
+def user(authid: str, role: str, **settings: object) -> str:
+    """A ``[[realms.users]]`` table, e.g. ``user("alice", "operator", secret="s3cret")``."""
+    lines = [f'  authid = "{authid}"', f'  role = "{role}"']
+    lines += [f"  {key} = {_value(value)}" for key, value in settings.items()]
+    return "\n  [[realms.users]]\n" + "\n".join(lines) + "\n"
+
+
+def realm(name: str, *tables: str, anonymous_role: str | None = None) -> str:
+    """A ``[[realms]]`` table holding ``tables`` (:func:`role`, :func:`user`,
+    :func:`history_rule`), whose anonymous sessions get ``anonymous_role`` (none: no
+    anonymous sessions)."""
+    anonymous = "" if anonymous_role is None else f'anonymous_role = "{anonymous_role}"\n'
+    return f'\n[[realms]]\nname = "{name}"\n{anonymous}' + "".join(tables)

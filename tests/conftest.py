@@ -67,9 +67,9 @@ async def router(tmp_path: Path):
     await node.stop()
 
 
-@pytest.fixture
-async def client(router):
-    """A factory of joined autobahn sessions; every one is closed at teardown."""
+@contextlib.asynccontextmanager
+async def sessions_on(router: RunningRouter):
+    """A factory of autobahn sessions joined to ``router``; every one leaves at the end."""
     opened: list[Client] = []
 
     async def make(transport: str = "websocket", serializer: str = "json", **kwargs) -> Client:
@@ -77,11 +77,20 @@ async def client(router):
         opened.append(session)
         return session
 
-    yield make
-    for session in opened:
-        with contextlib.suppress(Exception):
-            if session.is_attached():
-                await asyncio.wait_for(session.leave(), 2)
+    try:
+        yield make
+    finally:
+        for session in opened:
+            with contextlib.suppress(Exception):
+                if session.is_attached():
+                    await asyncio.wait_for(session.leave(), 2)
+
+
+@pytest.fixture
+async def client(router):
+    """A factory of joined autobahn sessions; every one is closed at teardown."""
+    async with sessions_on(router) as make:
+        yield make
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ from autobahn.wamp.types import PublishOptions
 
 from cairn.gateway import config as cfg
 from cairn.gateway.auth import AuthThrottle, Peer
+from harness.config import EVERYTHING, permission, realm, role, user
 from harness.process import ROOT, RouterProcess
 from harness.wamp import ABORT, AUTHENTICATE, CHALLENGE, HELLO, WELCOME
 from harness.wamp_client import Client, RawSocketPeer, connect
@@ -94,17 +95,8 @@ LOGINS = {
 METHODS = list(LOGINS)
 TINA, WALT, SALLY, CORA = (LOGINS[k] for k in METHODS)
 
-ROLES = """
-  [[realms.roles]]
-  name = "operator"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
-  ]
-
-  [[realms.roles]]
-  name = "viewer"
-  permissions = [ { uri = "", match = "prefix", allow = ["subscribe"] } ]
-"""
+ROLES = (role("operator", permission("", EVERYTHING))
+         + role("viewer", permission("", ["subscribe"])))
 
 
 def router_toml(data_dir: Path, realms: str, listen: str = "127.0.0.1:0",
@@ -113,46 +105,16 @@ def router_toml(data_dir: Path, realms: str, listen: str = "127.0.0.1:0",
             f'data_dir = "{data_dir}"\n{extra}\n{realms}')
 
 
-SECURE_REALM = f"""
-[[realms]]
-name = "secure"
-{ROLES}
-  [[realms.users]]
-  authid = "{TINA.authid}"
-  role = "{TINA.role}"
-  secret = "{TINA.secret}"
-
-  [[realms.users]]
-  authid = "{WALT.authid}"
-  role = "{WALT.role}"
-  secret = "{WALT.secret}"
-
-  [[realms.users]]
-  authid = "{SALLY.authid}"
-  role = "{SALLY.role}"
-  secret = "{auth.derive_key(SALLY.secret, SALT, ITERATIONS, KEYLEN).decode()}"
-  salt = "{SALT}"
-  iterations = {ITERATIONS}
-  keylen = {KEYLEN}
-
-  [[realms.users]]
-  authid = "{CORA.authid}"
-  role = "{CORA.role}"
-  pubkeys = ["{CORA.key.public_key()}"]
-
-[[realms]]
-name = "public"
-anonymous_role = "guest"
-
-  [[realms.roles]]
-  name = "guest"
-  permissions = [ {{ uri = "", match = "prefix", allow = ["subscribe"] }} ]
-
-  [[realms.users]]
-  authid = "pat"
-  role = "guest"
-  secret = "pat-secret"
-"""
+SECURE_REALM = realm(
+    "secure", ROLES,
+    user(TINA.authid, TINA.role, secret=TINA.secret),
+    user(WALT.authid, WALT.role, secret=WALT.secret),
+    user(SALLY.authid, SALLY.role,
+         secret=auth.derive_key(SALLY.secret, SALT, ITERATIONS, KEYLEN).decode(),
+         salt=SALT, iterations=ITERATIONS, keylen=KEYLEN),
+    user(CORA.authid, CORA.role, pubkeys=[CORA.key.public_key()]),
+) + realm("public", role("guest", permission("", ["subscribe"])),
+          user("pat", "guest", secret="pat-secret"), anonymous_role="guest")
 
 
 def parse(text: str) -> cfg.Config:
@@ -482,15 +444,7 @@ async def test_authenticate_without_a_challenge_is_aborted(raw):
 
 
 def one_user_realm(secret_line: str) -> str:
-    return f"""
-[[realms]]
-name = "secure"
-{ROLES}
-  [[realms.users]]
-  authid = "tina"
-  role = "operator"
-  {secret_line}
-"""
+    return realm("secure", ROLES, user("tina", "operator") + f"  {secret_line}\n")
 
 
 class Routers:
@@ -707,8 +661,8 @@ async def test_failed_logins_of_one_user_from_many_addresses_are_limited_in_all(
 
 async def test_one_lan_host_failing_as_many_users_is_limited_across_them(secure, login):
     lan = (lan_address(), 0)
-    for user in ("u1", "u2", "u3", "u4"):  # 4 each: under the per-user limit
-        await fail_logins(secure, 4, local_addr=lan, authid=user)
+    for authid in ("u1", "u2", "u3", "u4"):  # 4 each: under the per-user limit
+        await fail_logins(secure, 4, local_addr=lan, authid=authid)
     walt = await login(local_addr=lan, **WALT.client_kwargs())  # 16 failures: not yet
     assert walt.welcome_details.authid == WALT.authid
     await fail_logins(secure, 4, local_addr=lan, authid="u5")
@@ -748,15 +702,8 @@ async def test_failed_logins_are_logged_with_the_address_but_never_the_secret(
 
 # -- networked listeners need users ---------------------------------------------------------
 
-ANONYMOUS_REALM = """
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [ { uri = "", match = "prefix", allow = ["subscribe"] } ]
-"""
+ANONYMOUS_REALM = realm("realm1", role("anonymous", permission("", ["subscribe"])),
+                        anonymous_role="anonymous")
 
 
 def test_listening_on_all_interfaces_without_users_is_a_config_error_naming_router_listen(
@@ -853,36 +800,11 @@ def test_tls_listener_without_router_tls_is_a_config_error_naming_the_key(
 
 # -- SIGHUP: reload users and roles (a real router process) ---------------------------------
 
-PLANT_V1 = f"""
-[[realms]]
-name = "plant"
-{ROLES}
-  [[realms.users]]
-  authid = "alice"
-  role = "operator"
-  secret = "alice-old-secret"
+PLANT_V1 = realm("plant", ROLES, user("alice", "operator", secret="alice-old-secret"),
+                 user("bob", "viewer", secret="bob-secret"))
 
-  [[realms.users]]
-  authid = "bob"
-  role = "viewer"
-  secret = "bob-secret"
-"""
-
-PLANT_V2 = """
-[[realms]]
-name = "plant"
-
-  [[realms.roles]]
-  name = "operator"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] },
-  ]
-
-  [[realms.users]]
-  authid = "alice"
-  role = "operator"
-  secret = "alice-new-secret"
-"""
+PLANT_V2 = realm("plant", role("operator", permission("", EVERYTHING)),
+                 user("alice", "operator", secret="alice-new-secret"))
 
 PLANT_BROKEN = PLANT_V1.replace('role = "viewer"', 'role = "no-such-role"')
 

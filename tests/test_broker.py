@@ -9,14 +9,15 @@ sends to one session).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import EventDetails, PublishOptions, SubscribeOptions
 
+from harness.config import permission, realm, role, router_table
 from harness.wamp import (
     EVENT,
     HELLO,
@@ -26,8 +27,8 @@ from harness.wamp import (
     SUBSCRIBED,
     WELCOME,
 )
-from harness.wamp_client import SERIALIZERS, TRANSPORTS, Client, RawSocketPeer, connect
-from tests.conftest import RunningRouter, start_router
+from harness.wamp_client import SERIALIZERS, TRANSPORTS, Client, RawSocketPeer
+from tests.conftest import RunningRouter, sessions_on, start_router
 
 TIMEOUT = 2
 SENTINEL = "--sentinel--"
@@ -107,54 +108,33 @@ async def raw(router):
         peer.close()
 
 
-POLICY_CONFIG = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0"]
-data_dir = "{data_dir}"
+PUB_SUB = ("publish", "subscribe")
 
-[[realms]]
-name = "disclosing"
-anonymous_role = "device"
 
-  [[realms.roles]]
-  name = "device"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe"] }},
-    {{ uri = "disclosed.", match = "prefix", allow = ["publish", "subscribe"], disclose = true }},
-  ]
-
-[[realms]]
-name = "restricted"
-anonymous_role = "sensor"
-
-  [[realms.roles]]
-  name = "sensor"
-  permissions = [
-    {{ uri = "app.", match = "prefix", allow = ["publish", "subscribe"] }},
-    {{ uri = "app.secret.", match = "prefix", allow = ["publish"] }},
-  ]
-"""
+def policy_config(data_dir: Path) -> str:
+    """A "disclosing" realm whose roles disclose publishers under ``disclosed.``, and a
+    "restricted" one allowed only under ``app.`` (and only to publish under ``app.secret.``)."""
+    disclosing = realm("disclosing", role("device", permission("", PUB_SUB),
+                                          permission("disclosed.", PUB_SUB, disclose=True)),
+                       anonymous_role="device")
+    restricted = realm("restricted", role("sensor", permission("app.", PUB_SUB),
+                                          permission("app.secret.", ["publish"])),
+                       anonymous_role="sensor")
+    return router_table(data_dir, rawsocket=["127.0.0.1:0"]) + disclosing + restricted
 
 
 @pytest.fixture
 async def policy_client(tmp_path):
     """Like ``client``, on a router whose roles disclose publishers ("disclosing" realm) or
     are allowed only under ``app.`` ("restricted" realm): ``await policy_client(realm)``."""
-    node = await start_router(POLICY_CONFIG.format(data_dir=tmp_path / "policy-data"))
+    node = await start_router(policy_config(tmp_path / "policy-data"))
     running = RunningRouter(node, str(tmp_path / "no-unix-listener.sock"))
-    opened: list[Client] = []
+    async with sessions_on(running) as join:
 
-    async def make(realm: str, **kwargs: Any) -> Client:
-        session = await connect(running, "websocket", "json", realm=realm, **kwargs)
-        opened.append(session)
-        return session
+        async def make(realm: str, **kwargs: Any) -> Client:
+            return await join(realm=realm, **kwargs)
 
-    yield make
-    for session in opened:
-        with contextlib.suppress(Exception):
-            if session.is_attached():
-                await asyncio.wait_for(session.leave(), 2)
+        yield make
     await node.stop()
 
 

@@ -14,44 +14,24 @@ from pathlib import Path
 import pytest
 from autobahn.wamp.types import PublishOptions
 
+from harness.config import history_rule, permission, realm, role, router_table
 from harness.wamp_client import Client
 from tests.test_retention import Cairn
 
-CONFIG = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0"]
-data_dir = "{data_dir}"
 
-[[realms]]
-name = "realm1"
-anonymous_role = "user"
-
-  [[realms.roles]]
-  name = "user"
-  permissions = [{{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call"] }}]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-  commit_window = "30s"
-
-  [[realms.history]]
-  uri = "ctl"
-  match = "prefix"
-
-  [[realms.history]]
-  uri = "slow"
-  match = "prefix"
-  commit_window = "1s"
-"""
+def config(data_dir: Path) -> str:
+    """sensor* waits up to 30 s for a group commit, slow* up to 1 s, ctl* commits at once."""
+    return router_table(data_dir, rawsocket=["127.0.0.1:0"]) + realm(
+        "realm1", role("user", permission("", ["publish", "subscribe", "call"])),
+        history_rule("sensor", commit_window="30s"), history_rule("ctl"),
+        history_rule("slow", commit_window="1s"), anonymous_role="user")
 
 ACKED = PublishOptions(acknowledge=True)
 
 
 @pytest.fixture
 async def cairn(tmp_path):
-    router = await Cairn(CONFIG.format(data_dir=tmp_path / "data")).start()
+    router = await Cairn(config(tmp_path / "data")).start()
     yield router
     await router.close()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cairn.gateway import config as cfg
+from harness.config import permission, realm, role
 
 FULL = """
 [router]
@@ -95,20 +96,9 @@ name = "realm2"
 """
 
 # a minimal valid config: each mistake below is one edit of it
-BASE = """
-[router]
-listen = "127.0.0.1:8080"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    { uri = "", match = "prefix", allow = ["publish", "subscribe"] },
-  ]
-"""
+BASE = '\n[router]\nlisten = "127.0.0.1:8080"\n' + realm(
+    "realm1", role("anonymous", permission("", ["publish", "subscribe"])),
+    anonymous_role="anonymous")
 
 
 def write(tmp_path: Path, text: str, name: str = "cairn.toml") -> Path:

@@ -26,6 +26,7 @@ import pytest
 import pytest_asyncio
 from autobahn.wamp.types import PublishOptions
 
+from harness.config import EVERYTHING, history_rule, permission, realm, role, user
 from harness.process import ROOT, RouterProcess
 from harness.wamp_client import connect
 
@@ -44,36 +45,10 @@ pytestmark = [
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-ALL = '{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }'
-REALMS = f"""
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [{ALL}]
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-
-[[realms]]
-name = "locked"
-
-  [[realms.roles]]
-  name = "operator"
-  permissions = [{ALL}]
-
-  [[realms.users]]
-  authid = "olga"
-  role = "operator"
-  secret = "granite-7"
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
+REALMS = (realm("realm1", role("anonymous", permission("", EVERYTHING)), history_rule("sensor"),
+                anonymous_role="anonymous")
+          + realm("locked", role("operator", permission("", EVERYTHING)),
+                  user("olga", "operator", secret="granite-7"), history_rule("sensor")))
 
 MINUTE = 60
 SEEDED = range(-355, 0, 10)  # minutes before now: a reading every 10 min for 6 h

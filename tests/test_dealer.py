@@ -14,12 +14,14 @@ import asyncio
 import contextlib
 import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, CallResult, RegisterOptions
 
+from harness.config import EVERYTHING, permission, realm, role, router_table
 from harness.wamp import ERROR, HELLO, WELCOME
 from harness.wamp_client import TRANSPORTS, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
@@ -264,25 +266,15 @@ async def test_wildcard_registration_receives_calls_and_sees_the_called_procedur
 
 # -- caller identification and authorization (a router with a custom config) ---------------
 
-CUSTOM_CONFIG = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0", "unix:{unix_path}"]
-data_dir = "{data_dir}"
-
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
-
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    {{ uri = "com.disclosed", match = "prefix", allow = ["call", "register"], disclose = true }},
-    {{ uri = "com.callonly", match = "prefix", allow = ["call"] }},
-    {{ uri = "com.closed", match = "prefix", allow = [] }},
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call", "register"] }},
-  ]
-"""
+def custom_config(unix_path: Path, data_dir: Path) -> str:
+    """com.disclosed* discloses its callers, com.callonly* may be called but not registered,
+    com.closed* allows nothing; everything else, everything."""
+    anonymous = role("anonymous",
+                     permission("com.disclosed", ["call", "register"], disclose=True),
+                     permission("com.callonly", ["call"]), permission("com.closed", []),
+                     permission("", EVERYTHING))
+    return (router_table(data_dir, rawsocket=["127.0.0.1:0", f"unix:{unix_path}"])
+            + realm("realm1", anonymous, anonymous_role="anonymous"))
 
 
 @pytest.fixture
@@ -290,8 +282,7 @@ async def custom_router(tmp_path):
     """Discloses callers of com.disclosed*, forbids registering com.callonly* and any
     action on com.closed*."""
     unix_path = tmp_path / "custom.sock"
-    node = await start_router(CUSTOM_CONFIG.format(unix_path=unix_path,
-                                                   data_dir=tmp_path / "data"))
+    node = await start_router(custom_config(unix_path, tmp_path / "data"))
     sessions: list[Any] = []
 
     async def join(transport: str = "websocket", serializer: str = "json", **kwargs: Any):

@@ -14,6 +14,7 @@ import dataclasses
 import re
 import sqlite3
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,65 +23,28 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from cairn.gateway import clock as gateway_clock
 from cairn.gateway.clock import parse_rfc3339
+from harness.config import history_rule, permission, realm, role, router_table
 from harness.wamp_client import Client
 from tests.test_broker import SENTINEL, TIMEOUT, Inbox, session_id
-from tests.test_retention import ADMIN_SECRET, Cairn, acked
+from tests.test_retention import ADMIN, USER_ACTIONS, Cairn, acked
 
 PAGE_CAP = 20
 CAPPED_RULE = 4  # index of the "capped" rule below
 
-CONFIG = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0"]
-data_dir = "{data_dir}"
-history_page_cap = {page_cap}
+USER = role("user", permission("", USER_ACTIONS), permission("com.mycompany.audit", ["publish"]),
+            permission("hist.secret.", ["publish"]),
+            permission("hist.disc.", ["publish", "subscribe"], disclose=True))
+HISTORY = (history_rule("com.mycompany.log"), history_rule("com.mycompany.audit"),
+           history_rule("hist"), history_rule("sensor..temp", match="wildcard"),
+           history_rule("capped", max_events=10))
 
-[[realms]]
-name = "realm1"
-anonymous_role = "user"
 
-  [[realms.roles]]
-  name = "user"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call"] }},
-    {{ uri = "com.mycompany.audit", match = "prefix", allow = ["publish"] }},
-    {{ uri = "hist.secret.", match = "prefix", allow = ["publish"] }},
-    {{ uri = "hist.disc.", match = "prefix", allow = ["publish", "subscribe"], disclose = true }},
-  ]
-
-  [[realms.roles]]
-  name = "admin"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call"] }},
-  ]
-
-  [[realms.users]]
-  authid = "root"
-  role = "admin"
-  secret = "{admin_secret}"
-
-  [[realms.history]]
-  uri = "com.mycompany.log"
-  match = "prefix"
-
-  [[realms.history]]
-  uri = "com.mycompany.audit"
-  match = "prefix"
-
-  [[realms.history]]
-  uri = "hist"
-  match = "prefix"
-
-  [[realms.history]]
-  uri = "sensor..temp"
-  match = "wildcard"
-
-  [[realms.history]]
-  uri = "capped"
-  match = "prefix"
-  max_events = 10
-"""
+def config(data_dir: Path) -> str:
+    """Users who may not read hist.secret.* or subscribe to the audit log, an admin, and the
+    history rules (the one at CAPPED_RULE keeps ten events)."""
+    return (router_table(data_dir, rawsocket=["127.0.0.1:0"],
+                         extra=f"history_page_cap = {PAGE_CAP}\n")
+            + realm("realm1", USER, ADMIN, *HISTORY, anonymous_role="user"))
 
 T0 = "2026-11-22T01:02:03.456Z"
 T0_MS = parse_rfc3339(T0)
@@ -97,8 +61,7 @@ class WallClock:
 @pytest.fixture
 async def cairn(tmp_path):
     """A router whose anonymous sessions are "user"s; ``cairn.connect("root")`` is admin."""
-    router = await Cairn(CONFIG.format(data_dir=tmp_path / "data", page_cap=PAGE_CAP,
-                                       admin_secret=ADMIN_SECRET)).start()
+    router = await Cairn(config(tmp_path / "data")).start()
     yield router
     await router.close()
 

@@ -21,37 +21,23 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 
+from harness.config import history_rule, permission, realm, role, user
 from harness.process import RouterProcess
 from harness.wamp_client import RawSocketPeer, connect
 from tests.test_ops import parse_prometheus
 
 pytestmark = pytest.mark.slow
 
-REALM = """
-[[realms]]
-name = "realm1"
-anonymous_role = "anonymous"
+PUB_SUB = ("publish", "subscribe")
 
-  [[realms.roles]]
-  name = "anonymous"
-  permissions = [
-    { uri = "sensor", match = "prefix", allow = ["publish", "subscribe"] },
-    { uri = "state", match = "prefix", allow = ["publish", "subscribe"] },
-    { uri = "flood", match = "prefix", allow = ["subscribe"] },
-    { uri = "x", match = "prefix", allow = ["subscribe", "register", "call"] },
-    { uri = "p", match = "prefix", allow = ["register"] },
-    { uri = "wamp", match = "prefix", allow = ["call"] },
-  ]
-
-  [[realms.users]]
-  authid = "alice"
-  role = "anonymous"
-  secret = "secret-a"
-
-  [[realms.history]]
-  uri = "sensor"
-  match = "prefix"
-"""
+REALM = realm(
+    "realm1",
+    role("anonymous", permission("sensor", PUB_SUB), permission("state", PUB_SUB),
+         permission("flood", ["subscribe"]), permission("x", ["subscribe", "register", "call"]),
+         permission("p", ["register"]), permission("wamp", ["call"])),
+    user("alice", "anonymous", secret="secret-a"),
+    history_rule("sensor"),
+    anonymous_role="anonymous")
 
 
 def lan_address() -> str:

@@ -20,6 +20,7 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
+from harness.config import permission, realm, role, router_table, user
 from harness.wamp import EVENT, HELLO, SUBSCRIBE, SUBSCRIBED, WELCOME
 from harness.wamp_client import Client, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
@@ -33,37 +34,12 @@ HELLO_ROLES = {"publisher": {}, "subscriber": {}, "caller": {}}
 ADMIN_SECRET = "admin-ticket"  # the user "root" authenticates with this ticket and is admin
 
 # users and admins: the realm of the retention tests, on sockets and in memory
-REALM = f"""
-[[realms]]
-name = "realm1"
-anonymous_role = "user"
+USER_ACTIONS = ("publish", "subscribe", "call")
+ADMIN = role("admin", permission("", USER_ACTIONS)) + user("root", "admin", secret=ADMIN_SECRET)
+USER = role("user", permission("", USER_ACTIONS), permission("ctl.", ["subscribe"]),
+            permission("private.", ["publish"]))
+REALM = realm("realm1", USER, ADMIN, anonymous_role="user")
 
-  [[realms.roles]]
-  name = "user"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call"] }},
-    {{ uri = "ctl.", match = "prefix", allow = ["subscribe"] }},
-    {{ uri = "private.", match = "prefix", allow = ["publish"] }},
-  ]
-
-  [[realms.roles]]
-  name = "admin"
-  permissions = [
-    {{ uri = "", match = "prefix", allow = ["publish", "subscribe", "call"] }},
-  ]
-
-  [[realms.users]]
-  authid = "root"
-  role = "admin"
-  secret = "{ADMIN_SECRET}"
-"""
-
-ROUTER = """
-[router]
-listen = "127.0.0.1:0"
-rawsocket = ["127.0.0.1:0"]
-data_dir = "{data_dir}"
-"""
 
 
 # -- the router under test: several roles in one realm, restartable on the same data ------
@@ -128,7 +104,7 @@ class Cairn:
 @pytest.fixture
 async def cairn(tmp_path):
     """A router whose anonymous sessions are "user"s; ``cairn.connect("root")`` is admin."""
-    router = await Cairn(ROUTER.format(data_dir=tmp_path / "data") + REALM).start()
+    router = await Cairn(router_table(tmp_path / "data", rawsocket=["127.0.0.1:0"]) + REALM).start()
     yield router
     await router.close()
 
