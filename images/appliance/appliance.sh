@@ -52,6 +52,17 @@ else
 	rm -f "$R/etc/cairn/readonly-root"
 fi
 
+# Generators with no job on this device are masked. systemd 257 (trixie) freezes at boot
+# when its generators together take over 90 s ("Failed to fork off sandboxing environment for
+# executing generators: Protocol error"): seen once in QEMU after a power cut, the last
+# generator output being systemd-ssh-generator's vsock probe. The device has sshd, no vsock,
+# no TPM, an MBR card with its partitions in fstab and no swap to resume from.
+install -d "$R/etc/systemd/system-generators"
+for generator in systemd-ssh-generator systemd-tpm2-generator systemd-gpt-auto-generator \
+		systemd-hibernate-resume-generator; do
+	ln -sfn /dev/null "$R/etc/systemd/system-generators/$generator"
+done
+
 # Units that would write to the card or grow the root are off (those that exist: Raspberry
 # Pi OS has all three, Debian's minimal image none).
 systemctl --root="$R" enable cairn-readonly-root.service cairn-overlay-rw.service
