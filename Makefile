@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint bench soak setup setup-test setup-image payload image image-pi-gen \
-	appliance-test
+.PHONY: run test lint bench soak setup setup-test setup-image payload image bundle \
+	image-pi-gen appliance-test
 
 run: setup
 	.venv/bin/cairn demo
@@ -23,6 +23,15 @@ payload: setup  # the files an image (or an existing Pi) installs: dist/cairn-pa
 
 image: setup setup-image  # the SD-card image from Debian's archive (as root): build/image/debian/out/
 	images/debian/build-image.sh
+
+# The image and a RAUC bundle of the same build, signed with the builder's key (as root):
+#   make bundle CAIRN_BUNDLE_CERT=signer.cert.pem CAIRN_BUNDLE_KEY=signer.key.pem \
+#       CAIRN_UPDATE_KEYRING=ca.cert.pem
+bundle: setup setup-image
+	@[ -n "$(CAIRN_BUNDLE_CERT)" ] && [ -n "$(CAIRN_BUNDLE_KEY)" ] || \
+		{ echo "make bundle: set CAIRN_BUNDLE_CERT and CAIRN_BUNDLE_KEY (see images/README.md)" >&2; exit 2; }
+	CAIRN_BUNDLE_CERT=$(CAIRN_BUNDLE_CERT) CAIRN_BUNDLE_KEY=$(CAIRN_BUNDLE_KEY) \
+		images/debian/build-image.sh
 
 image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh

@@ -8,6 +8,7 @@ import logging
 import sys
 from importlib import metadata
 
+from cairn.app import update
 from cairn.drivers import cli as sensor_cli
 from cairn.drivers import demo, mqtt_cli
 from cairn.gateway import config as cfg
@@ -16,7 +17,7 @@ from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_loggi
 from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
-COMPONENTS = (ops, demo, sensor_cli, mqtt_cli, sync_cli)
+COMPONENTS = (ops, demo, sensor_cli, mqtt_cli, sync_cli, update)
 
 
 def installed_version() -> str:

@@ -55,6 +55,24 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _update_metrics(update: dict[str, Any]) -> list[str]:
+    """The A/B system: the slot running and whether the last update was kept (none off an
+    A/B image)."""
+    if not update.get("slot"):
+        return []
+    last = update.get("last") or {}
+    failed = {"ok": 0, "failed": 1}.get(last.get("result"))
+    return [
+        _metric("cairn_system_slot_info", "gauge", "The root slot this boot runs (A or B).",
+                [_line("cairn_system_slot_info", 1, {"slot": update["slot"]})]),
+        _metric("cairn_update_last_failed", "gauge",
+                "1 when the last system update was not kept (the device went back to the "
+                "slot it came from), 0 when it was kept.",
+                [_line("cairn_update_last_failed", failed,
+                       {"version": str(last.get("version") or "")})]),
+    ]
+
+
 def _metric(name: str, kind: str, help_text: str, samples: list[str]) -> str:
     body = "".join(s for s in samples if s)
     return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{body}"
@@ -162,6 +180,7 @@ def render(status: dict[str, Any], counters: MessageCounters,
         _metric("cairn_card_life_years", "gauge",
                 "Years a fresh card of router.card_endurance_tb lasts at that rate.",
                 [_line("cairn_card_life_years", wear.get("life_years"))]),
+        *_update_metrics(status.get("update") or {}),
         _metric("cairn_card_endurance_bytes", "gauge",
                 "The card's write endurance (router.card_endurance_tb).",
                 [_line("cairn_card_endurance_bytes", _bytes(wear.get("endurance_tb")))]),

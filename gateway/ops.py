@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway import clock, wear
+from cairn.gateway import clock, update_state, wear
 from cairn.gateway.config import Config, ConfigError, load, read_document
 from cairn.gateway.data_dir import DB_NAME, lock_path
 from cairn.gateway.store import SCHEMA_VERSION
@@ -135,6 +135,7 @@ def doctor(config_path: str | None) -> Report:
     _check_clock(report)
     _check_sink(report, data.get("sync"))
     _check_wear(report, config)
+    _check_update(report)
     return report
 
 
@@ -150,6 +151,27 @@ def _check_data_dir(report: Report, config: Config) -> None:
     free = shutil.disk_usage(data_dir).free
     level = "ok" if free >= MIN_FREE_BYTES else "FAIL"
     report.add(level, "free space", f"{free / 2**20:.0f} MiB free on {data_dir}")
+
+
+def _check_update(report: Report) -> None:
+    """The A/B system (nothing off an A/B image): the slot running, an update on trial and
+    the last update's result. A failed update is a warning: the device runs the slot it
+    came from, as it should."""
+    state = update_state.summary()
+    if state["slot"] is None:
+        return
+    detail = f"running slot {state['slot']}"
+    if state["trial"]:
+        detail += f"; {state['trial']['version']} in slot {state['trial']['slot']} on trial"
+    last = state["last"]
+    if last is None:
+        report.add("ok", "system update", f"{detail}; no update yet")
+    elif last["result"] == "ok":
+        report.add("ok", "system update", f"{detail}; last update {last['version']} kept "
+                                          f"({last['at']})")
+    else:
+        report.add("warn", "system update", f"{detail}; last update {last['version']} was "
+                                            f"not kept ({last['at']}): {last['reason']}")
 
 
 def _check_store(report: Report, path: Path) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cairn.gateway import update_state
 from cairn.gateway.clock import rfc3339
 from cairn.gateway.data_dir import read_sync_status
 from cairn.gateway.metrics import render as render_metrics
@@ -125,6 +126,7 @@ class Web:
             "clock": {"synchronized": reading.synced, "boot_id": self.router.clock.boot_id,
                       "now": rfc3339(reading.wall_ms)},
             "sync": read_sync_status(state.config.router.data_dir),
+            "update": update_state.summary(),
             "slow_consumers": state.slow_consumers,
             "wear": stores.wear.report() if stores.wear is not None else None,
             "connections": {"network": state.admission.network,

@@ -29,9 +29,11 @@ if [ "$PROFILE" = image ]; then
     # mmdebstrap runs arm64 packages' scripts through qemu-user (binfmt_misc); the image is
     # assembled from files (mtools, mkfs.ext4 -d, sfdisk); the appliance test boots it in
     # qemu-system-aarch64 and talks to it over ssh; socat carries each of the guest's
-    # connections to a host service (QEMU guestfwd)
+    # connections to a host service (QEMU guestfwd); U-Boot's boot script and state file are
+    # made with mkimage and mkenvimage (u-boot-tools), update bundles with rauc (squashfs)
     apt_install mmdebstrap qemu-user-static binfmt-support arch-test dosfstools mtools \
-        e2fsprogs fdisk xz-utils qemu-system-arm openssh-client socat
+        e2fsprogs fdisk xz-utils qemu-system-arm openssh-client socat u-boot-tools rauc \
+        squashfs-tools openssl
     exit 0
 fi
 

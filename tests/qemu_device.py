@@ -1,8 +1,10 @@
 """A Cairn device for the appliance tests: the Debian image built by
-images/debian/build-image.sh, its root file system booted in qemu-system-aarch64 (-M virt,
-TCG) with the image's own kernel and initrd, the whole image as a virtio disk grown like a
-card larger than the image (so first boot makes the data partition in the free space), SSH
-and the router's port forwarded to 127.0.0.1.
+images/debian/build-image.sh, booted in qemu-system-aarch64 (-M virt, TCG) the way a board
+boots it: U-Boot (Debian's u-boot-qemu, of the same release as the Pi's u-boot-rpi) runs the
+image's boot.scr, which chooses root slot A or B and starts that slot's own kernel and
+initrd. The whole image is a virtio disk grown like a card larger than the image (so first
+boot makes the data partition in the free space); SSH and the router's port are forwarded to
+127.0.0.1.
 
 The guest network is QEMU's user mode with ``restrict=on``: the guest reaches nothing but
 the forwarded ports (no NTP, no package archive), as an off-grid device would."""
@@ -61,6 +63,31 @@ def test_key() -> Path:
     return key
 
 
+def make_ca(directory: Path, name: str) -> dict[str, Path]:
+    """A throwaway update CA and a bundle signer it certifies (openssl; nothing of it is
+    committed): ``keyring`` (the CA's certificate, what a device trusts), ``cert`` and
+    ``key`` (what a builder signs bundles with)."""
+    files = {"keyring": directory / "ca.cert.pem", "cert": directory / "signer.cert.pem",
+             "key": directory / "signer.key.pem"}
+    if all(path.exists() for path in files.values()):
+        return files
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key, csr, ext = directory / "ca.key.pem", directory / "signer.csr", directory / "ext"
+    ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                   "extendedKeyUsage=emailProtection,codeSigning\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    for cmd in (
+        ["req", "-x509", *ec, "-keyout", ca_key, "-out", files["keyring"], "-days", "3650",
+         "-subj", f"/CN={name} CA", "-addext", "basicConstraints=critical,CA:TRUE",
+         "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        ["req", *ec, "-keyout", files["key"], "-out", csr, "-subj", f"/CN={name} signer"],
+        ["x509", "-req", "-in", csr, "-CA", files["keyring"], "-CAkey", ca_key,
+         "-CAcreateserial", "-out", files["cert"], "-days", "3650", "-extfile", ext],
+    ):
+        subprocess.run(["openssl", *map(str, cmd)], capture_output=True, check=True)
+    return files
+
+
 def build_test_image(log: Path) -> tuple[Path, Path]:
     """The raw test image and its boot files, built unless the same sources built them
     already (the base root file system is cached by build-image.sh itself)."""
@@ -72,8 +99,11 @@ def build_test_image(log: Path) -> tuple[Path, Path]:
         prefix = Path(stamp.read_text().split("\n")[1])
         if prefix.with_name(prefix.name + ".img").exists():
             return prefix.with_name(prefix.name + ".img"), prefix.with_name(prefix.name + ".boot")
+    ca = make_ca(WORK / "ca", "Cairn test updates")
     env = {**os.environ, "CAIRN_IMAGE_WORK": str(WORK),
-           "CAIRN_SSH_PUBKEY": key.with_suffix(".pub").read_text().strip()}
+           "CAIRN_SSH_PUBKEY": key.with_suffix(".pub").read_text().strip(),
+           "CAIRN_UPDATE_KEYRING": str(ca["keyring"]), "CAIRN_BUNDLE_CERT": str(ca["cert"]),
+           "CAIRN_BUNDLE_KEY": str(ca["key"])}
     with open(log, "w") as out:
         done = subprocess.run([str(ROOT / "images/debian/build-image.sh"), "--no-xz",
                                "--out", str(made)], env=env, stdout=subprocess.PIPE,
@@ -90,13 +120,14 @@ class Guest:
     """One device: its disk (a copy of the image, grown to ``disk_mib``) and the QEMU
     process that boots it. ``start`` again after ``kill`` or ``poweroff`` boots the same disk."""
 
-    def __init__(self, image: Path, boot: Path, workdir: Path, disk_mib: int = 3072,
+    def __init__(self, image: Path, boot: Path, workdir: Path, disk_mib: int = 5120,
                  sensor_uart: bool = True) -> None:
         self.image, self.boot, self.workdir = image, boot, workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.disk = workdir / "disk.img"
         subprocess.run(["cp", "--sparse=always", str(image), str(self.disk)], check=True)
         os.truncate(self.disk, disk_mib * 2**20)
+        self.set_board_cmdline()
         self.key = test_key()
         self.ssh_port = free_port()
         self.http_port = free_port()
@@ -106,14 +137,26 @@ class Guest:
         self.serial_pty: str | None = None
 
     # -- the machine ---------------------------------------------------------------------
-    def kernel_cmdline(self) -> str:
-        """The image's own cmdline.txt (as the Pi firmware would pass it), with the console
-        on QEMU's PL011 instead of the Pi's serial0 and HDMI."""
-        words = (self.boot / "cmdline.txt").read_text().split()
-        words = [w for w in words if not w.startswith("console=")]
-        # TCG on a shared 2-core host: udev's coldplug alone took over 90 s (systemd's
-        # default wait for a device) in some boots
-        return " ".join(words + ["console=ttyAMA0", "systemd.default_device_timeout_sec=600"])
+    def set_board_cmdline(self) -> None:
+        """The board's kernel arguments in the card's cairn/bootargs.env (boot.scr adds them
+        to root= and the slot): the console on QEMU's PL011 instead of the Pi's UART and
+        HDMI. TCG on a shared 2-core host: udev's coldplug alone took over 90 s (systemd's
+        default wait for a device) in some boots."""
+        words = "console=ttyAMA0 systemd.default_device_timeout_sec=600"
+        self.write_boot_file("cairn/bootargs.env", f"cairn_cmdline={words}\n".encode())
+
+    def _fat(self) -> str:
+        return f"{self.disk}@@{partitions(self.disk)[0]['start'] * 512}"
+
+    def write_boot_file(self, path: str, data: bytes) -> None:
+        """A file on the card's FAT boot partition (the guest powered off)."""
+        local = self.workdir / "boot-file"
+        local.write_bytes(data)
+        subprocess.run(["mcopy", "-o", "-i", self._fat(), str(local), f"::{path}"], check=True)
+
+    def read_boot_file(self, path: str) -> bytes:
+        return subprocess.run(["mcopy", "-n", "-i", self._fat(), f"::{path}", "-"],
+                              capture_output=True, check=True).stdout
 
     def start(self, rtc_base: str | None = None, host_services: dict[str, int] | None = None
               ) -> None:
@@ -129,8 +172,7 @@ class Guest:
             "qemu-system-aarch64", "-M", "virt", "-cpu", "cortex-a72", "-smp", "2",
             "-m", "1024", "-display", "none", "-monitor", "none",
             "-serial", f"file:{self.console}",
-            "-kernel", str(self.boot / "vmlinuz"), "-initrd", str(self.boot / "initrd.img"),
-            "-append", self.kernel_cmdline(),
+            "-bios", str(self.boot / "u-boot-qemu.bin"),
             "-drive", f"if=none,id=card,file={self.disk},format=raw",
             "-device", "virtio-blk-pci,drive=card",
             "-netdev", "user,id=lan,restrict=on,"
@@ -220,7 +262,7 @@ class Guest:
 
     def wait_ready(self, timeout: float = BOOT_TIMEOUT, read_only_root: bool = True,
                    after_boot: str | None = None) -> float:
-        """Until the root is the read-only overlay (after first boot's own reboot) and
+        """Until the root is the read-only overlay (from the first boot on) and
         systemd reports cairn-router active (Type=notify: READY=1 from the router). Asks
         the guest over SSH; each try is bounded by SSH's own connect timeout. Returns the
         seconds it took. ``after_boot``: a boot id that must have been left behind."""
@@ -349,7 +391,7 @@ def partition_device(disk: Path, number: int, read_only: bool = True):
 
 def tools_missing() -> str | None:
     for tool in ("qemu-system-aarch64", "mmdebstrap", "ssh", "sfdisk", "mkfs.vfat", "mcopy",
-                 "losetup", "e2fsck", "socat"):
+                 "losetup", "e2fsck", "socat", "mkimage", "mkenvimage", "rauc"):
         if not shutil.which(tool):
             return tool
     return None

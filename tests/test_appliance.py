@@ -37,12 +37,14 @@ SYSTEMD = ROOT / "systemd"
 IMAGES = ROOT / "images"
 STAGE = IMAGES / "pi-gen" / "stage-cairn"
 FIRSTBOOT = STAGE / "01-appliance" / "files"
+UPDATE = IMAGES / "update"     # the A/B system of the Debian image
 CAIRN = Path(sys.executable).with_name("cairn")
 
 UNITS = ["cairn-router.service", "cairn-sensor@.service", "cairn-bridge-mqtt@.service",
          "cairn-sync.service"]
 IMAGE_UNITS = ["cairn-data-partition.service", "cairn-readonly-root.service",
-               "cairn-overlay-rw.service"]
+               "cairn-overlay-rw.service", "cairn-device-settings.service",
+               "cairn-health.service"]
 # what `systemd-analyze verify` is asked about: templates through an instance, so that
 # their specifiers (%i) are expanded as on the device
 INSTANCES = {"cairn-sensor@.service": "cairn-sensor@greenhouse.service",
@@ -98,9 +100,12 @@ def fake_device_root(root: Path, cairn: Path | None = None) -> Path:
     for name in UNITS:
         shutil.copy2(SYSTEMD / name, root / "usr/lib/systemd/system" / name)
     for name in IMAGE_UNITS:
-        shutil.copy2(FIRSTBOOT / name, root / "usr/lib/systemd/system" / name)
+        source = FIRSTBOOT / name if (FIRSTBOOT / name).exists() else UPDATE / name
+        shutil.copy2(source, root / "usr/lib/systemd/system" / name)
     for tool in ("cairn-data-partition", "cairn-readonly-root"):
         shutil.copy2(FIRSTBOOT / tool, root / "usr/lib/cairn" / tool)
+    for tool in ("cairn-device-settings", "cairn-update-installed"):
+        shutil.copy2(UPDATE / tool, root / "usr/lib/cairn" / tool)
     (root / "opt/cairn/bin").mkdir(parents=True)
     shutil.copy2(cairn or (CAIRN if CAIRN.exists() else shutil.which("true")),
                  root / "opt/cairn/bin/cairn")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -57,12 +57,17 @@ def http_get(port: int, path: str, timeout: float = 30) -> tuple[int, str]:
 
 
 def test_first_boot_puts_the_store_on_its_own_noatime_partition(device):
-    done = device.ssh("findmnt -no SOURCE,FSTYPE,OPTIONS /var/lib/cairn; "
-                      "lsblk -no LABEL /dev/vda3")
-    source, fstype, options = done.stdout.split("\n")[0].split()
-    assert source == "/dev/vda3" and fstype == "ext4", done.stdout
-    assert {"noatime", "commit=60"} <= set(options.split(",")), options
-    assert done.stdout.split("\n")[1].strip() == "cairn-data"
+    """Partition 4, after the boot partition and root slots A and B: /data, with the store
+    bound on /var/lib/cairn and the device's config on /etc/cairn."""
+    done = device.ssh("lsblk -no LABEL /dev/vda4; for m in /data /var/lib/cairn /etc/cairn; "
+                      "do findmnt -no SOURCE,FSTYPE,OPTIONS $m; done")
+    label, data, store, etc = done.stdout.strip().split("\n")
+    assert label.strip() == "cairn-data"
+    for mount, source in ((data, "/dev/vda4"), (store, "/dev/vda4[/cairn]"),
+                          (etc, "/dev/vda4[/etc/cairn]")):
+        found, fstype, options = mount.split()
+        assert found == source and fstype == "ext4", done.stdout
+        assert {"noatime", "commit=60"} <= set(options.split(",")), options
 
 
 def test_root_is_read_only_and_the_journal_lives_in_ram(device):
@@ -135,13 +140,16 @@ def test_ssh_accepts_keys_only(device):
 
 def test_each_device_makes_its_own_ssh_host_keys(device, image):
     """The image carries no SSH host keys (every card flashed from it would share them);
-    the device made its own on first boot, and they survived the switch to read-only."""
+    the device made its own on first boot, on its data partition (not in a slot, which an
+    update replaces), and sshd presents them."""
     with qemu_device.partition_device(image[0], 2) as root:
         listing = subprocess.run(["debugfs", "-R", "ls /etc/ssh", root], capture_output=True,
                                  text=True, check=True).stdout
     assert "sshd_config" in listing and "ssh_host_" not in listing, listing
-    done = device.ssh("ls /media/root-ro/etc/ssh/")
-    assert "ssh_host_ed25519_key.pub" in done.stdout, done.stdout
+    done = device.ssh("sudo cat /data/etc/ssh/ssh_host_ed25519_key.pub; "
+                      "ssh-keyscan -t ed25519 127.0.0.1 2>/dev/null")
+    kept, presented = done.stdout.strip().split("\n")
+    assert kept.split()[1] == presented.split()[2], done.stdout
 
 
 # -- a sensor on a serial line ---------------------------------------------------------------
@@ -238,61 +246,166 @@ def test_a_damaged_payload_is_refused_and_the_running_version_left_alone(device)
 
 
 
-# -- an upgrade and its rollback --------------------------------------------------------------
+# -- system updates: RAUC bundles into the other slot, kept only when healthy ----------------
 
-# /run is the one directory of the running device that overlayroot-chroot shares with the
-# card's root (it binds /proc, /run and /sys): the payload waits there.
-UPGRADE_DIR = "/run/cairn-upgrade"
+
+def _reboot(device: qemu_device.Guest) -> float:
+    """Reboots and waits until the router is ready again; returns the seconds it took."""
+    boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    device.ssh("sudo systemctl --no-block reboot")
+    return device.wait_ready(after_boot=boot_id)
+
+
+def _booted_slot(device: qemu_device.Guest) -> str:
+    return re.search(r"rauc\.slot=(\w+)", device.ssh("cat /proc/cmdline").stdout).group(1)
+
+
+def _update_status(device: qemu_device.Guest) -> dict:
+    return json.loads(device.ssh("sudo cairn update status --json").stdout)
+
+
+def _settled(device: qemu_device.Guest, timeout: float = 300) -> dict:
+    """The update status once the health gate has settled this boot (cairn-health done)."""
+    device.ssh(f"timeout {timeout:.0f} sh -c 'until systemctl show -p ActiveState --value "
+               "cairn-health | grep -qx active; do sleep 2; done'", timeout=timeout + 60)
+    return _update_status(device)
 
 
 @pytest.fixture(scope="module")
-def newer_payload(tmp_path_factory) -> tuple[str, Path]:
-    """(version, tarball): the same sources released as a newer version, a payload of its
-    own (wheel and the device's dependency wheels), as build_payload.py makes one."""
-    import tomllib
+def bundles(image, tmp_path_factory) -> SimpleNamespace:
+    """Bundles of the test image's own root file system, signed by the test CA (the image
+    trusts it) unless said otherwise: ``make(version, edits, ca)``, where ``edits`` are
+    debugfs commands run on a copy of the slot (the file name ``{files}`` in them is a
+    directory of files the test writes)."""
+    img, _ = image
+    rootfs = img.with_name(img.name.removesuffix(".img") + ".rootfs.ext4")
+    work = tmp_path_factory.mktemp("bundles")
 
-    from images import build_payload
+    def make(version: str, edits: list[str] = (), files: dict[str, str] | None = None,
+             ca: dict[str, Path] | None = None) -> Path:
+        content = work / version
+        content.mkdir()
+        shutil.copy(rootfs, content / "rootfs.ext4")
+        for name, text in (files or {}).items():
+            (work / name).write_text(text)
+        if edits:
+            script = work / f"{version}.debugfs"
+            script.write_text("\n".join(e.format(files=work) for e in edits) + "\n")
+            subprocess.run(["debugfs", "-w", "-f", str(script), str(content / "rootfs.ext4")],
+                           capture_output=True, check=True)
+        (content / "manifest.raucm").write_text(
+            f"[update]\ncompatible=cairn-debian-arm64\nversion={version}\n\n"
+            "[bundle]\nformat=verity\n\n[image.rootfs]\nfilename=rootfs.ext4\n")
+        signer = ca or qemu_device.make_ca(qemu_device.WORK / "ca", "Cairn test updates")
+        out = work / f"cairn-{version}.raucb"
+        subprocess.run(["rauc", "bundle", f"--cert={signer['cert']}", f"--key={signer['key']}",
+                        str(content), str(out)], capture_output=True, check=True)
+        shutil.rmtree(content)
+        return out
 
-    tmp = tmp_path_factory.mktemp("newer")
-    source = tmp / "src"
-    ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.pyc")
-    for name in build_payload.SOURCES:
-        path = qemu_device.ROOT / name
-        if path.is_dir():
-            shutil.copytree(path, source / name, ignore=ignore)
-        else:
-            source.mkdir(exist_ok=True)
-            shutil.copy2(path, source / name)
-    pyproject = source / "pyproject.toml"
-    version = tomllib.loads(pyproject.read_text())["project"]["version"]
-    newer = f"{version}.post1"
-    pyproject.write_text(pyproject.read_text().replace(f'version = "{version}"',
-                                                       f'version = "{newer}"', 1))
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                           str(tmp / "wheel"), str(source)], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    (wheel,) = (tmp / "wheel").glob(f"cairn-{newer}-*.whl")
-    done = subprocess.run([sys.executable, str(qemu_device.ROOT / "images/build_payload.py"),
-                           "--out", str(tmp / "out"), "--wheel", str(wheel)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return newer, tmp / "out" / f"cairn-payload-{newer}.tar.gz"
-
-
-def _reboot(device: qemu_device.Guest) -> None:
-    boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
-    device.ssh("sudo systemctl --no-block reboot")
-    device.wait_ready(after_boot=boot_id)
+    return SimpleNamespace(make=make, work=work)
 
 
-def _running_version(device: qemu_device.Guest) -> tuple[str, str]:
-    """(the venv /opt/cairn points at, ``cairn --version`` of the running router's binary)."""
-    venv = device.ssh("readlink /opt/cairn").stdout.strip()
-    pid = device.ssh("systemctl show -p MainPID --value cairn-router").stdout.strip()
-    python = device.ssh(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout.split()[0]
-    assert python == f"/opt/{venv}/bin/python", (python, venv)  # what really runs
-    return venv, device.ssh("/opt/cairn/bin/cairn --version").stdout.strip()
+def _install(device: qemu_device.Guest, bundle: Path) -> subprocess.CompletedProcess:
+    with open(bundle, "rb") as f:
+        device.ssh_stdin("sudo sh -c 'cat > /data/incoming.raucb'", f)
+    try:
+        return device.ssh("sudo cairn update install /data/incoming.raucb", check=False,
+                          timeout=1800)
+    finally:
+        device.ssh("sudo rm -f /data/incoming.raucb", check=False)
+
+
+def test_a_good_update_boots_the_other_slot_on_trial_and_keeps_data_and_config(device,
+                                                                                 bundles):
+    """A→B, then B→A: the bundle is written into the slot that is not running, boots on
+    trial, is marked good by the health gate; the store and /etc/cairn come along."""
+    assert _booted_slot(device) == "A"
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, 1)) == 1
+    device.ssh("echo kept | sudo tee /etc/cairn/site-note > /dev/null")
+    newer = bundles.make("9.0.0+newer", files={"marker": "the newer build\n"},
+                         edits=["write {files}/marker /etc/cairn-build-marker"])
+    print(f"\n[appliance] bundle: {newer.stat().st_size / 2**20:.0f} MiB")
+    started = time.monotonic()
+    done = _install(device, newer)
+    assert done.returncode == 0, done.stdout + done.stderr
+    print(f"[appliance] install (copy and rauc install): {time.monotonic() - started:.0f} s")
+    status = _update_status(device)
+    assert status["primary"] == "rootfs.1" and status["trial"]["slot"] == "B", status
+
+    took = _reboot(device)
+    print(f"[appliance] reboot into the new slot, router ready: {took:.0f} s")
+    assert _booted_slot(device) == "B"
+    status = _settled(device)
+    assert status["last"]["result"] == "ok" and status["last"]["version"] == "9.0.0+newer", status
+    assert status["slots"]["B"]["boot_status"] == "good", status
+    assert device.ssh("cat /etc/cairn-build-marker").stdout == "the newer build\n"
+    assert device.ssh("cat /etc/cairn/site-note").stdout == "kept\n"
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, None)) == 1   # the data came along
+        assert asyncio.run(_publish_and_read_retained(port, 2)) == 2
+
+    done = _install(device, bundles.make("9.0.1+back"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    _reboot(device)
+    assert _booted_slot(device) == "A"
+    assert _settled(device)["last"]["result"] == "ok"
+    assert device.ssh("test -e /etc/cairn-build-marker", check=False).returncode == 1
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, None)) == 2
+
+
+def test_a_bad_update_whose_router_never_gets_ready_goes_back_by_itself(device, bundles):
+    """The new slot boots, its router never becomes ready: the health gate marks it bad and
+    reboots; the old slot serves again with every acknowledged reading, no command typed."""
+    before = _booted_slot(device)
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, 3)) == 3
+    bad = bundles.make(
+        "9.1.0+broken",
+        files={"broken.conf": "[Service]\nExecStart=\nExecStart=/bin/sleep infinity\n",
+               "fast.conf": "[Service]\nEnvironment=CAIRN_HEALTH_TIMEOUT=120\n"},
+        edits=["mkdir /usr/lib/systemd/system/cairn-router.service.d",
+               "write {files}/broken.conf /usr/lib/systemd/system/cairn-router.service.d/"
+               "broken.conf",
+               "mkdir /usr/lib/systemd/system/cairn-health.service.d",
+               "write {files}/fast.conf /usr/lib/systemd/system/cairn-health.service.d/fast.conf"])
+    done = _install(device, bad)
+    assert done.returncode == 0, done.stdout + done.stderr
+    started = time.monotonic()
+    _reboot(device)     # ready again only on the old slot: the new one's router never is
+    print(f"\n[appliance] bad update: old slot serving again {time.monotonic() - started:.0f} s "
+          f"after the reboot into it")
+    assert _booted_slot(device) == before
+    status = _settled(device)
+    last = status["last"]
+    assert last["result"] == "failed" and last["version"] == "9.1.0+broken", status
+    assert "cairn-router" in last["reason"], last
+    other = "B" if before == "A" else "A"
+    assert status["slots"][other]["boot_status"] == "bad", status
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, None)) == 3
+
+
+def test_a_tampered_bundle_and_one_signed_by_another_key_are_refused(device, bundles, image):
+    """Nothing changes: the same slot stays primary, no trial is started."""
+    img, _ = image
+    good = img.with_name(img.name.removesuffix(".img") + ".raucb")
+    tampered = bundles.work / "tampered.raucb"
+    data = bytearray(good.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    tampered.write_bytes(bytes(data))
+    other = qemu_device.make_ca(bundles.work / "other-ca", "Someone else")
+    foreign = bundles.make("9.2.0+foreign", ca=other)
+    before = _update_status(device)
+    for bundle in (tampered, foreign):
+        done = _install(device, bundle)
+        assert done.returncode != 0, done.stdout
+        assert "cairn update:" in done.stderr, done.stderr
+        after = _update_status(device)
+        assert after["primary"] == before["primary"] and after["trial"] is None, after
+        assert after["booted"] == before["booted"]
 
 
 async def _publish_and_read_retained(port: int, value: int | None) -> int:
@@ -308,41 +421,6 @@ async def _publish_and_read_retained(port: int, value: int | None) -> int:
     retained = await retained_values(session, "sensor.upgrade")
     session.leave()
     return retained["sensor.upgrade"]
-
-
-def test_an_upgrade_on_the_read_only_root_keeps_the_data_and_rolls_back(device,
-                                                                          newer_payload):
-    """As images/README.md tells it: install.sh of the newer payload through
-    overlayroot-chroot (the card's root, writable for the while; no network), a reboot
-    into the new version, then the rollback to the venv kept beside it."""
-    newer, tarball = newer_payload
-    old_venv, old_version = _running_version(device)
-    with device.tunnel() as port:
-        assert asyncio.run(_publish_and_read_retained(port, 1)) == 1
-    with open(tarball, "rb") as f:
-        device.ssh_stdin(f"sudo rm -rf {UPGRADE_DIR} && sudo mkdir {UPGRADE_DIR} && "
-                         f"sudo tar -xzf - -C {UPGRADE_DIR} --strip-components=1", f)
-    # sh: /run is noexec. overlayroot-chroot exits 0 whatever its command did, so the
-    # outcome is read from what install.sh said and from the card's root itself
-    done = device.ssh(f"sudo overlayroot-chroot sh {UPGRADE_DIR}/install.sh", timeout=1200)
-    said = done.stdout + done.stderr
-    assert "install.sh: done" in said and "from the index" not in said, said  # offline
-    lower = device.ssh("readlink /media/root-ro/opt/cairn").stdout.strip()
-    assert lower.startswith(f"cairn-{newer}-"), said
-    _reboot(device)
-    new_venv, new_version = _running_version(device)
-    assert new_venv.startswith(f"cairn-{newer}-") and new_version == f"cairn {newer}"
-    with device.tunnel() as port:
-        assert asyncio.run(_publish_and_read_retained(port, None)) == 1   # the data came along
-        assert asyncio.run(_publish_and_read_retained(port, 2)) == 2
-
-    device.ssh(f"sudo overlayroot-chroot sh -c 'ln -sfn {old_venv} /opt/cairn.new && "
-               "mv -T /opt/cairn.new /opt/cairn'")
-    assert device.ssh("readlink /media/root-ro/opt/cairn").stdout.strip() == old_venv
-    _reboot(device)
-    assert _running_version(device) == (old_venv, old_version)
-    with device.tunnel() as port:
-        assert asyncio.run(_publish_and_read_retained(port, None)) == 2
 
 # -- power cuts ----------------------------------------------------------------------------
 
@@ -438,7 +516,7 @@ def test_acknowledged_readings_survive_power_cuts(device):
           f"{len(all_acked)} acknowledged readings, all kept")
     # A clean shutdown, then the data partition checked from the host: clean.
     device.poweroff()
-    with qemu_device.partition_device(device.disk, 3) as dev:
+    with qemu_device.partition_device(device.disk, 4) as dev:
         fsck = subprocess.run(["e2fsck", "-fn", dev], capture_output=True, text=True)
     assert fsck.returncode == 0, fsck.stdout + fsck.stderr
     device.start()

@@ -54,10 +54,19 @@ setenv cairn_cmdline
 if load ${devtype} ${devnum}:1 ${scriptaddr} cairn/bootargs.env; then
     env import -t ${scriptaddr} ${filesize} cairn_cmdline
 fi
-setenv bootargs "root=PARTUUID=${rootuuid} rootwait ro rauc.slot=${slot} ${cairn_cmdline}"
-if load ${devtype} ${devnum}:${rootpart} ${kernel_addr_r} /boot/vmlinuz &&
-        load ${devtype} ${devnum}:${rootpart} ${ramdisk_addr_r} /boot/initrd.img; then
-    booti ${kernel_addr_r} ${ramdisk_addr_r}:${filesize} ${fdt_addr}
+# panic=10: a kernel or initramfs that fails (no root found, a panic) restarts the board, so
+# the slot uses up its tries instead of hanging at a prompt
+setenv bootargs "root=PARTUUID=${rootuuid} rootwait ro panic=10 rauc.slot=${slot} ${cairn_cmdline}"
+if load ${devtype} ${devnum}:${rootpart} ${kernel_addr_r} /boot/vmlinuz; then
+    # The initrd goes 64 MiB above the end of the kernel (room for what it unpacks): the Pi's
+    # ramdisk_addr_r leaves 38 MiB for the kernel, less than Debian's arm64 kernel needs.
+    setexpr initrd_addr ${kernel_addr_r} + ${filesize}
+    setexpr initrd_addr ${initrd_addr} / 0x200000
+    setexpr initrd_addr ${initrd_addr} * 0x200000
+    setexpr initrd_addr ${initrd_addr} + 0x4000000
+    if load ${devtype} ${devnum}:${rootpart} ${initrd_addr} /boot/initrd.img; then
+        booti ${kernel_addr_r} ${initrd_addr}:${filesize} ${fdt_addr}
+    fi
 fi
 # Only when the slot has no kernel U-Boot can start (an empty or torn slot): its tries are
 # gone at once, and the next boot takes the next slot. Falling through to U-Boot's other boot

@@ -31,7 +31,9 @@ packages=$(grep -v '^#' "$HERE/packages" | tr -s ' \n' ',' | sed 's/^,//; s/,$//
 # --format=tar: mmdebstrap picks its format from the output's name otherwise, and BASE.tmp
 # (no .tar at the end) would be a directory. The initramfs settings go in before the kernel
 # is installed, so that its one update-initramfs run uses them. Neither file is a dpkg
-# conffile. FSTYPE=ext4: in a chroot the fsck hook cannot probe the root's type and would
+# conffile. u-boot-qemu's package (the same U-Boot release as u-boot-rpi's, for QEMU's virt
+# machine) is only fetched into /var/cache/cairn-host: build-image.sh takes the test's
+# firmware (-bios) out of it and leaves it out of the image. FSTYPE=ext4: in a chroot the fsck hook cannot probe the root's type and would
 # leave fsck out of the initramfs ("fsck not present, so skipping root file system" at boot).
 rm -rf "$BASE.tmp"
 mmdebstrap --arch=arm64 --variant=apt --format=tar --components="$COMPONENTS" \
@@ -40,6 +42,8 @@ mmdebstrap --arch=arm64 --variant=apt --format=tar --components="$COMPONENTS" \
     --setup-hook='mkdir -p "$1/etc/initramfs-tools/conf.d" "$1/usr/share/initramfs-tools/modules.d"' \
     --setup-hook="printf '%s\n' MODULES=list COMPRESS=gzip FSTYPE=ext4 > \"\$1/etc/initramfs-tools/conf.d/cairn\"" \
     --setup-hook="grep -v '^#' '$HERE/initramfs-modules' > \"\$1/usr/share/initramfs-tools/modules.d/cairn\"" \
+    --customize-hook='mkdir -p "$1/var/cache/cairn-host"' \
+    --customize-hook='chroot "$1" sh -c "cd /var/cache/cairn-host && apt-get download u-boot-qemu"' \
     --customize-hook='chroot "$1" apt-get clean' \
     "$SUITE" "$BASE.tmp" \
     "deb $MIRROR $SUITE $COMPONENTS" \

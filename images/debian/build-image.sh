@@ -12,13 +12,18 @@
 # $CAIRN_CACHE keyed by ./packages, ./initramfs-modules and ./base.sh itself; 2. Cairn's payload
 # installed with its own install.sh in the image's root, as on a device; 3. the appliance
 # (images/appliance/appliance.sh: data partition, read-only root, journal in RAM); 4. the
-# system: host name, admin user with SSH by key only, network, fstab, boot command line;
-# 5. the partitioned image (FAT boot, ext4 root; the data partition is made on first boot in
-# the card's free space) and a manifest of package versions and sha256s.
+# system: host name, admin user with SSH by key only, network, fstab, the A/B system
+# (images/update: RAUC, the device's settings on the data partition, the health gate);
+# 5. the partitioned image (FAT boot partition with U-Boot and its boot script, root slots A
+# and B; the data partition is made on first boot in the card's free space), the slot's root
+# file system, a signed RAUC bundle of it when a key is given, and a manifest of package
+# versions and sha256s.
 #
 # Settings (environment): CAIRN_SSH_PUBKEY, CAIRN_ADMIN_USER (admin), CAIRN_HOSTNAME (cairn),
 # CAIRN_CONFIG (a cairn.toml installed as /etc/cairn/cairn.toml instead of the shipped one),
-# CAIRN_READONLY_ROOT (1), CAIRN_CACHE (~/.cache/cairn), CAIRN_IMAGE_WORK (build/image/debian).
+# CAIRN_UPDATE_KEYRING (the CA certificate, PEM, whose bundles the device accepts),
+# CAIRN_BUNDLE_CERT and CAIRN_BUNDLE_KEY (sign a bundle of this build: make bundle),
+# CAIRN_CACHE (~/.cache/cairn), CAIRN_IMAGE_WORK (build/image/debian).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -31,8 +36,13 @@ OUT=$WORK/out
 XZ=1
 ADMIN=${CAIRN_ADMIN_USER:-admin}
 HOSTNAME_=${CAIRN_HOSTNAME:-cairn}
-BOOT_MIB=256          # the FAT boot partition (firmware, kernel, initrd, device trees)
-ROOT_SLACK_MIB=640    # free space on the root: first-boot files and one upgrade's venv
+BOOT_MIB=256          # the FAT boot partition (Pi firmware, device trees, U-Boot, boot.scr)
+SLOT_MIB=2048         # each root slot: fixed for a device's life, every later bundle must fit
+ROOT_SLACK_MIB=64     # free space in a slot's file system (it is mounted read-only)
+# One MBR disk identifier for every Cairn image: RAUC's system.conf names the slots by it,
+# and a bundle built later must find them on every card (images/update/system.conf).
+DISK_ID=ca11ab1e
+COMPATIBLE=cairn-debian-arm64
 
 say() { echo "build-image: $*" >&2; }
 
@@ -44,7 +54,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ "$(id -u)" -eq 0 ] || { say "run me as root (mmdebstrap, chroot, file ownership)"; exit 1; }
-for tool in mmdebstrap mkfs.vfat mcopy mkfs.ext4 sfdisk xz; do
+for tool in mmdebstrap mkfs.vfat mcopy mkfs.ext4 sfdisk xz mkimage mkenvimage; do
     command -v "$tool" > /dev/null ||
         { say "$tool is missing: scripts/setup.sh image installs it"; exit 1; }
 done
@@ -54,6 +64,17 @@ if [ "$(dpkg --print-architecture)" != arm64 ]; then
         mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
     [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || update-binfmts --enable qemu-aarch64
 fi
+BUNDLE=0
+if [ -n "${CAIRN_BUNDLE_KEY:-}${CAIRN_BUNDLE_CERT:-}" ]; then
+    [ -f "${CAIRN_BUNDLE_KEY:-}" ] && [ -f "${CAIRN_BUNDLE_CERT:-}" ] ||
+        { say "CAIRN_BUNDLE_KEY and CAIRN_BUNDLE_CERT must both name files"; exit 1; }
+    command -v rauc > /dev/null || { say "rauc is missing: scripts/setup.sh image installs it"; exit 1; }
+    BUNDLE=1
+fi
+[ -z "${CAIRN_UPDATE_KEYRING:-}" ] || [ -f "$CAIRN_UPDATE_KEYRING" ] ||
+    { say "CAIRN_UPDATE_KEYRING=$CAIRN_UPDATE_KEYRING is not a file"; exit 1; }
+[ -n "${CAIRN_UPDATE_KEYRING:-}" ] ||
+    say "warning: CAIRN_UPDATE_KEYRING is empty: the image will refuse every update bundle"
 [ -n "${CAIRN_SSH_PUBKEY:-}" ] ||
     say "warning: CAIRN_SSH_PUBKEY is empty: the image will have no way in over SSH"
 started=$(date +%s)
@@ -72,6 +93,10 @@ in_chroot() {
 }
 tar -xpf "$BASE" -C "$R" --numeric-owner --xattrs --xattrs-include='*'
 SUITE=$(. "$R/etc/os-release" && echo "$VERSION_CODENAME")   # the base's own word
+# QEMU's U-Boot (fetched by base.sh, not part of the image): the firmware the tests and
+# images/run-qemu.sh boot the image with
+rm -rf "$WORK/u-boot-qemu" && dpkg-deb -x "$R"/var/cache/cairn-host/u-boot-qemu_*.deb "$WORK/u-boot-qemu"
+rm -rf "$R/var/cache/cairn-host"
 
 # -- 2. Cairn, installed by the payload's own install.sh inside the image's root -------------
 payload=$("$PYTHON" "$IMAGES/build_payload.py" --out "$WORK/payload")
@@ -97,18 +122,25 @@ if [ -n "${CAIRN_CONFIG:-}" ]; then
     chroot "$R" /opt/cairn/bin/cairn check-config /etc/cairn/cairn.toml
 fi
 
-# -- 3. the appliance: the same script as the Raspberry Pi OS image --------------------------
-# One MBR disk identifier per build: root=PARTUUID=<id>-02 as Raspberry Pi OS does it.
-# /boot/firmware is nofail: only kernel and firmware upgrades need it, and a boot partition
-# slow to appear (the first QEMU boots on a loaded host: over 90 s) must not put the device
-# in emergency mode, unreachable over SSH.
-DISK_ID=$(od -An -N4 -tx4 /dev/urandom | tr -d ' ')
-cat > "$R/etc/fstab" <<EOF
-# <file system>        <mount point>   <type>  <options>                 <dump> <pass>
-PARTUUID=$DISK_ID-02   /               ext4    defaults,noatime          0      1
-PARTUUID=$DISK_ID-01   /boot/firmware  vfat    defaults,noatime,umask=0077,nofail,x-systemd.device-timeout=5min  0  2
+# -- 3. the appliance (the same script as the Raspberry Pi OS image) and the A/B system -----
+# The root is the slot U-Boot chose (root=PARTUUID=... from boot.scr), read-only under its
+# overlay. /boot/firmware (U-Boot's state, which RAUC writes) is nofail: a boot partition slow
+# to appear (the first QEMU boots on a loaded host: over 90 s) must not put the device in
+# emergency mode, unreachable over SSH. The data partition (made at first boot) holds the
+# store and the device's own settings, bound where Cairn reads them
+# (images/update/cairn-device-settings); fsck (pass 2) repairs it after a power cut, and
+# commit=60: ext4 writes a journal commit (~12 KiB) every commit interval in which a file was
+# written; SQLite fsyncs what it needs (bench/wear.py mounts the same).
+cat > "$R/etc/fstab" <<'EOF'
+# <file system>   <mount point>   <type>  <options>  <dump> <pass>
+LABEL=CAIRN-BOOT  /boot/firmware  vfat    defaults,noatime,umask=0077,nofail,x-systemd.device-timeout=5min  0  2
+LABEL=cairn-data  /data           ext4    defaults,noatime,commit=60,nofail,x-systemd.requires=cairn-data-partition.service,x-systemd.device-timeout=10min  0  2
+/data/cairn       /var/lib/cairn  none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
+/data/etc/cairn   /etc/cairn      none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
 EOF
+install -d -m 755 "$R/data"
 "$IMAGES/appliance/appliance.sh" "$R"
+"$IMAGES/update/install-slot-system.sh" "$R" "${CAIRN_UPDATE_KEYRING:-}"
 
 # -- 4. the system -----------------------------------------------------------------------------
 echo "$HOSTNAME_" > "$R/etc/hostname"
@@ -144,13 +176,15 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin no
 EOF
-# Host keys are made on each device's first boot (cairn-readonly-root waits for them), never
-# shared by every card flashed from this image. `ssh-keygen -A` makes only the missing ones,
+# Host keys are made on each device's first boot, on its data partition
+# (cairn-device-settings), never shared by every card flashed from this image; this unit is
+# the fallback when that partition is missing. `ssh-keygen -A` makes only the missing ones,
 # so a first boot cut short during it finishes the set on the next.
 rm -f "$R"/etc/ssh/ssh_host_*
 cat > "$R/etc/systemd/system/cairn-ssh-host-keys.service" <<'EOF'
 [Unit]
 Description=SSH host keys of this device (made on first boot)
+After=cairn-device-settings.service
 Before=ssh.service
 
 [Service]
@@ -162,64 +196,104 @@ WantedBy=ssh.service
 EOF
 systemctl --root="$R" enable cairn-ssh-host-keys.service
 
-# The boot partition: Debian's raspi-firmware writes config.txt and cmdline.txt from
-# /etc/default/raspi-*; the root is found by PARTUUID (in the initramfs).
-# Consoles: the Pi 3/4's mini UART is ttyS1 under Debian's kernel (what raspi-firmware's
-# "auto" finds on the device itself; in a chroot it would probe the build host's /dev).
+# The boot partition. Debian's raspi-firmware copies the Pi firmware and device trees and
+# writes config.txt from /etc/default/raspi-*; the firmware then starts U-Boot (u-boot-rpi),
+# not the kernel: U-Boot runs boot.scr (images/boot/boot.cmd), which chooses slot A or B and
+# loads that slot's own kernel and initrd. The kernel arguments beyond root= and the slot are
+# the board's: cairn/bootargs.env. Consoles: the Pi 3/4's mini UART is ttyS1 under Debian's
+# kernel (what raspi-firmware's "auto" finds on the device itself).
 sed -i -E -e "s|^#?ROOTPART=.*|ROOTPART=PARTUUID=$DISK_ID-02|" \
     -e 's|^#?CONSOLES=.*|CONSOLES="ttyS1,115200 tty0"|' "$R/etc/default/raspi-firmware"
-# "ro" (after raspi-firmware's own "rw"; the last word wins): the initramfs mounts the card's
-# root read-only, so under the overlay root /media/root-ro stays read-only, as on Ubuntu;
-# before the overlay is on, systemd-remount-fs makes / writable from fstab as usual. The file
-# outlives kernel upgrades, which rewrite cmdline.txt.
-echo ro > "$R/etc/default/raspi-extra-cmdline"
 KVER=$(basename "$(ls -d "$R"/lib/modules/* | sort -V | tail -n 1)")
+ln -sfn "vmlinuz-$KVER" "$R/boot/vmlinuz"
+ln -sfn "initrd.img-$KVER" "$R/boot/initrd.img"
 mkdir -p "$R/boot/firmware"
 in_chroot env DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmware "$KVER"
-grep -q "root=PARTUUID=$DISK_ID-02" "$R/boot/firmware/cmdline.txt" ||
-    { say "raspi-firmware wrote no root=PARTUUID=$DISK_ID-02 into cmdline.txt"; exit 1; }
+BOOTDIR=$WORK/bootfs
+rm -rf "$BOOTDIR" && mv "$R/boot/firmware" "$BOOTDIR" && mkdir "$R/boot/firmware"
+rm -f "$BOOTDIR"/vmlinuz* "$BOOTDIR"/initrd.img* "$BOOTDIR/cmdline.txt"
+sed -i -E -e 's/^kernel=.*/kernel=u-boot.bin/' -e '/^initramfs /d' -e '/^cmdline=/d' \
+    "$BOOTDIR/config.txt"
+grep -q '^kernel=u-boot.bin' "$BOOTDIR/config.txt" ||
+    { say "raspi-firmware's config.txt has no kernel= line to point at U-Boot"; exit 1; }
+cp "$R/usr/lib/u-boot/rpi_arm64/u-boot.bin" "$BOOTDIR/u-boot.bin"
+mkimage -A arm64 -T script -C none -d "$IMAGES/boot/boot.cmd" "$BOOTDIR/boot.scr" > /dev/null
+mkdir -p "$BOOTDIR/cairn"
+echo "cairn_cmdline=console=ttyS1,115200 console=tty0" > "$BOOTDIR/cairn/bootargs.env"
+# the boot chooser's state: slot A first with its 3 tries, slot B empty until an update
+printf 'BOOT_ORDER=A B\nBOOT_A_LEFT=3\nBOOT_B_LEFT=0\n' |
+    mkenvimage -s 0x4000 -o "$BOOTDIR/cairn/boot.env" -
 
-# -- 5. the manifest and the image ----------------------------------------------------------
+# -- 5. the manifest, the slot's root file system, the image and the bundle ---------------------
 VERSION=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' \
     "$WORK/payload-manifest.json")
 NAME=cairn-$VERSION-debian-$SUITE-arm64
-mkdir -p "$OUT/$NAME.boot"
+BUILD=$(date -u +%Y%m%d%H%M%S)
+rm -rf "$OUT/$NAME.boot" && mkdir -p "$OUT/$NAME.boot"
 cp "$R/boot/vmlinuz-$KVER" "$OUT/$NAME.boot/vmlinuz"
 cp "$R/boot/initrd.img-$KVER" "$OUT/$NAME.boot/initrd.img"
-cp "$R/boot/firmware/cmdline.txt" "$OUT/$NAME.boot/cmdline.txt"
+cp "$WORK/u-boot-qemu/usr/lib/u-boot/qemu_arm64/u-boot.bin" "$OUT/$NAME.boot/u-boot-qemu.bin"
 chroot "$R" dpkg-query -W -f '${Package}\t${Version}\t${Architecture}\n' > "$WORK/packages.tsv"
 
-# Boot partition: a FAT file system made from /boot/firmware (no loop device needed).
-BOOTDIR=$WORK/bootfs
-rm -rf "$BOOTDIR" && mv "$R/boot/firmware" "$BOOTDIR" && mkdir "$R/boot/firmware"
+# Boot partition: a FAT file system made from the directory (no loop device needed).
 rm -f "$WORK/boot.part"
 mkfs.vfat -C -F 32 -n CAIRN-BOOT "$WORK/boot.part" $((BOOT_MIB * 1024)) > /dev/null
 mcopy -s -i "$WORK/boot.part" "$BOOTDIR"/* ::
-# Root partition: ext4 made from the directory (-d), owners, modes and xattrs kept.
+# The slot's root file system: ext4 made from the directory (-d), owners, modes and xattrs
+# kept; the same file goes into slot A and into the bundle.
 used_mib=$(du -sm --apparent-size "$R" | cut -f1)
 root_mib=$((used_mib * 11 / 10 + ROOT_SLACK_MIB))
-rm -f "$WORK/root.part"
-mkfs.ext4 -q -L cairn-root -d "$R" -E root_owner=0:0 "$WORK/root.part" "${root_mib}M"
-# The disk: MBR (the Pi firmware reads partition 1), 4 MiB aligned as pi-gen does.
+[ "$root_mib" -le "$SLOT_MIB" ] ||
+    { say "the root file system ($root_mib MiB) does not fit a slot ($SLOT_MIB MiB)"; exit 1; }
+ROOTFS=$OUT/$NAME.rootfs.ext4
+rm -f "$ROOTFS"
+mkfs.ext4 -q -L cairn-root -d "$R" -E root_owner=0:0 "$ROOTFS" "${root_mib}M"
+# The disk: MBR (the Pi firmware reads partition 1), 4 MiB aligned as pi-gen does; slot B is
+# empty (boot.scr gives it no tries) until the first update writes it.
 IMG=$OUT/$NAME.img
 rm -f "$IMG" "$IMG.xz"
-boot_start=8192; root_start=$((boot_start + BOOT_MIB * 2048))
-truncate -s $(((root_start + root_mib * 2048) * 512)) "$IMG"
+boot_start=8192; a_start=$((boot_start + BOOT_MIB * 2048)); b_start=$((a_start + SLOT_MIB * 2048))
+truncate -s $(((b_start + SLOT_MIB * 2048) * 512)) "$IMG"
 sfdisk --quiet "$IMG" <<EOF
 label: dos
 label-id: 0x$DISK_ID
 start=$boot_start, size=$((BOOT_MIB * 2048)), type=c
-start=$root_start, size=$((root_mib * 2048)), type=83
+start=$a_start, size=$((SLOT_MIB * 2048)), type=83
+start=$b_start, size=$((SLOT_MIB * 2048)), type=83
 EOF
 dd if="$WORK/boot.part" of="$IMG" bs=1M seek=$((boot_start / 2048)) conv=notrunc,sparse status=none
-dd if="$WORK/root.part" of="$IMG" bs=1M seek=$((root_start / 2048)) conv=notrunc,sparse status=none
-rm -f "$WORK/boot.part" "$WORK/root.part"
+dd if="$ROOTFS" of="$IMG" bs=1M seek=$((a_start / 2048)) conv=notrunc,sparse status=none
+rm -f "$WORK/boot.part"
+
+if [ "$BUNDLE" = 1 ]; then
+    # A RAUC bundle of the same slot: dm-verity format, signed with the builder's key.
+    B=$WORK/bundle
+    rm -rf "$B" "$OUT/$NAME.raucb" && mkdir -p "$B"
+    ln "$ROOTFS" "$B/rootfs.ext4" 2>/dev/null || cp --sparse=always "$ROOTFS" "$B/rootfs.ext4"
+    cat > "$B/manifest.raucm" <<EOF
+[update]
+compatible=$COMPATIBLE
+version=$VERSION
+description=Cairn $VERSION, Debian $SUITE arm64, kernel $KVER
+build=$BUILD
+
+[bundle]
+format=verity
+
+[image.rootfs]
+filename=rootfs.ext4
+EOF
+    rauc bundle --cert="$CAIRN_BUNDLE_CERT" --key="$CAIRN_BUNDLE_KEY" "$B" "$OUT/$NAME.raucb" >&2
+    rm -rf "$B"
+fi
 
 "$PYTHON" - "$OUT/$NAME.manifest.json" "$IMG" "$WORK/packages.tsv" "$WORK/payload-manifest.json" \
-    "$BASE" "$DISK_ID" "$KVER" "$OUT/$NAME.boot" "$SUITE" <<'EOF'
+    "$BASE" "$DISK_ID" "$KVER" "$OUT/$NAME.boot" "$SUITE" "$BUILD" "$COMPATIBLE" "$ROOTFS" \
+    "$OUT/$NAME.raucb" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
-out, img, packages, payload, base, disk_id, kver, boot, suite = sys.argv[1:]
+(out, img, packages, payload, base, disk_id, kver, boot, suite, build, compatible, rootfs,
+ bundle) = sys.argv[1:]
 def sha(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -230,7 +304,12 @@ payload = json.loads(Path(payload).read_text())
 Path(out).write_text(json.dumps({
     "image": Path(img).name, "sha256": sha(img), "size": Path(img).stat().st_size,
     "debian": suite, "architecture": "arm64", "kernel": kver,
-    "disk_id": disk_id, "root": f"PARTUUID={disk_id}-02", "base_cache": Path(base).name,
+    "build": build, "compatible": compatible, "disk_id": disk_id,
+    "slots": {"A": f"PARTUUID={disk_id}-02", "B": f"PARTUUID={disk_id}-03"},
+    "rootfs": {"file": Path(rootfs).name, "sha256": sha(rootfs)},
+    "bundle": ({"file": Path(bundle).name, "sha256": sha(bundle)}
+               if Path(bundle).exists() else None),
+    "base_cache": Path(base).name,
     "cairn": {"version": payload["version"], "commit": payload.get("commit"),
               "wheel": payload.get("wheel")},
     "boot_files": {p.name: sha(p) for p in sorted(Path(boot).iterdir())},

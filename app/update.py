@@ -1,0 +1,200 @@
+"""``cairn update``: the device's A/B system updates (RAUC) and the health gate that keeps a
+new slot only once it has proven itself.
+
+RAUC does the updating: it checks a bundle's signature, writes its root file system into the
+slot that is not running and, through its U-Boot backend, makes that slot the next to boot,
+on trial (images/boot/boot.cmd takes one of its tries at each boot). What RAUC leaves to the
+system is what a healthy boot is, and the record of how an update went:
+
+- RAUC's post-install handler (images/update/cairn-update-installed) writes ``trial``: the
+  slot and version waiting for their first boot.
+- At every boot ``cairn update health`` (cairn-health.service) settles it. A boot of the
+  trial slot is kept (``rauc status mark-good``) once the router is ready, its store open and
+  no driver failed, within a bounded time; otherwise the slot is marked bad and the device
+  reboots into the slot it came from. A boot of another slot while a trial is pending means
+  the trial slot never reached user space and boot counting gave up on it. Any other boot is
+  marked good at once: a bad config must not send the device back to an older system.
+- ``last.json`` keeps the last update's result and reason for ``cairn update status``.
+
+Both files live in UPDATE_DIR on the data partition, outside either slot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cairn.gateway import config as cfg
+from cairn.gateway.update_state import UPDATE_DIR, Trial, booted_slot, last_result, record
+
+DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
+HEALTH_TIMEOUT_S = float(os.environ.get("CAIRN_HEALTH_TIMEOUT", "300"))
+DRIVER_UNITS = ("cairn-sensor@*.service", "cairn-bridge-mqtt@*.service")
+
+
+class UpdateError(Exception):
+    pass
+
+
+def run(*cmd: str, timeout: float = 60) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise UpdateError(f"{cmd[0]} is not installed: not an A/B Cairn image") from None
+    except subprocess.TimeoutExpired:
+        raise UpdateError(f"{' '.join(cmd)}: no answer in {timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise UpdateError(f"{' '.join(cmd)}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+# -- what a healthy boot is ------------------------------------------------------------------
+
+
+def _metrics_url(config_path: str) -> str:
+    listen = cfg.load(config_path).router.listen
+    host = "127.0.0.1" if listen.host in ("0.0.0.0", "", "::") else listen.host
+    scheme = "https" if listen.tls else "http"
+    return f"{scheme}://{host}:{listen.port}/metrics"
+
+
+def health_problems(config_path: str) -> list[str]:
+    """What keeps this boot from being healthy; empty when it is."""
+    state = subprocess.run(["systemctl", "is-active", "cairn-router.service"],
+                           capture_output=True, text=True).stdout.strip()
+    if state != "active":
+        return [f"cairn-router is {state or 'unknown'}, not ready"]
+    try:
+        with urllib.request.urlopen(_metrics_url(config_path), timeout=10) as reply:
+            metrics = reply.read().decode()
+    except Exception as e:  # the router answers or it is not healthy, whatever the reason
+        return [f"the router's /metrics did not answer: {e}"]
+    if not re.search(r"^cairn_store_available 1\b", metrics, re.M):
+        return ["the router runs without its store (cairn_store_available is not 1)"]
+    failed = subprocess.run(["systemctl", "list-units", "--state=failed", "--plain",
+                             "--no-legend", *DRIVER_UNITS], capture_output=True, text=True)
+    return [f"driver {line.split()[0]} failed" for line in failed.stdout.splitlines()
+            if line.strip()]
+
+
+def wait_healthy(check: Callable[[], list[str]], timeout: float,
+                 interval: float = 2.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        problems = check()
+        if not problems or time.monotonic() >= deadline:
+            return problems
+        time.sleep(interval)
+
+
+def health_gate(directory: Path, slot: str | None, check: Callable[[], list[str]],
+                timeout: float, rauc: Callable[..., str]) -> tuple[str, str]:
+    """Settles this boot; returns (what was done, why). ``rauc(*args)`` runs RAUC."""
+    if slot is None:
+        return "none", "not an A/B boot (no rauc.slot= on the kernel command line)"
+    trial = Trial.read(directory)
+    if trial is None:
+        rauc("status", "mark-good", "booted")
+        return "good", f"slot {slot} marked good (no update on trial)"
+    if trial.slot != slot:
+        rauc("status", "mark-good", "booted")
+        reason = (f"slot {trial.slot} ({trial.version}) never reached user space: "
+                  f"boot counting went back to slot {slot}")
+        record(directory, "failed", reason, trial)
+        return "failed", reason
+    problems = wait_healthy(check, timeout)
+    if not problems:
+        rauc("status", "mark-good", "booted")
+        record(directory, "ok", f"slot {slot} proved healthy and is kept", trial)
+        return "good", f"update to {trial.version} in slot {slot} kept"
+    reason = f"not healthy within {timeout:.0f} s: " + "; ".join(problems)
+    record(directory, "failed", reason, trial)
+    rauc("status", "mark-bad", "booted")
+    return "bad", reason
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def add_commands(commands: Any) -> None:
+    u = commands.add_parser(
+        "update", help="A/B system updates: status, install, mark-good",
+        description="The device's system updates (RAUC bundles into the slot that is not "
+                    "running, kept only once the new system proves healthy).")
+    actions = u.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = actions.add_parser("status", help="slots, versions and the last update's result")
+    s.add_argument("--json", action="store_true", help="print JSON")
+    i = actions.add_parser("install", help="install a bundle into the other slot")
+    i.add_argument("bundle", metavar="FILE", help="a signed cairn-*.raucb")
+    i.add_argument("--reboot", action="store_true", help="reboot into it when installed")
+    actions.add_parser("mark-good", help="keep the running slot (what the health gate does)")
+    h = actions.add_parser("health", help="the boot's health gate (cairn-health.service)")
+    h.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG)
+    h.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, metavar="S",
+                   help=f"how long a trial boot has to prove itself (default "
+                        f"{HEALTH_TIMEOUT_S:.0f} s; CAIRN_HEALTH_TIMEOUT)")
+
+
+def _rauc(*args: str) -> str:
+    return run("rauc", *args, timeout=600)
+
+
+def status() -> dict[str, Any]:
+    rauc = json.loads(_rauc("status", "--output-format=json"))
+    slots = {}
+    for entry in rauc.get("slots", []):
+        for name, slot in entry.items():
+            info = slot.get("slot_status", {}).get("bundle", {})
+            slots[slot.get("bootname") or name] = {
+                "state": slot.get("state"), "boot_status": slot.get("boot_status"),
+                "version": info.get("version"), "device": slot.get("device")}
+    return {"booted": rauc.get("booted"), "primary": rauc.get("boot_primary"),
+            "compatible": rauc.get("compatible"), "slots": slots,
+            "trial": vars(t) if (t := Trial.read(UPDATE_DIR)) else None,
+            "last": last_result(UPDATE_DIR)}
+
+
+def render_status(s: dict[str, Any]) -> str:
+    lines = [f"booted slot {s['booted']} (next boot: {s['primary']})"]
+    for name, slot in sorted(s["slots"].items()):
+        lines.append(f"  slot {name}: {slot['state']}, {slot['boot_status']}, "
+                     f"version {slot['version'] or '-'} ({slot['device']})")
+    if s["trial"]:
+        lines.append(f"on trial: {s['trial']['version']} in slot {s['trial']['slot']}")
+    last = s["last"]
+    lines.append("last update: " + (f"{last['result']} at {last['at']}: {last['reason']}"
+                                    if last else "none"))
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "status":
+            s = status()
+            print(json.dumps(s, indent=1) if args.json else render_status(s))
+        elif args.action == "install":
+            print(_rauc("install", args.bundle), end="")
+            print("cairn update: installed; the new slot boots on trial at the next boot")
+            if args.reboot:
+                run("systemctl", "--no-block", "reboot")
+        elif args.action == "mark-good":
+            print(_rauc("status", "mark-good", "booted"), end="")
+        elif args.action == "health":
+            slot = booted_slot(Path("/proc/cmdline").read_text())
+            done, why = health_gate(UPDATE_DIR, slot, lambda: health_problems(args.config),
+                                    args.timeout, _rauc)
+            print(f"cairn update health: {why}")
+            if done == "bad":
+                run("systemctl", "--no-block", "reboot")
+    except UpdateError as e:
+        print(f"cairn update: {e}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,82 @@
+"""What the device's A/B system updates left behind, for whoever reports on the device (the
+router's status and /metrics, ``cairn doctor``, ``cairn update status``): the slot this boot
+runs, the update on trial and the last update's result. Written by RAUC's post-install
+handler (images/update/cairn-update-installed) and by the health gate (cairn.app.update), in
+UPDATE_DIR on the data partition, outside either root slot."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+UPDATE_DIR = Path(os.environ.get("CAIRN_UPDATE_DIR", "/data/update"))
+CMDLINE = Path("/proc/cmdline")
+
+
+def booted_slot(cmdline: str) -> str | None:
+    """The slot this boot runs (``rauc.slot=`` from boot.cmd), None off an A/B image."""
+    m = re.search(r"(?:^|\s)rauc\.slot=(\S+)", cmdline)
+    return m.group(1) if m else None
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+# -- the records on the data partition -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trial:
+    slot: str
+    version: str
+    from_slot: str
+
+    @classmethod
+    def read(cls, directory: Path) -> Trial | None:
+        try:
+            text = (directory / "trial").read_text()
+        except (OSError, UnicodeDecodeError):  # no trial, or a record damaged past reading
+            return None
+        fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+        if "slot" not in fields:
+            return None
+        return cls(fields["slot"], fields.get("version", "?"), fields.get("from_slot", "?"))
+
+
+def record(directory: Path, result: str, reason: str, trial: Trial | None) -> dict[str, Any]:
+    """Writes last.json (atomically) and ends the trial."""
+    last = {"result": result, "reason": reason, "at": now_utc(),
+            "version": trial.version if trial else None,
+            "slot": trial.slot if trial else None,
+            "from_slot": trial.from_slot if trial else None}
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "last.json.tmp"
+    tmp.write_text(json.dumps(last, indent=1) + "\n")
+    os.replace(tmp, directory / "last.json")
+    (directory / "trial").unlink(missing_ok=True)
+    return last
+
+
+def last_result(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / "last.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def summary(directory: Path | None = None) -> dict[str, Any]:
+    """The slot running now, the update on trial and the last update's result."""
+    directory = directory or UPDATE_DIR
+    try:
+        cmdline = CMDLINE.read_text()
+    except OSError:
+        cmdline = ""
+    trial = Trial.read(directory)
+    return {"slot": booted_slot(cmdline), "trial": vars(trial) if trial else None,
+            "last": last_result(directory)}

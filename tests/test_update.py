@@ -1,0 +1,164 @@
+"""The health gate of A/B updates (``cairn update health``) and RAUC's post-install handler that
+puts a slot on trial, run against real files; RAUC itself is the recorder of the calls the gate
+makes (on a device they go to ``rauc status mark-good|mark-bad booted``). The booted image's
+updates are tested in QEMU (tests/test_device_update.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cairn.app import update
+from cairn.gateway import ops, update_state
+from cairn.gateway.metrics import MessageCounters, render
+
+HANDLER = Path(__file__).resolve().parent.parent / "images/update/cairn-update-installed"
+
+
+class Rauc:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def __call__(self, *args: str) -> str:
+        self.calls.append(args)
+        return ""
+
+
+def put_on_trial(directory: Path, slot: str = "B", version: str = "1.2.0") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trial").write_text(f"slot={slot}\nversion={version}\nfrom_slot=A\n")
+
+
+def healthy() -> list[str]:
+    return []
+
+
+def never_ready() -> list[str]:
+    return ["cairn-router is activating, not ready"]
+
+
+def test_the_booted_slot_is_read_from_the_kernel_command_line():
+    assert update_state.booted_slot("root=PARTUUID=ca11ab1e-03 ro rauc.slot=B quiet") == "B"
+    assert update_state.booted_slot("root=/dev/vda2 ro") is None
+
+
+def test_a_boot_without_a_slot_is_left_alone(tmp_path):
+    rauc = Rauc()
+    done, _ = update.health_gate(tmp_path, None, healthy, 1, rauc)
+    assert done == "none" and rauc.calls == []
+
+
+def test_a_boot_with_no_update_on_trial_is_marked_good_at_once(tmp_path):
+    rauc = Rauc()
+    done, _ = update.health_gate(tmp_path, "A", never_ready, 60, rauc)
+    # a router that is not ready does not send a slot without a trial back (a bad config)
+    assert done == "good" and rauc.calls == [("status", "mark-good", "booted")]
+    assert update_state.last_result(tmp_path) is None
+
+
+def test_a_healthy_trial_boot_is_kept_and_recorded(tmp_path):
+    put_on_trial(tmp_path)
+    rauc = Rauc()
+    done, _ = update.health_gate(tmp_path, "B", healthy, 60, rauc)
+    assert done == "good" and rauc.calls == [("status", "mark-good", "booted")]
+    last = update_state.last_result(tmp_path)
+    assert last["result"] == "ok" and last["version"] == "1.2.0" and last["slot"] == "B"
+    assert not (tmp_path / "trial").exists()
+
+
+def test_a_trial_boot_that_turns_healthy_in_time_is_kept(tmp_path):
+    put_on_trial(tmp_path)
+    answers = iter([["cairn-router is activating, not ready"], []])
+    rauc = Rauc()
+    done, _ = update.health_gate(tmp_path, "B", lambda: next(answers), 30, rauc)
+    assert done == "good" and rauc.calls == [("status", "mark-good", "booted")]
+
+
+def test_an_unhealthy_trial_boot_is_marked_bad_with_its_reason(tmp_path):
+    put_on_trial(tmp_path)
+    rauc = Rauc()
+    done, reason = update.health_gate(tmp_path, "B", never_ready, 0.1, rauc)
+    assert done == "bad" and rauc.calls == [("status", "mark-bad", "booted")]
+    last = update_state.last_result(tmp_path)
+    assert last["result"] == "failed" and "cairn-router is activating" in last["reason"]
+    assert last["reason"] == reason
+    assert not (tmp_path / "trial").exists()
+
+
+def test_a_trial_slot_that_never_reached_user_space_is_recorded_from_the_old_slot(tmp_path):
+    put_on_trial(tmp_path, slot="B")
+    rauc = Rauc()
+    done, _ = update.health_gate(tmp_path, "A", healthy, 60, rauc)
+    assert done == "failed" and rauc.calls == [("status", "mark-good", "booted")]
+    last = update_state.last_result(tmp_path)
+    assert last["result"] == "failed" and "never reached user space" in last["reason"]
+
+
+def test_a_damaged_trial_record_is_no_trial(tmp_path):
+    (tmp_path / "trial").write_bytes(b"\x00\xff garbage")
+    assert update_state.Trial.read(tmp_path) is None
+
+
+def test_raucs_post_install_handler_puts_the_written_slot_on_trial(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "manifest.raucm").write_text("[update]\ncompatible=cairn-debian-arm64\n"
+                                           "version=1.3.0\n")
+    env = {**os.environ, "CAIRN_UPDATE_DIR": str(tmp_path / "update"),
+           "RAUC_TARGET_SLOTS": "2", "RAUC_SLOT_BOOTNAME_1": "A", "RAUC_SLOT_BOOTNAME_2": "B",
+           "RAUC_CURRENT_BOOTNAME": "A", "RAUC_BUNDLE_MOUNT_POINT": str(bundle)}
+    subprocess.run([str(HANDLER)], env=env, check=True, capture_output=True)
+    trial = update_state.Trial.read(tmp_path / "update")
+    assert trial == update_state.Trial(slot="B", version="1.3.0", from_slot="A")
+
+
+@pytest.mark.parametrize("result", ["ok", "failed"])
+def test_the_last_result_is_written_whole(tmp_path, result):
+    update_state.record(tmp_path, result, "why", None)
+    assert json.loads((tmp_path / "last.json").read_text())["result"] == result
+    assert not (tmp_path / "last.json.tmp").exists()
+
+
+@pytest.fixture
+def ab_device(tmp_path, monkeypatch):
+    """This process seen as running slot A of an A/B image, with its update records."""
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_text("root=PARTUUID=ca11ab1e-02 ro rauc.slot=A\n")
+    monkeypatch.setattr(update_state, "CMDLINE", cmdline)
+    monkeypatch.setattr(update_state, "UPDATE_DIR", tmp_path / "update")
+    return tmp_path / "update"
+
+
+def _update_line(report: ops.Report) -> tuple[str, str]:
+    (line,) = [(level, detail) for level, what, detail in report.lines
+               if what == "system update"]
+    return line
+
+
+def test_doctor_warns_of_an_update_that_was_not_kept_and_says_why(ab_device):
+    update_state.record(ab_device, "failed", "not healthy within 300 s: cairn-router is "
+                                             "activating, not ready",
+                        update_state.Trial("B", "1.3.0", "A"))
+    report = ops.Report()
+    ops._check_update(report)
+    level, detail = _update_line(report)
+    assert level == "warn" and "running slot A" in detail
+    assert "1.3.0 was not kept" in detail and "cairn-router is activating" in detail
+
+
+def test_doctor_says_nothing_of_updates_off_an_ab_image(ab_device):
+    update_state.CMDLINE.write_text("root=/dev/mmcblk0p2 ro\n")
+    report = ops.Report()
+    ops._check_update(report)
+    assert report.lines == []
+
+
+def test_metrics_carry_the_slot_and_the_last_updates_result(ab_device):
+    update_state.record(ab_device, "ok", "kept", update_state.Trial("B", "1.3.0", "A"))
+    text = render({"update": update_state.summary()}, MessageCounters(), [])
+    assert 'cairn_system_slot_info{slot="A"} 1' in text
+    assert 'cairn_update_last_failed{version="1.3.0"} 0' in text
