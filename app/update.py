@@ -148,7 +148,7 @@ def _rauc(*args: str) -> str:
 
 
 def status() -> dict[str, Any]:
-    rauc = json.loads(_rauc("status", "--output-format=json"))
+    rauc = json.loads(_rauc("status", "--detailed", "--output-format=json"))
     slots = {}
     for entry in rauc.get("slots", []):
         for name, slot in entry.items():
@@ -156,6 +156,11 @@ def status() -> dict[str, Any]:
             slots[slot.get("bootname") or name] = {
                 "state": slot.get("state"), "boot_status": slot.get("boot_status"),
                 "version": info.get("version"), "device": slot.get("device")}
+    booted = slots.get(rauc.get("booted"))
+    if booted is not None and booted["version"] is None:
+        # a slot as flashed has no bundle record: its version is the Cairn it runs
+        from importlib import metadata
+        booted["version"] = metadata.version("cairn")
     return {"booted": rauc.get("booted"), "primary": rauc.get("boot_primary"),
             "compatible": rauc.get("compatible"), "slots": slots,
             "trial": vars(t) if (t := Trial.read(UPDATE_DIR)) else None,

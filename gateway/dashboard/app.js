@@ -369,6 +369,7 @@
     }
     renderSync(s.sync);
     renderWear(s.wear);
+    renderSystem(s.update);
     setStat("st-clock", clock.synchronized ? "synchronized" : "not synchronized", "",
             clock.synchronized ? "good" : "warn");
     $("clock-banner").hidden = clock.synchronized !== false;
@@ -406,6 +407,23 @@
     setStat("st-card", formatBytes(wear.bytes_per_day) + "/day", years, kind,
             "written to " + (wear.disk || "storage") + " over the last " +
             formatDuration(wear.measured_s));
+  }
+
+  /** The A/B system (shown on A/B images only): the slot running and the last update. */
+  function renderSystem(update) {
+    $("st-system-box").hidden = !(update && update.slot);
+    if (!update || !update.slot) return;
+    const last = update.last;
+    if (update.trial) {
+      setStat("st-system", "slot " + update.slot, update.trial.version + " on trial");
+    } else if (!last) {
+      setStat("st-system", "slot " + update.slot, "no update yet");
+    } else if (last.result === "ok") {
+      setStat("st-system", "slot " + update.slot, "update " + last.version + " kept", "good");
+    } else {
+      setStat("st-system", "slot " + update.slot, "update " + last.version + " not kept",
+              "warn", last.reason);
+    }
   }
 
   function setStat(id, text, small, kind, title) {
