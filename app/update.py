@@ -96,8 +96,10 @@ def wait_healthy(check: Callable[[], list[str]], timeout: float,
 
 
 def health_gate(directory: Path, slot: str | None, check: Callable[[], list[str]],
-                timeout: float, rauc: Callable[..., str]) -> tuple[str, str]:
-    """Settles this boot; returns (what was done, why). ``rauc(*args)`` runs RAUC."""
+                timeout: float, rauc: Callable[..., str],
+                kept: Callable[[], None] = lambda: None) -> tuple[str, str]:
+    """Settles this boot; returns (what was done, why). ``rauc(*args)`` runs RAUC;
+    ``kept()`` is called once an update is kept (the store's copy for a rollback goes)."""
     if slot is None:
         return "none", "not an A/B boot (no rauc.slot= on the kernel command line)"
     trial = Trial.read(directory)
@@ -114,6 +116,7 @@ def health_gate(directory: Path, slot: str | None, check: Callable[[], list[str]
     if not problems:
         rauc("status", "mark-good", "booted")
         record(directory, "ok", f"slot {slot} proved healthy and is kept", trial)
+        kept()
         return "good", f"update to {trial.version} in slot {slot} kept"
     reason = f"not healthy within {timeout:.0f} s: " + "; ".join(problems)
     record(directory, "failed", reason, trial)
@@ -136,11 +139,51 @@ def add_commands(commands: Any) -> None:
     i.add_argument("bundle", metavar="FILE", help="a signed cairn-*.raucb")
     i.add_argument("--reboot", action="store_true", help="reboot into it when installed")
     actions.add_parser("mark-good", help="keep the running slot (what the health gate does)")
+    p = actions.add_parser("pull", help="fetch and install updates from [update] source",
+                           description="Check the central side's latest.json every "
+                                       "[update] interval; download, check and install a "
+                                       "bundle of another version (cairn-update-pull.service).")
+    p.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG)
+    p.add_argument("--once", action="store_true", help="check once (exit 1 if it failed)")
     h = actions.add_parser("health", help="the boot's health gate (cairn-health.service)")
     h.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG)
     h.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, metavar="S",
                    help=f"how long a trial boot has to prove itself (default "
                         f"{HEALTH_TIMEOUT_S:.0f} s; CAIRN_HEALTH_TIMEOUT)")
+
+
+def _pull(config_path: str, once: bool) -> int:
+    from importlib import metadata
+
+    from cairn.app import update_pull
+
+    try:
+        source = update_pull.load(config_path)
+    except cfg.ConfigError as e:
+        print(f"cairn update pull: bad config: {e}", file=sys.stderr)
+        return 2
+    if source is None:
+        print("cairn update pull: no [update] source in the config: nothing to pull from")
+        return 0
+
+    def install(bundle: Path) -> None:
+        try:
+            _rauc("install", str(bundle))
+        except UpdateError as e:
+            raise update_pull.PullError(str(e)) from None
+        if source.reboot:
+            run("systemctl", "--no-block", "reboot")
+
+    return update_pull.run(source, metadata.version("cairn"), install, once)
+
+
+def _commit_store(config_path: str) -> None:
+    """The store's pre-migration copies are only for going back to the older release."""
+    from cairn.gateway.data_dir import db_path
+    from cairn.gateway.store import discard_pre_migration_copies
+
+    for copy in discard_pre_migration_copies(db_path(cfg.load(config_path).router.data_dir)):
+        print(f"cairn update health: the update is kept: removed {copy}")
 
 
 def _rauc(*args: str) -> str:
@@ -192,10 +235,12 @@ def main(args: argparse.Namespace) -> int:
                 run("systemctl", "--no-block", "reboot")
         elif args.action == "mark-good":
             print(_rauc("status", "mark-good", "booted"), end="")
+        elif args.action == "pull":
+            return _pull(args.config, args.once)
         elif args.action == "health":
             slot = booted_slot(Path("/proc/cmdline").read_text())
             done, why = health_gate(UPDATE_DIR, slot, lambda: health_problems(args.config),
-                                    args.timeout, _rauc)
+                                    args.timeout, _rauc, lambda: _commit_store(args.config))
             print(f"cairn update health: {why}")
             if done == "bad":
                 run("systemctl", "--no-block", "reboot")

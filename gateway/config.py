@@ -195,7 +195,7 @@ def read_document(path: str | Path | None) -> tuple[dict[str, Any], str]:
 
 def parse(data: dict[str, Any], source: str) -> Config:
     v = Validator(source)
-    v.keys(data, "", {"router", "realms", "driver", "sensors", "mqtt", "sync"})
+    v.keys(data, "", {"router", "realms", "driver", "sensors", "mqtt", "sync", "update"})
     router = parse_router(v, v.table(data, "router"), "router")
     realms = tuple(
         _realm(v, table, f"realms[{i}]") for i, table in enumerate(v.tables(data, "realms"))

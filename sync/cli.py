@@ -60,7 +60,7 @@ class SyncConfig:
     redirect_hosts: tuple[str, ...] = ()
 
 
-def _optional_secret(v: Validator, t: dict[str, Any], at: str, name: str) -> str | None:
+def optional_secret(v: Validator, t: dict[str, Any], at: str, name: str) -> str | None:
     keys = {name: "secret", f"{name}_file": "secret_file", f"{name}_env": "secret_env"}
     renamed = {keys[k]: value for k, value in t.items() if k in keys}
     try:
@@ -108,9 +108,9 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     return SyncConfig(
         sink=sink, data_dir=router.data_dir,
         gateway_id=gateway_id,
-        token=_optional_secret(v, t, at, "token"),
+        token=optional_secret(v, t, at, "token"),
         username=v.get(t, at, "username", str, None),
-        password=_optional_secret(v, t, at, "password"),
+        password=optional_secret(v, t, at, "password"),
         batch_events=v.positive(t, at, "batch_events", 10_000),
         batch_bytes=v.positive(t, at, "batch_bytes", 8 * 1024 * 1024),
         bandwidth=bandwidth, verify_tls=v.get(t, at, "verify_tls", bool, True),

@@ -1,4 +1,5 @@
-"""Where batches go: a directory (a mounted share) or an HTTP(S) endpoint taking PUT.
+"""Where batches go: a directory (a mounted share) or an HTTP(S) endpoint taking PUT; and
+the same HTTP(S) rules for what the device fetches from the central side (update bundles).
 
 A sink either confirms a batch (both files are complete where they landed) or raises
 :class:`SinkError`; the uploader advances its watermark only after a confirmation. The
@@ -21,6 +22,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from cairn.gateway.urls import redact_url
 
@@ -106,17 +108,12 @@ def _origin(url: str) -> tuple[str, str, int | None]:
 
 
 @dataclass
-class HttpSink:
-    """PUTs each file to ``url`` + name (WebHDFS/HttpFS, S3-style presigned prefixes, or any
-    server that answers 2xx). ``{name}`` in the URL is replaced instead when present.
-
-    A 307/308 answer is followed (WebHDFS hands a CREATE to a datanode that way) only
-    within the sink's own origin or to a host of ``redirect_hosts``, never from https to
-    http, and credentials go to the sink's origin only: the watermark advances on what the
-    configured sink (or a host the operator named) confirmed, and the token never leaves.
-    ``timeout`` bounds each whole request (connect, upload, answer), plus the time the
-    ``bandwidth`` cap itself needs for the upload: a server that answers a byte at a time
-    cannot hold a PUT longer."""
+class HttpEndpoint:
+    """The central side over HTTP(S), with the rules every request of Cairn's follows. A
+    307/308 answer is followed only within the endpoint's own origin or to a host of
+    ``redirect_hosts`` (named in ``{section}.redirect_hosts``), never from https to http, and
+    credentials (a bearer ``token``, or ``username`` and ``password``) go to the endpoint's
+    origin only: the token never leaves. ``timeout``: see each request."""
 
     url: str
     token: str | None = None
@@ -124,13 +121,12 @@ class HttpSink:
     password: str | None = None
     timeout: float = 30.0
     verify_tls: bool = True
-    bandwidth: int = 0
     redirect_hosts: tuple[str, ...] = ()
-    pacer: Pacer | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.bandwidth:
-            self.pacer = Pacer(self.bandwidth)
+    # for messages: the config section, what the endpoint is, and why a person would list
+    # another host in redirect_hosts
+    section: ClassVar[str] = "sync"
+    role: ClassVar[str] = "sink"
+    redirect_hint: ClassVar[str] = "if it stores the batches, as a WebHDFS datanode does"
 
     def describe(self) -> str:
         return redact_url(self.url)
@@ -140,26 +136,64 @@ class HttpSink:
             return self.url.replace("{name}", name)
         return self.url.rstrip("/") + "/" + name
 
+    def _follow(self, url: str, location: str, what: str) -> str:
+        target = urllib.parse.urljoin(url, location)
+        scheme, host, _ = _origin(target)
+        if urllib.parse.urlsplit(url).scheme == "https" and scheme != "https":
+            raise SinkError(f"{what}: redirected from https to {redact_url(target)}: "
+                            f"refused (it would leave TLS)")
+        if _origin(target) != _origin(self.url) and host not in self.redirect_hosts:
+            raise SinkError(f"{what}: redirected to {redact_url(target)}, not the "
+                            f"{self.role}'s host: refused (list it in "
+                            f"{self.section}.redirect_hosts {self.redirect_hint})")
+        return target
+
+    def _connection(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+        if parts.scheme == "https":
+            context = ssl.create_default_context() if self.verify_tls else \
+                ssl._create_unverified_context()
+            return http.client.HTTPSConnection(parts.hostname, parts.port,
+                                               timeout=self.timeout, context=context)
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout)
+
+    def _credentials(self, url: str) -> dict[str, str]:
+        """The Authorization header, for the endpoint's own origin only."""
+        if _origin(url) != _origin(self.url):
+            return {}
+        if self.token:
+            return {"Authorization": f"Bearer {self.token}"}
+        if self.username is not None:
+            pair = f"{self.username}:{self.password or ''}".encode()
+            return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
+        return {}
+
+
+@dataclass
+class HttpSink(HttpEndpoint):
+    """PUTs each file to ``url`` + name (WebHDFS/HttpFS, S3-style presigned prefixes, or any
+    server that answers 2xx). ``{name}`` in the URL is replaced instead when present.
+
+    Redirects (WebHDFS hands a CREATE to a datanode with a 307) and credentials follow
+    :class:`HttpEndpoint`'s rules: the watermark advances on what the configured sink (or a
+    host the operator named) confirmed. ``timeout`` bounds each whole request (connect,
+    upload, answer), plus the time the ``bandwidth`` cap itself needs for the upload: a
+    server that answers a byte at a time cannot hold a PUT longer."""
+
+    bandwidth: int = 0
+    pacer: Pacer | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.bandwidth:
+            self.pacer = Pacer(self.bandwidth)
+
     def put(self, name: str, data: bytes) -> None:
         url = self._target(name)
         for _ in range(3):
             location = self._put(url, name, data)
             if location is None:
                 return
-            url = self._follow(url, location, name)
+            url = self._follow(url, location, f"PUT {name}")
         raise SinkError(f"PUT {name}: too many redirects")
-
-    def _follow(self, url: str, location: str, name: str) -> str:
-        target = urllib.parse.urljoin(url, location)
-        scheme, host, _ = _origin(target)
-        if urllib.parse.urlsplit(url).scheme == "https" and scheme != "https":
-            raise SinkError(f"PUT {name}: redirected from https to {redact_url(target)}: "
-                            f"refused (it would leave TLS)")
-        if _origin(target) != _origin(self.url) and host not in self.redirect_hosts:
-            raise SinkError(f"PUT {name}: redirected to {redact_url(target)}, not the sink's "
-                            f"host: refused (list it in sync.redirect_hosts if it stores the "
-                            f"batches, as a WebHDFS datanode does)")
-        return target
 
     def _put(self, url: str, name: str, data: bytes) -> str | None:
         """One PUT; the Location of a 307/308 answer, or None once the server took it."""
@@ -193,24 +227,78 @@ class HttpSink:
         moved = f" to {redact_url(urllib.parse.urljoin(url, location))}" if location else ""
         raise SinkError(f"PUT {name}: HTTP {reply.status} {reply.reason}{moved}")
 
-    def _connection(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
-        if parts.scheme == "https":
-            context = ssl.create_default_context() if self.verify_tls else \
-                ssl._create_unverified_context()
-            return http.client.HTTPSConnection(parts.hostname, parts.port,
-                                               timeout=self.timeout, context=context)
-        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout)
 
-    def _credentials(self, url: str) -> dict[str, str]:
-        """The Authorization header, for the sink's own origin only."""
-        if _origin(url) != _origin(self.url):
-            return {}
-        if self.token:
-            return {"Authorization": f"Bearer {self.token}"}
-        if self.username is not None:
-            pair = f"{self.username}:{self.password or ''}".encode()
-            return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
-        return {}
+@dataclass
+class HttpSource(HttpEndpoint):
+    """GETs files from ``url`` + name (update bundles and their index), with
+    :class:`HttpEndpoint`'s rules. ``timeout`` bounds each network wait (connect, each
+    read), not a whole download: a bundle of hundreds of MB over a cellular link takes as
+    long as it takes, but a link that stops moving ends it. A download picks up where the
+    last one stopped (HTTP Range)."""
+
+    section: ClassVar[str] = "update"
+    role: ClassVar[str] = "update source"
+    redirect_hint: ClassVar[str] = "if it serves the bundles"
+
+    def fetch(self, name: str, limit: int = 1 << 20) -> bytes:
+        """A small file, whole (at most ``limit`` bytes)."""
+        reply, connection = self._get(name, {})
+        try:
+            data = reply.read(limit + 1)
+        except (OSError, http.client.HTTPException) as e:
+            raise SinkError(f"GET {name}: {type(e).__name__} {e}".strip()) from e
+        finally:
+            connection.close()
+        if len(data) > limit:
+            raise SinkError(f"GET {name}: larger than {limit} bytes")
+        return data
+
+    def download(self, name: str, target: Path, chunk: int = 1 << 16) -> None:
+        """Into ``target``, appending to what an earlier download left there."""
+        have = target.stat().st_size if target.exists() else 0
+        reply, connection = self._get(name, {"Range": f"bytes={have}-"} if have else {})
+        try:
+            if reply.status == 416:   # nothing after what is here: the file is whole
+                return
+            if have and reply.status != 206:   # the server sends the whole file again
+                have = 0
+            with open(target, "r+b" if have else "wb") as out:
+                out.seek(have)
+                while block := reply.read(chunk):
+                    out.write(block)
+                out.flush()
+                os.fsync(out.fileno())
+            if reply.length:   # the body ended before its Content-Length: the link went
+                raise SinkError(f"GET {name}: the connection closed {reply.length} bytes "
+                                f"before the end")
+        except (OSError, http.client.HTTPException) as e:
+            raise SinkError(f"GET {name}: {type(e).__name__} {e}".strip()) from e
+        finally:
+            connection.close()
+
+    def _get(self, name: str, headers: dict[str, str]
+             ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        url = self._target(name)
+        for _ in range(4):
+            parts = urllib.parse.urlsplit(url)
+            connection = self._connection(parts)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            try:
+                connection.request("GET", path, headers={**headers, **self._credentials(url)})
+                reply = connection.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                connection.close()
+                raise SinkError(f"GET {name}: {type(e).__name__} {e}".strip()) from e
+            location = reply.getheader("Location")
+            if reply.status in (301, 302, 303, 307, 308) and location:
+                connection.close()
+                url = self._follow(url, location, f"GET {name}")
+                continue
+            if reply.status in (200, 206) or (reply.status == 416 and "Range" in headers):
+                return reply, connection
+            connection.close()
+            raise SinkError(f"GET {name}: HTTP {reply.status} {reply.reason}")
+        raise SinkError(f"GET {name}: too many redirects")
 
 
 def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:

@@ -43,8 +43,9 @@ CAIRN = Path(sys.executable).with_name("cairn")
 UNITS = ["cairn-router.service", "cairn-sensor@.service", "cairn-bridge-mqtt@.service",
          "cairn-sync.service"]
 IMAGE_UNITS = ["cairn-data-partition.service", "cairn-readonly-root.service",
-               "cairn-overlay-rw.service", "cairn-device-settings.service",
-               "cairn-health.service"]
+               "cairn-overlay-rw.service", "cairn-drivers.service",
+               "cairn-device-settings.service", "cairn-health.service",
+               "cairn-update-pull.service"]
 # what `systemd-analyze verify` is asked about: templates through an instance, so that
 # their specifiers (%i) are expanded as on the device
 INSTANCES = {"cairn-sensor@.service": "cairn-sensor@greenhouse.service",
@@ -102,7 +103,7 @@ def fake_device_root(root: Path, cairn: Path | None = None) -> Path:
     for name in IMAGE_UNITS:
         source = FIRSTBOOT / name if (FIRSTBOOT / name).exists() else UPDATE / name
         shutil.copy2(source, root / "usr/lib/systemd/system" / name)
-    for tool in ("cairn-data-partition", "cairn-readonly-root"):
+    for tool in ("cairn-data-partition", "cairn-readonly-root", "cairn-drivers"):
         shutil.copy2(FIRSTBOOT / tool, root / "usr/lib/cairn" / tool)
     for tool in ("cairn-device-settings", "cairn-update-installed"):
         shutil.copy2(UPDATE / tool, root / "usr/lib/cairn" / tool)
@@ -912,3 +913,30 @@ def test_the_pi_gen_stage_installs_a_working_cairn_into_a_debian_root(payload, t
     assert "cairn:" in (upper / "etc/passwd").read_text()
     assert (upper / "etc/udev/rules.d/99-cairn-serial.rules").exists()
     assert not (upper / "tmp/cairn-payload").exists()
+
+
+def test_drivers_follow_the_config_files_kept_on_the_device(tmp_path):
+    """cairn-drivers starts one unit per driver config (the files outlive the read-only
+    root's RAM, a `systemctl enable` does not); systemctl is a recorder here."""
+    etc = tmp_path / "etc"
+    (etc / "sensors").mkdir(parents=True)
+    (etc / "mqtt").mkdir()
+    for name in ("sensors/greenhouse.toml", "sensors/pump.toml", "mqtt/local.toml",
+                 "sensors/notes.txt"):
+        (etc / name).write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/called\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CAIRN_ETC": str(etc)}
+    done = run(FIRSTBOOT / "cairn-drivers", env=env)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "called").read_text().split() == [
+        "start", "--no-block", "cairn-sensor@greenhouse.service", "cairn-sensor@pump.service",
+        "cairn-bridge-mqtt@local.service"]
+    (tmp_path / "called").unlink()
+    for name in ("sensors/greenhouse.toml", "sensors/pump.toml", "mqtt/local.toml"):
+        (etc / name).unlink()
+    done = run(FIRSTBOOT / "cairn-drivers", env=env)
+    assert done.returncode == 0 and "no driver configs" in done.stdout
+    assert not (tmp_path / "called").exists()

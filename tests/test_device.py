@@ -305,7 +305,7 @@ def bundles(image, tmp_path_factory) -> SimpleNamespace:
         return out
 
     built = img.with_name(img.name.removesuffix(".img") + ".raucb")
-    return SimpleNamespace(make=make, work=work, ca=ca, built=built)
+    return SimpleNamespace(make=make, work=work, ca=ca, built=built, rootfs=rootfs)
 
 
 def _install(device: qemu_device.Guest, bundle: Path) -> subprocess.CompletedProcess:
@@ -344,6 +344,8 @@ def test_a_good_update_boots_the_other_slot_on_trial_and_keeps_data_and_config(d
     assert status["slots"]["B"]["boot_status"] == "good", status
     assert device.ssh("cat /etc/cairn-build-marker").stdout == "the newer build\n"
     assert device.ssh("cat /etc/cairn/site-note").stdout == "kept\n"
+    # the sensor configured earlier (tests above) runs in the new slot too: its config is kept
+    assert device.ssh("systemctl is-active cairn-sensor@uart").stdout.strip() == "active"
     with device.tunnel() as port:
         assert asyncio.run(_publish_and_read_retained(port, None)) == 1   # the data came along
         assert asyncio.run(_publish_and_read_retained(port, 2)) == 2
@@ -358,17 +360,37 @@ def test_a_good_update_boots_the_other_slot_on_trial_and_keeps_data_and_config(d
         assert asyncio.run(_publish_and_read_retained(port, None)) == 2
 
 
-def test_a_bad_update_whose_router_never_gets_ready_goes_back_by_itself(device, bundles):
-    """The new slot boots, its router never becomes ready: the health gate marks it bad and
-    reboots; the old slot serves again with every acknowledged reading, no command typed."""
+def _newer_schema_module(rootfs: Path, out: Path) -> str:
+    """The store's schema.py of the image's Cairn, one schema version newer (one more
+    migration); returns its path in the slot."""
+    listing = subprocess.run(["debugfs", "-R", "ls -p /opt", str(rootfs)], capture_output=True,
+                             text=True, check=True).stdout
+    (venv,) = re.findall(r"/(cairn-[^/]+-[0-9a-f]+)/", listing)
+    path = f"/opt/{venv}/lib/python3.13/site-packages/cairn/gateway/store/schema.py"
+    source = subprocess.run(["debugfs", "-R", f"cat {path}", str(rootfs)], capture_output=True,
+                            text=True, check=True).stdout
+    version = int(re.search(r"^SCHEMA_VERSION = (\d+)$", source, re.M).group(1))
+    out.write_text(source.replace(f"SCHEMA_VERSION = {version}\n",
+                                  f"SCHEMA_VERSION = {version + 1}\n")
+                   + "\nMIGRATIONS.append('CREATE TABLE a_newer_feature (x)')\n")
+    return path
+
+
+def test_a_bad_update_that_migrated_the_store_goes_back_with_every_reading(device, bundles):
+    """The new slot's router migrates the store, then never becomes ready (a step after its
+    start fails): the health gate marks the slot bad and reboots; the old slot serves again,
+    no command typed, on the copy of the store the migration kept, with every reading
+    acknowledged before the update; status and doctor say what happened."""
     before = _booted_slot(device)
     with device.tunnel() as port:
         assert asyncio.run(_publish_and_read_retained(port, 3)) == 3
+    schema_path = _newer_schema_module(bundles.rootfs, bundles.work / "schema.py")
     bad = bundles.make(
         "9.1.0+broken",
-        files={"broken.conf": "[Service]\nExecStart=\nExecStart=/bin/sleep infinity\n",
+        files={"broken.conf": "[Service]\nExecStartPost=/bin/false\n",
                "fast.conf": "[Service]\nEnvironment=CAIRN_HEALTH_TIMEOUT=60\n"},
-        edits=["mkdir /usr/lib/systemd/system/cairn-router.service.d",
+        edits=[f"rm {schema_path}", f"write {{files}}/schema.py {schema_path}",
+               "mkdir /usr/lib/systemd/system/cairn-router.service.d",
                "write {files}/broken.conf /usr/lib/systemd/system/cairn-router.service.d/"
                "broken.conf",
                "mkdir /usr/lib/systemd/system/cairn-health.service.d",
@@ -378,7 +400,7 @@ def test_a_bad_update_whose_router_never_gets_ready_goes_back_by_itself(device, 
     started = time.monotonic()
     _reboot(device)     # ready again only on the old slot: the new one's router never is
     print(f"\n[appliance] bad update: old slot serving again {time.monotonic() - started:.0f} s "
-          f"after the reboot into it")
+          f"after the reboot into the new one")
     assert _booted_slot(device) == before
     status = _settled(device)
     last = status["last"]
@@ -389,6 +411,9 @@ def test_a_bad_update_whose_router_never_gets_ready_goes_back_by_itself(device, 
     doctor = device.ssh("sudo -u cairn cairn doctor --config /etc/cairn/cairn.toml").stdout
     assert re.search(r"warn\s+system update\s+running slot \w; last update 9.1.0\+broken was "
                      r"not kept .*cairn-router", doctor), doctor
+    # the newer release did migrate the store: its file is set aside, the old one back
+    files = device.ssh("sudo ls /var/lib/cairn").stdout.split()
+    assert any(f.endswith(".rolled-back") for f in files), files
     with device.tunnel() as port:
         assert asyncio.run(_publish_and_read_retained(port, None)) == 3
 

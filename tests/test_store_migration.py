@@ -7,13 +7,19 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import (
     _LEGACY_SEQ_OF_PUBLICATION,
     MIGRATIONS,
     SCHEMA_VERSION,
+    SchemaTooNew,
     Store,
     StoredPublication,
+    discard_pre_migration_copies,
+    pre_migration_copy,
+    schema,
 )
 
 # seqs spread over several 1,024-seq chunks of the version 2 index, publication ids random
@@ -106,3 +112,78 @@ async def test_a_new_database_gets_the_current_schema(tmp_path):
     with contextlib.closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
     assert indexes(path) == set()
+
+
+# -- a system update that migrated the store and was rolled back ----------------------------
+
+
+def user_version(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+async def events(path: Path) -> int:
+    store = await Store.open(path)
+    try:
+        return (await store.reader.summary("realm1"))["events"]
+    finally:
+        await store.close()
+
+
+async def test_a_migration_keeps_a_copy_of_the_store_as_the_older_release_left_it(tmp_path):
+    path = tmp_path / "cairn.db"
+    write_v1_database(path)
+    await (await Store.open(path)).close()
+    copy = pre_migration_copy(path, 1)
+    assert user_version(path) == SCHEMA_VERSION and user_version(copy) == 1
+    with contextlib.closing(sqlite3.connect(copy)) as db:
+        assert db.execute("SELECT seq FROM publications ORDER BY seq").fetchall() == \
+            [(seq,) for seq, _ in OLD_ROWS]
+
+
+async def test_after_a_rollback_the_older_release_takes_back_its_copy(tmp_path, monkeypatch):
+    """This release stored two readings; a newer one (schema + 1) migrated the store, stored
+    one more and was rolled back: this release starts on its copy, with its two readings,
+    and the newer file is set aside, not lost."""
+    path = tmp_path / "cairn.db"
+    store = await Store.open(path)
+    for _ in range(2):
+        await store.append(new_publication(store))
+    await store.close()
+
+    with monkeypatch.context() as newer:
+        newer.setattr(schema, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+        newer.setattr(schema, "MIGRATIONS", [*MIGRATIONS, "CREATE TABLE future (x)"])
+        store = await Store.open(path)
+        await store.append(new_publication(store))
+        await store.close()
+    assert user_version(path) == SCHEMA_VERSION + 1
+
+    assert await events(path) == 2
+    assert user_version(path) == SCHEMA_VERSION
+    aside = tmp_path / f"cairn.db.schema-{SCHEMA_VERSION + 1}.rolled-back"
+    assert user_version(aside) == SCHEMA_VERSION + 1
+    with contextlib.closing(sqlite3.connect(aside)) as db:
+        assert db.execute("SELECT COUNT(*) FROM publications").fetchone() == (3,)
+    assert not pre_migration_copy(path, SCHEMA_VERSION).exists()
+
+
+async def test_a_newer_store_without_a_copy_is_refused_untouched(tmp_path):
+    path = tmp_path / "cairn.db"
+    await (await Store.open(path)).close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    before = path.read_bytes()
+    with pytest.raises(SchemaTooNew):
+        await Store.open(path)
+    assert path.read_bytes() == before
+
+
+async def test_once_the_update_is_kept_its_copies_go_but_not_what_a_rollback_set_aside(
+        tmp_path):
+    path = tmp_path / "cairn.db"
+    for name in ("cairn.db", "cairn.db.schema-2", "cairn.db.schema-4.rolled-back"):
+        (tmp_path / name).write_bytes(b"x")
+    assert discard_pre_migration_copies(path) == [tmp_path / "cairn.db.schema-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["cairn.db", "cairn.db.schema-4.rolled-back"]

@@ -62,9 +62,10 @@ def test_a_boot_with_no_update_on_trial_is_marked_good_at_once(tmp_path):
 
 def test_a_healthy_trial_boot_is_kept_and_recorded(tmp_path):
     put_on_trial(tmp_path)
-    rauc = Rauc()
-    done, _ = update.health_gate(tmp_path, "B", healthy, 60, rauc)
+    rauc, kept = Rauc(), []
+    done, _ = update.health_gate(tmp_path, "B", healthy, 60, rauc, lambda: kept.append(1))
     assert done == "good" and rauc.calls == [("status", "mark-good", "booted")]
+    assert kept == [1]   # the store's copy for going back is not needed any more
     last = update_state.last_result(tmp_path)
     assert last["result"] == "ok" and last["version"] == "1.2.0" and last["slot"] == "B"
     assert not (tmp_path / "trial").exists()
@@ -81,8 +82,11 @@ def test_a_trial_boot_that_turns_healthy_in_time_is_kept(tmp_path):
 def test_an_unhealthy_trial_boot_is_marked_bad_with_its_reason(tmp_path):
     put_on_trial(tmp_path)
     rauc = Rauc()
-    done, reason = update.health_gate(tmp_path, "B", never_ready, 0.1, rauc)
+    kept: list[int] = []
+    done, reason = update.health_gate(tmp_path, "B", never_ready, 0.1, rauc,
+                                      lambda: kept.append(1))
     assert done == "bad" and rauc.calls == [("status", "mark-bad", "booted")]
+    assert kept == []
     last = update_state.last_result(tmp_path)
     assert last["result"] == "failed" and "cairn-router is activating" in last["reason"]
     assert last["reason"] == reason

@@ -28,6 +28,8 @@ from cairn.gateway.store.schema import (
     PAGE_SIZE,
     SCHEMA_VERSION,
     SchemaTooNew,
+    discard_pre_migration_copies,
+    pre_migration_copy,
 )
 from cairn.gateway.store.state import Topics
 from cairn.gateway.store.unavailable import UnavailableStore
@@ -37,5 +39,6 @@ __all__ = [
     "MIGRATIONS", "PAGE_SIZE", "SCHEMA_VERSION", "VACUUM_STEP_SECONDS",
     "_LEGACY_SEQ_OF_PUBLICATION", "Damaged", "Gap", "HistoryReader", "PruneRule", "SchemaTooNew",
     "StorageError", "Store", "StorePort", "StoreReader", "StoreReads", "StoreWriter",
-    "StoredPublication", "Topics", "UnavailableStore", "eligible",
+    "StoredPublication", "Topics", "UnavailableStore", "discard_pre_migration_copies",
+    "eligible", "pre_migration_copy",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -222,22 +223,75 @@ def _configure(db: sqlite3.Connection) -> None:
     db.execute("PRAGMA journal_size_limit = 4194304")  # a WAL grown by a storm shrinks back
 
 
+def pre_migration_copy(path: Path, version: int) -> Path:
+    """Where a release that migrates the store keeps the file as schema ``version`` left it,
+    until the system update that brought the release is kept (the health gate discards it):
+    the older release, run again after a rollback, takes it back (``_refuse_newer_schema``)."""
+    return path.with_name(f"{path.name}.schema-{version}")
+
+
+def discard_pre_migration_copies(path: Path) -> list[Path]:
+    """The update that migrated the store is kept: the copies for going back are not needed
+    (those a rollback set aside, ``*.rolled-back``, stay for a person to look at)."""
+    gone = []
+    for copy in path.parent.glob(f"{path.name}.schema-*"):
+        if not copy.name.endswith((".rolled-back", "-wal", "-shm")):
+            copy.unlink()
+            gone.append(copy)
+    return gone
+
+
+def _move_store(source: Path, target: Path) -> None:
+    """A store file with its WAL and shared-memory files (no connection has it open)."""
+    for suffix in ("-wal", "-shm", ""):
+        part = source.with_name(source.name + suffix)
+        if part.exists():
+            os.replace(part, target.with_name(target.name + suffix))
+
+
 def _refuse_newer_schema(path: Path) -> None:
     """Read the schema version without writing: even setting pragmas would change the file
-    of a newer release."""
+    of a newer release. A newer release that migrated the store kept a copy of it as this
+    release left it: after a rollback (a system update that was not kept) this release takes
+    that copy back and sets the newer file aside, rather than refusing to start."""
     if not path.exists():
         return
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
         version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise SchemaTooNew(
-            f"{path} has schema version {version}, but this Cairn knows only up to "
-            f"{SCHEMA_VERSION}: it was written by a newer release. Upgrade Cairn, or restore "
-            f"a backup made by this release; refusing to start rather than corrupt it.")
+    if version <= SCHEMA_VERSION:
+        return
+    copy = pre_migration_copy(path, SCHEMA_VERSION)
+    if copy.exists():
+        aside = path.with_name(f"{path.name}.schema-{version}.rolled-back")
+        _move_store(path, aside)
+        _move_store(copy, path)
+        log.warning("%s had schema version %d, written by a newer release that was rolled "
+                    "back: using the copy it kept before migrating (schema %d); the newer "
+                    "file, with what that release stored, is kept as %s", path, version,
+                    SCHEMA_VERSION, aside)
+        return
+    raise SchemaTooNew(
+        f"{path} has schema version {version}, but this Cairn knows only up to "
+        f"{SCHEMA_VERSION}: it was written by a newer release. Upgrade Cairn, or restore "
+        f"a backup made by this release; refusing to start rather than corrupt it.")
+
+
+def _keep_pre_migration_copy(db: sqlite3.Connection, path: Path, version: int) -> None:
+    """A consistent copy (SQLite's online backup) of the store before it is migrated away
+    from ``version``, for the release that wrote it to go back to."""
+    copy = pre_migration_copy(path, version)
+    tmp = copy.with_name(copy.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    with contextlib.closing(sqlite3.connect(tmp)) as out:
+        db.backup(out)
+    os.replace(tmp, copy)
+    log.info("kept %s (schema %d) for a rollback until this release is kept", copy, version)
 
 
 def _migrate(db: sqlite3.Connection, path: Path) -> None:
     version = db.execute("PRAGMA user_version").fetchone()[0]
+    if 0 < version < SCHEMA_VERSION:
+        _keep_pre_migration_copy(db, path, version)
     for target in range(version + 1, SCHEMA_VERSION + 1):
         log.info("migrating %s to schema version %d", path, target)
         migration = MIGRATIONS[target - 1]

@@ -12,9 +12,10 @@ R=${1:?usage: appliance.sh ROOTFS}
 
 install -D -m 755 "$HERE/cairn-data-partition" "$R/usr/lib/cairn/cairn-data-partition"
 install -D -m 755 "$HERE/cairn-readonly-root" "$R/usr/lib/cairn/cairn-readonly-root"
+install -D -m 755 "$HERE/cairn-drivers" "$R/usr/lib/cairn/cairn-drivers"
 install -d "$R/usr/lib/systemd/system"
 install -m 644 "$HERE/cairn-data-partition.service" "$HERE/cairn-readonly-root.service" \
-	"$HERE/cairn-overlay-rw.service" "$R/usr/lib/systemd/system/"
+	"$HERE/cairn-overlay-rw.service" "$HERE/cairn-drivers.service" "$R/usr/lib/systemd/system/"
 install -D -m 644 "$HERE/systemd-remount-fs-overlay.conf" \
 	"$R/usr/lib/systemd/system/systemd-remount-fs.service.d/cairn-overlay.conf"
 install -D -m 644 "$HERE/journald.conf" "$R/etc/systemd/journald.conf.d/cairn.conf"
@@ -65,7 +66,8 @@ done
 
 # Units that would write to the card or grow the root are off (those that exist: Raspberry
 # Pi OS has all three, Debian's minimal image none).
-systemctl --root="$R" enable cairn-readonly-root.service cairn-overlay-rw.service
+systemctl --root="$R" enable cairn-readonly-root.service cairn-overlay-rw.service \
+	cairn-drivers.service
 for unit in rpi-resize.service dphys-swapfile.service rsyslog.service; do
 	if [ -n "$(systemctl --root="$R" list-unit-files --no-legend "$unit" 2>/dev/null)" ]; then
 		systemctl --root="$R" disable "$unit"

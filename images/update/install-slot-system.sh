@@ -16,13 +16,14 @@ install -D -m 644 "$HERE/fw_env.config" "$R/etc/fw_env.config"
 install -D -m 755 "$HERE/cairn-update-installed" "$HERE/cairn-device-settings" \
 	-t "$R/usr/lib/cairn/"
 install -m 644 "$HERE/cairn-device-settings.service" "$HERE/cairn-health.service" \
-	"$R/usr/lib/systemd/system/"
+	"$HERE/cairn-update-pull.service" "$R/usr/lib/systemd/system/"
 # The update keyring (the CA that signs bundles): the image's default, a device setting from
 # the first boot on. Without one, every bundle is refused.
 if [ -n "$KEYRING" ]; then
 	install -D -m 644 "$KEYRING" "$R/etc/cairn/update/keyring.pem"
 fi
-systemctl --root="$R" enable cairn-device-settings.service cairn-health.service
+systemctl --root="$R" enable cairn-device-settings.service cairn-health.service \
+	cairn-update-pull.service
 
 # The overlay root from the first boot on: overlayroot reads this from the slot in the
 # initramfs; recurse=0 keeps /boot/firmware and /data real mounts. The first-boot switch of
