@@ -395,3 +395,14 @@ def tools_missing() -> str | None:
         if not shutil.which(tool):
             return tool
     return None
+
+
+if __name__ == "__main__":
+    # `python -m tests.qemu_device`: build the test image now (the base too, on a cold
+    # cache), so that .ci/run can do it while `make test` runs; the appliance tests then
+    # find it built from the same sources
+    log = WORK.parent / "debian-test-build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    image, _ = build_test_image(log)
+    print(f"test image {image} ready in {time.monotonic() - started:.0f} s")

@@ -55,8 +55,10 @@ if load ${devtype} ${devnum}:1 ${scriptaddr} cairn/bootargs.env; then
     env import -t ${scriptaddr} ${filesize} cairn_cmdline
 fi
 # panic=10: a kernel or initramfs that fails (no root found, a panic) restarts the board, so
-# the slot uses up its tries instead of hanging at a prompt
-setenv bootargs "root=PARTUUID=${rootuuid} rootwait ro panic=10 rauc.slot=${slot} ${cairn_cmdline}"
+# the slot uses up its tries instead of hanging at a prompt. rootwait=30: a kernel left
+# without its initramfs (a damaged one) would otherwise wait for ever for a root device whose
+# driver is a module; with the initramfs (every good boot) the initramfs finds the root.
+setenv bootargs "root=PARTUUID=${rootuuid} rootwait=30 ro panic=10 rauc.slot=${slot} ${cairn_cmdline}"
 if load ${devtype} ${devnum}:${rootpart} ${kernel_addr_r} /boot/vmlinuz; then
     # The initrd goes 64 MiB above the end of the kernel (room for what it unpacks): the Pi's
     # ramdisk_addr_r leaves 38 MiB for the kernel, less than Debian's arm64 kernel needs.
