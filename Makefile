@@ -28,10 +28,9 @@ image: setup setup-image  # the SD-card image from Debian's archive (as root): b
 #   make bundle CAIRN_BUNDLE_CERT=signer.cert.pem CAIRN_BUNDLE_KEY=signer.key.pem \
 #       CAIRN_UPDATE_KEYRING=ca.cert.pem
 bundle: setup setup-image
-	@[ -n "$(CAIRN_BUNDLE_CERT)" ] && [ -n "$(CAIRN_BUNDLE_KEY)" ] || \
-		{ echo "make bundle: set CAIRN_BUNDLE_CERT and CAIRN_BUNDLE_KEY (see images/README.md)" >&2; exit 2; }
-	CAIRN_BUNDLE_CERT=$(CAIRN_BUNDLE_CERT) CAIRN_BUNDLE_KEY=$(CAIRN_BUNDLE_KEY) \
-		images/debian/build-image.sh
+	@[ -n "$$CAIRN_BUNDLE_CERT" ] && [ -n "$$CAIRN_BUNDLE_KEY" ] || \
+		{ echo "make bundle: set CAIRN_BUNDLE_CERT and CAIRN_BUNDLE_KEY (images/README.md)" >&2; exit 2; }
+	images/debian/build-image.sh
 
 image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import time
@@ -72,8 +73,11 @@ def health_problems(config_path: str) -> list[str]:
                            capture_output=True, text=True).stdout.strip()
     if state != "active":
         return [f"cairn-router is {state or 'unknown'}, not ready"]
+    # the device's own router: a tls: listener's certificate is for the LAN's name
+    context = ssl._create_unverified_context()
     try:
-        with urllib.request.urlopen(_metrics_url(config_path), timeout=10) as reply:
+        with urllib.request.urlopen(_metrics_url(config_path), timeout=10,
+                                    context=context) as reply:
             metrics = reply.read().decode()
     except Exception as e:  # the router answers or it is not healthy, whatever the reason
         return [f"the router's /metrics did not answer: {e}"]
@@ -166,15 +170,26 @@ def _pull(config_path: str, once: bool) -> int:
         print("cairn update pull: no [update] source in the config: nothing to pull from")
         return 0
 
-    def install(bundle: Path) -> None:
+    def install_pulled(bundle: Path, version: str) -> None:
         try:
-            _rauc("install", str(bundle))
+            install(bundle, version)
         except UpdateError as e:
             raise update_pull.PullError(str(e)) from None
         if source.reboot:
             run("systemctl", "--no-block", "reboot")
 
-    return update_pull.run(source, metadata.version("cairn"), install, once)
+    return update_pull.run(source, metadata.version("cairn"), install_pulled, once)
+
+
+def install(bundle: Path, version: str) -> str:
+    """``rauc install``; a bundle RAUC refuses is recorded as the last update, with RAUC's
+    reason, for status, doctor and the router to show."""
+    try:
+        return _rauc("install", str(bundle))
+    except UpdateError as e:
+        slot = booted_slot(Path("/proc/cmdline").read_text()) or "?"
+        record(UPDATE_DIR, "failed", f"not installed: {e}", Trial("-", version, slot))
+        raise
 
 
 def _commit_store(config_path: str) -> None:
@@ -182,8 +197,12 @@ def _commit_store(config_path: str) -> None:
     from cairn.gateway.data_dir import db_path
     from cairn.gateway.store import discard_pre_migration_copies
 
-    for copy in discard_pre_migration_copies(db_path(cfg.load(config_path).router.data_dir)):
-        print(f"cairn update health: the update is kept: removed {copy}")
+    try:
+        for copy in discard_pre_migration_copies(db_path(cfg.load(config_path).router.data_dir)):
+            print(f"cairn update health: the update is kept: removed {copy}")
+    except (cfg.ConfigError, OSError) as e:   # the slot is kept all the same
+        print(f"cairn update health: the store's copies for a rollback stay: {e}",
+              file=sys.stderr)
 
 
 def _rauc(*args: str) -> str:
@@ -229,7 +248,7 @@ def main(args: argparse.Namespace) -> int:
             s = status()
             print(json.dumps(s, indent=1) if args.json else render_status(s))
         elif args.action == "install":
-            print(_rauc("install", args.bundle), end="")
+            print(install(Path(args.bundle), Path(args.bundle).name), end="")
             print("cairn update: installed; the new slot boots on trial at the next boot")
             if args.reboot:
                 run("systemctl", "--no-block", "reboot")

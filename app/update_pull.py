@@ -132,7 +132,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check(source: HttpSource, running: str, install: Callable[[Path], None],
+def check(source: HttpSource, running: str, install: Callable[[Path, str], None],
           directory: Path = UPDATE_DIR) -> str:
     """One check: what it did, as a sentence; PullError when it could not."""
     try:
@@ -147,8 +147,10 @@ def check(source: HttpSource, running: str, install: Callable[[Path], None],
     if Trial.read(directory):
         return "an update is on trial: waiting for its boot"
     bundle = _download(source, offer, directory)
-    install(bundle)
-    bundle.unlink(missing_ok=True)
+    try:
+        install(bundle, offer.version)   # a bundle RAUC refuses is recorded as not kept
+    finally:
+        bundle.unlink(missing_ok=True)
     return f"installed {offer.version} from {source.describe()}"
 
 
@@ -183,7 +185,7 @@ def _download(source: HttpSource, offer: Offer, directory: Path) -> Path:
     return part
 
 
-def run(update: UpdateSource, running: str, install: Callable[[Path], None],
+def run(update: UpdateSource, running: str, install: Callable[[Path, str], None],
         once: bool = False) -> int:
     """Check every interval (a failed check is retried sooner, backing off)."""
     backoff = 60.0

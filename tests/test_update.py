@@ -166,3 +166,16 @@ def test_metrics_carry_the_slot_and_the_last_updates_result(ab_device):
     text = render({"update": update_state.summary()}, MessageCounters(), [])
     assert 'cairn_system_slot_info{slot="A"} 1' in text
     assert 'cairn_update_last_failed{version="1.3.0"} 0' in text
+
+
+def test_a_bundle_rauc_refuses_is_recorded_with_raucs_reason(ab_device, monkeypatch):
+    def refuse(*args: str) -> str:
+        raise update.UpdateError("rauc install x.raucb: signature verification failed")
+
+    monkeypatch.setattr(update, "_rauc", refuse)
+    monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
+    with pytest.raises(update.UpdateError):
+        update.install(Path("x.raucb"), "0.3.0")
+    last = update_state.last_result(ab_device)
+    assert last["result"] == "failed" and last["version"] == "0.3.0"
+    assert "signature verification failed" in last["reason"]

@@ -86,7 +86,7 @@ class Installer:
     def __init__(self) -> None:
         self.installed: list[bytes] = []
 
-    def __call__(self, bundle: Path) -> None:
+    def __call__(self, bundle: Path, version: str) -> None:
         self.installed.append(bundle.read_bytes())
 
 

@@ -212,10 +212,16 @@ in_chroot env DEB_MAINT_PARAMS=configure /etc/kernel/postinst.d/z50-raspi-firmwa
 BOOTDIR=$WORK/bootfs
 rm -rf "$BOOTDIR" && mv "$R/boot/firmware" "$BOOTDIR" && mkdir "$R/boot/firmware"
 rm -f "$BOOTDIR"/vmlinuz* "$BOOTDIR"/initrd.img* "$BOOTDIR/cmdline.txt"
-sed -i -E -e 's/^kernel=.*/kernel=u-boot.bin/' -e '/^initramfs /d' -e '/^cmdline=/d' \
-    "$BOOTDIR/config.txt"
-grep -q '^kernel=u-boot.bin' "$BOOTDIR/config.txt" ||
-    { say "raspi-firmware's config.txt has no kernel= line to point at U-Boot"; exit 1; }
+# config.txt: raspi-firmware's settings, but the firmware starts U-Boot instead of a kernel
+cat > "$BOOTDIR/config.txt" <<'EOF'
+# Cairn: the Raspberry Pi firmware starts U-Boot (u-boot-rpi), whose boot.scr chooses root
+# slot A or B and starts that slot's own kernel and initrd (images/boot/boot.cmd in Cairn's
+# sources). Written by the image build; system updates leave the boot partition alone.
+arm_64bit=1
+enable_uart=1
+upstream_kernel=1
+kernel=u-boot.bin
+EOF
 cp "$R/usr/lib/u-boot/rpi_arm64/u-boot.bin" "$BOOTDIR/u-boot.bin"
 mkimage -A arm64 -T script -C none -d "$IMAGES/boot/boot.cmd" "$BOOTDIR/boot.scr" > /dev/null
 mkdir -p "$BOOTDIR/cairn"
