@@ -462,6 +462,10 @@ def test_a_tampered_bundle_and_one_signed_by_another_key_are_refused(device, bun
         after = _update_status(device)
         assert after["primary"] == before["primary"] and after["trial"] is None, after
         assert after["booted"] == before["booted"]
+        # and the refusal is the last update's result, with RAUC's reason
+        assert after["last"]["result"] == "failed", after
+        assert after["last"]["version"] == bundle.name, after
+        assert "not installed" in after["last"]["reason"], after
 
 
 async def _publish_and_read_retained(port: int, value: int | None) -> int:
