@@ -123,10 +123,10 @@ class HttpEndpoint:
     verify_tls: bool = True
     redirect_hosts: tuple[str, ...] = ()
     # for messages: the config section, what the endpoint is, and why a person would list
-    # another host in redirect_hosts
-    section: ClassVar[str] = "sync"
-    role: ClassVar[str] = "sink"
-    redirect_hint: ClassVar[str] = "if it stores the batches, as a WebHDFS datanode does"
+    # another host in redirect_hosts (each kind of endpoint says its own)
+    section: ClassVar[str] = ""
+    role: ClassVar[str] = "endpoint"
+    redirect_hint: ClassVar[str] = ""
 
     def describe(self) -> str:
         return redact_url(self.url)
@@ -181,6 +181,9 @@ class HttpSink(HttpEndpoint):
 
     bandwidth: int = 0
     pacer: Pacer | None = field(default=None, init=False, repr=False)
+    section: ClassVar[str] = "sync"
+    role: ClassVar[str] = "sink"
+    redirect_hint: ClassVar[str] = "if it stores the batches, as a WebHDFS datanode does"
 
     def __post_init__(self) -> None:
         if self.bandwidth:

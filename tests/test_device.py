@@ -312,6 +312,24 @@ def bundles(image, tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(make=make, work=work, ca=ca, built=built, rootfs=rootfs)
 
 
+def test_the_image_and_the_bundle_of_one_build_name_the_same_versions(image):
+    """The .img's manifest and the .raucb's (as RAUC reads it, signature checked) name the
+    same Cairn version and build, and the bundle carries the very root file system of the
+    image's slot A."""
+    img, _ = image
+    prefix = img.with_name(img.name.removesuffix(".img"))
+    manifest = json.loads(prefix.with_name(prefix.name + ".manifest.json").read_text())
+    keyring = qemu_device.WORK / "ca" / "ca.cert.pem"
+    done = subprocess.run(["rauc", "info", f"--keyring={keyring}", "--output-format=json",
+                           str(prefix.with_name(prefix.name + ".raucb"))],
+                          capture_output=True, text=True, check=True)
+    bundle = json.loads(done.stdout)
+    assert bundle["version"] == manifest["cairn"]["version"]
+    assert bundle["build"] == manifest["build"] and bundle["compatible"] == manifest["compatible"]
+    (rootfs,) = [entry["rootfs"] for entry in bundle["images"]]
+    assert rootfs["checksum"] == manifest["rootfs"]["sha256"]
+
+
 def _install(device: qemu_device.Guest, bundle: Path) -> subprocess.CompletedProcess:
     with open(bundle, "rb") as f:
         device.ssh_stdin("sudo sh -c 'cat > /data/incoming.raucb'", f)
