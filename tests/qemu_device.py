@@ -12,6 +12,7 @@ the forwarded ports (no NTP, no package archive), as an off-grid device would.""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -22,12 +23,26 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "image" / "debian-test"
 BOOT_TIMEOUT = 900          # s: first boot under TCG (data partition, host keys, a reboot)
 SSH_USER = "admin"
+
+
+# a $THS line sensor on the guest's second UART (ttyS0), read by cairn-sensor@uart
+SERIAL_SENSOR_CONFIG = """[driver]
+router = "rawsocket+unix:/run/cairn/wamp.sock"
+realm = "realm1"
+
+[[sensors]]
+id = "uart-1"
+kind = "line"
+port = "/dev/ttyS0"
+baudrate = 9600
+"""
 
 
 def free_port() -> int:
@@ -90,7 +105,15 @@ def make_ca(directory: Path, name: str) -> dict[str, Path]:
 
 def build_test_image(log: Path) -> tuple[Path, Path]:
     """The raw test image and its boot files, built unless the same sources built them
-    already (the base root file system is cached by build-image.sh itself)."""
+    already (the base root file system is cached by build-image.sh itself). One build at a
+    time: the appliance modules run in parallel, each asking for the image."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    with open(WORK / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_test_image(log)
+
+
+def _build_test_image(log: Path) -> tuple[Path, Path]:
     key = test_key()
     stamp = WORK / "built-from"
     source = _source_key()
@@ -360,6 +383,24 @@ class Guest:
 
     def close(self) -> None:
         self.kill()
+
+
+def booted(image: tuple[Path, Path], workdir: Path):
+    """A device for a test module (a generator for a fixture): first boot (the data
+    partition, the device's settings and host keys, under the read-only root), then ready."""
+    guest = Guest(*image, workdir)
+    guest.start()
+    took = guest.wait_ready()
+    print(f"\n[appliance] first boot to cairn-router ready: {took:.0f} s")
+    try:
+        yield guest
+    finally:
+        guest.close()
+
+
+def http_get(port: int, path: str, timeout: float = 30) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        return r.status, r.read().decode()
 
 
 def _stop(proc: subprocess.Popen) -> None:
