@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -152,6 +153,9 @@ class Guest:
         os.truncate(self.disk, disk_mib * 2**20)
         self.set_board_cmdline()
         self.key = test_key()
+        # SSH's master sockets: a short path (a Unix socket's is at most 107 bytes, and
+        # pytest's directories under xdist are long)
+        self.ssh_dir = Path(tempfile.mkdtemp(prefix="cairn-ssh-"))
         self.ssh_port = free_port()
         self.http_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -188,7 +192,7 @@ class Guest:
         only host services the guest can reach (QEMU's guestfwd)."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
         self.boots += 1
-        for stale in self.workdir.glob("ssh-*"):   # the last boot's SSH master socket
+        for stale in self.ssh_dir.iterdir():   # the last boot's SSH master socket
             stale.unlink()
         self.console = self.workdir / f"console-{self.boots}.log"
         cmd = [
@@ -261,7 +265,7 @@ class Guest:
         """ssh to the guest. ``shared``: through one master connection per boot (a key
         exchange costs the emulated CPU seconds; polling with a new one each time starved
         the guest's first boot)."""
-        mux = ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.workdir}/ssh-%C",
+        mux = ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.ssh_dir}/%C",
                "-o", "ControlPersist=120"] if shared else ["-o", "ControlPath=none"]
         return ["ssh", "-i", str(self.key), "-p", str(self.ssh_port),
                 "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
@@ -383,6 +387,7 @@ class Guest:
 
     def close(self) -> None:
         self.kill()
+        shutil.rmtree(self.ssh_dir, ignore_errors=True)
 
 
 def booted(image: tuple[Path, Path], workdir: Path):
