@@ -53,7 +53,10 @@ def run(*cmd: str, timeout: float = 60) -> str:
     except subprocess.TimeoutExpired:
         raise UpdateError(f"{' '.join(cmd)}: no answer in {timeout:.0f} s") from None
     if done.returncode != 0:
-        raise UpdateError(f"{' '.join(cmd)}: {(done.stderr or done.stdout).strip()}")
+        # rauc says why on stdout (LastError, its last progress step), that it failed on stderr
+        said = [line.strip() for line in done.stdout.splitlines()[-3:] + done.stderr.splitlines()
+                if line.strip()]
+        raise UpdateError(f"{' '.join(cmd)}: {'; '.join(said) or done.returncode}")
     return done.stdout
 
 

@@ -17,8 +17,7 @@ from harness.wamp_client import Client, connect
 # The longest modules, started first: `make test` runs the suite on two workers a module at
 # a time (pytest-xdist, --dist loadfile), and a long module dealt out last would run alone
 # while the other worker idles.
-LONGEST_FIRST = ("test_device_update.py", "test_device.py",  # each boots its own device
-                 "test_spark_cluster.py", "test_spark_concurrency.py", "test_spark.py",
+LONGEST_FIRST = ("test_spark_cluster.py", "test_spark_concurrency.py", "test_spark.py",
                  "test_spark_bad_input.py")
 
 
