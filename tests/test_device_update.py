@@ -258,7 +258,9 @@ def test_a_tampered_bundle_and_one_signed_by_another_key_are_refused(device, bun
     other = qemu_device.make_ca(bundles.work / "other-ca", "Someone else")
     foreign = bundles.work / "foreign.raucb"    # the same bundle, signed by someone else
     subprocess.run(["rauc", "resign", f"--cert={other['cert']}", f"--key={other['key']}",
-                    f"--keyring={bundles.ca['keyring']}", str(bundles.built), str(foreign)],
+                    f"--keyring={bundles.ca['keyring']}",   # the bundle as it was signed
+                    f"--signing-keyring={other['keyring']}",   # and as it is now
+                    str(bundles.built), str(foreign)],
                    capture_output=True, check=True)
     before = _update_status(device)
     for bundle in (tampered, foreign):
