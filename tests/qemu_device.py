@@ -435,6 +435,18 @@ def partition_device(disk: Path, number: int, read_only: bool = True):
         subprocess.run(["losetup", "-d", dev], check=False)
 
 
+def appliance_marks() -> list:
+    """An appliance test module's marks: ``appliance``, and skipped without the tools or root
+    (the image build needs mmdebstrap and chroot, the fsck a loop device)."""
+    import pytest
+
+    missing = tools_missing()
+    if missing or os.geteuid() != 0:
+        return [pytest.mark.appliance, pytest.mark.skip(
+            reason=f"{missing} is not installed" if missing else "needs root")]
+    return [pytest.mark.appliance]
+
+
 def tools_missing() -> str | None:
     for tool in ("qemu-system-aarch64", "mmdebstrap", "ssh", "sfdisk", "mkfs.vfat", "mcopy",
                  "losetup", "e2fsck", "socat", "mkimage", "mkenvimage", "rauc"):

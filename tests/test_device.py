@@ -25,12 +25,7 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 from harness.wamp_client import connect
 from tests import qemu_device
 
-pytestmark = [pytest.mark.appliance]
-
-missing = qemu_device.tools_missing()
-if missing or os.geteuid() != 0:
-    pytestmark.append(pytest.mark.skip(
-        reason=f"{missing} is not installed" if missing else "needs root"))
+pytestmark = qemu_device.appliance_marks()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -24,12 +23,7 @@ from autobahn.wamp.types import PublishOptions
 from harness.wamp_client import connect, retained_values
 from tests import qemu_device
 
-pytestmark = [pytest.mark.appliance]
-
-missing = qemu_device.tools_missing()
-if missing or os.geteuid() != 0:
-    pytestmark.append(pytest.mark.skip(
-        reason=f"{missing} is not installed" if missing else "needs root"))
+pytestmark = qemu_device.appliance_marks()
 
 
 @pytest.fixture(scope="module")
