@@ -6,6 +6,7 @@ UPDATE_DIR on the data partition, outside either root slot."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -70,13 +71,19 @@ def last_result(directory: Path) -> dict[str, Any] | None:
         return None
 
 
+@functools.cache
+def _booted_slot_of(cmdline: Path) -> str | None:
+    """The kernel command line does not change during a boot: read once (status and /metrics
+    ask on every call)."""
+    try:
+        return booted_slot(cmdline.read_text())
+    except OSError:
+        return None
+
+
 def summary(directory: Path | None = None) -> dict[str, Any]:
     """The slot running now, the update on trial and the last update's result."""
     directory = directory or UPDATE_DIR
-    try:
-        cmdline = CMDLINE.read_text()
-    except OSError:
-        cmdline = ""
     trial = Trial.read(directory)
-    return {"slot": booted_slot(cmdline), "trial": vars(trial) if trial else None,
+    return {"slot": _booted_slot_of(CMDLINE), "trial": vars(trial) if trial else None,
             "last": last_result(directory)}
