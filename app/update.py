@@ -6,14 +6,18 @@ slot that is not running and, through its U-Boot backend, makes that slot the ne
 on trial (images/boot/boot.cmd takes one of its tries at each boot). What RAUC leaves to the
 system is what a healthy boot is, and the record of how an update went:
 
-- RAUC's post-install handler (images/update/cairn-update-installed) writes ``trial``: the
-  slot and version waiting for their first boot.
+- RAUC's pre-install handler (images/update/cairn-update-installing) writes ``installing``:
+  the slot and version being written; its post-install handler (cairn-update-installed)
+  renames it ``trial`` once RAUC has made that slot the next to boot.
 - At every boot ``cairn update health`` (cairn-health.service) settles it. A boot of the
   trial slot is kept (``rauc status mark-good``) once the router is ready, its store open and
   no driver failed, within a bounded time; otherwise the slot is marked bad and the device
   reboots into the slot it came from. A boot of another slot while a trial is pending means
   the trial slot never reached user space and boot counting gave up on it. Any other boot is
   marked good at once: a bad config must not send the device back to an older system.
+- An ``installing`` found at boot is an install the power cut off: recorded as interrupted
+  (not as the version's failure: a pull tries it again), unless RAUC had already switched to
+  its slot, which this boot runs; then it is on trial like any other.
 - ``last.json`` keeps the last update's result and reason for ``cairn update status``.
 
 Both files live in UPDATE_DIR on the data partition, outside either slot."""
@@ -34,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from cairn.gateway import config as cfg
-from cairn.gateway.update_state import UPDATE_DIR, Trial, booted_slot, last_result, record
+from cairn.gateway.update_state import (INSTALLING, TRIAL, UPDATE_DIR, Trial, booted_slot,
+                                        last_result, record)
 
 DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
 HEALTH_TIMEOUT_S = float(os.environ.get("CAIRN_HEALTH_TIMEOUT", "300"))
@@ -109,10 +114,11 @@ def health_gate(directory: Path, slot: str | None, check: Callable[[], list[str]
     ``kept()`` is called once an update is kept (the store's copy for a rollback goes)."""
     if slot is None:
         return "none", "not an A/B boot (no rauc.slot= on the kernel command line)"
+    cut_off = _settle_cut_off_install(directory, slot)
     trial = Trial.read(directory)
     if trial is None:
         rauc("status", "mark-good", "booted")
-        return "good", f"slot {slot} marked good (no update on trial)"
+        return "good", cut_off or f"slot {slot} marked good (no update on trial)"
     if trial.slot != slot:
         rauc("status", "mark-good", "booted")
         reason = (f"slot {trial.slot} ({trial.version}) never reached user space: "
@@ -129,6 +135,24 @@ def health_gate(directory: Path, slot: str | None, check: Callable[[], list[str]
     record(directory, "failed", reason, trial)
     rauc("status", "mark-bad", "booted")
     return "bad", reason
+
+
+def _settle_cut_off_install(directory: Path, slot: str) -> str | None:
+    """An install this boot found under way was cut off by a power cut or a crash. Its slot
+    is on trial if RAUC had switched to it (the power went before the post-install
+    handler); otherwise the slot it was writing is marked bad, this one runs on, and the
+    reason is returned."""
+    installing = Trial.read(directory, INSTALLING)
+    if installing is None:
+        (directory / INSTALLING).unlink(missing_ok=True)   # nothing, or a damaged record
+        return None
+    if installing.slot == slot:
+        os.replace(directory / INSTALLING, directory / TRIAL)
+        return None
+    reason = (f"the install of {installing.version} into slot {installing.slot} was cut off "
+              f"(power cut or crash); slot {slot} runs on: install it again")
+    record(directory, "interrupted", reason, installing)
+    return reason
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -160,8 +184,6 @@ def add_commands(commands: Any) -> None:
 
 
 def _pull(config_path: str, once: bool) -> int:
-    from importlib import metadata
-
     from cairn.app import update_pull
 
     try:
@@ -181,7 +203,19 @@ def _pull(config_path: str, once: bool) -> int:
         if source.reboot:
             run("systemctl", "--no-block", "reboot")
 
-    return update_pull.run(source, metadata.version("cairn"), install_pulled, once)
+    return update_pull.run(source, running_version(), install_pulled, once)
+
+
+def running_version() -> str:
+    """The system this boot runs: the version of the bundle its slot was installed from, or,
+    on a slot as flashed, the Cairn it carries."""
+    from importlib import metadata
+
+    try:
+        s = status()
+        return s["slots"][s["booted"]]["version"] or metadata.version("cairn")
+    except (UpdateError, KeyError, ValueError):   # RAUC cannot tell: this Cairn's version
+        return metadata.version("cairn")
 
 
 def install(bundle: Path, version: str) -> str:
@@ -228,6 +262,7 @@ def status() -> dict[str, Any]:
         booted["version"] = metadata.version("cairn")
     return {"booted": rauc.get("booted"), "primary": rauc.get("boot_primary"),
             "compatible": rauc.get("compatible"), "slots": slots,
+            "installing": vars(i) if (i := Trial.read(UPDATE_DIR, INSTALLING)) else None,
             "trial": vars(t) if (t := Trial.read(UPDATE_DIR)) else None,
             "last": last_result(UPDATE_DIR)}
 
@@ -237,6 +272,9 @@ def render_status(s: dict[str, Any]) -> str:
     for name, slot in sorted(s["slots"].items()):
         lines.append(f"  slot {name}: {slot['state']}, {slot['boot_status']}, "
                      f"version {slot['version'] or '-'} ({slot['device']})")
+    if s.get("installing"):
+        lines.append(f"installing: {s['installing']['version']} into slot "
+                     f"{s['installing']['slot']}")
     if s["trial"]:
         lines.append(f"on trial: {s['trial']['version']} in slot {s['trial']['slot']}")
     last = s["last"]

@@ -1,8 +1,9 @@
 """What the device's A/B system updates left behind, for whoever reports on the device (the
 router's status and /metrics, ``cairn doctor``, ``cairn update status``): the slot this boot
-runs, the update on trial and the last update's result. Written by RAUC's post-install
-handler (images/update/cairn-update-installed) and by the health gate (cairn.app.update), in
-UPDATE_DIR on the data partition, outside either root slot."""
+runs, the install under way, the update on trial and the last update's result. Written by
+RAUC's pre- and post-install handlers (images/update/cairn-update-installing, -installed) and
+by the health gate (cairn.app.update), in UPDATE_DIR on the data partition, outside either
+root slot."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any
 
 UPDATE_DIR = Path(os.environ.get("CAIRN_UPDATE_DIR", "/data/update"))
 CMDLINE = Path("/proc/cmdline")
+INSTALLING, TRIAL = "installing", "trial"   # an install begun; its slot written and switched to
 
 
 def booted_slot(cmdline: str) -> str | None:
@@ -39,9 +41,10 @@ class Trial:
     from_slot: str
 
     @classmethod
-    def read(cls, directory: Path) -> Trial | None:
+    def read(cls, directory: Path, name: str = TRIAL) -> Trial | None:
+        """The trial (or, with ``name=INSTALLING``, the install under way)."""
         try:
-            text = (directory / "trial").read_text()
+            text = (directory / name).read_text()
         except (OSError, UnicodeDecodeError):  # no trial, or a record damaged past reading
             return None
         fields = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
@@ -51,7 +54,7 @@ class Trial:
 
 
 def record(directory: Path, result: str, reason: str, trial: Trial | None) -> dict[str, Any]:
-    """Writes last.json (atomically) and ends the trial."""
+    """Writes last.json (atomically) and ends the trial (and the install it came from)."""
     last = {"result": result, "reason": reason, "at": now_utc(),
             "version": trial.version if trial else None,
             "slot": trial.slot if trial else None,
@@ -60,7 +63,8 @@ def record(directory: Path, result: str, reason: str, trial: Trial | None) -> di
     tmp = directory / "last.json.tmp"
     tmp.write_text(json.dumps(last, indent=1) + "\n")
     os.replace(tmp, directory / "last.json")
-    (directory / "trial").unlink(missing_ok=True)
+    for name in (TRIAL, INSTALLING):
+        (directory / name).unlink(missing_ok=True)
     return last
 
 

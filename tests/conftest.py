@@ -121,3 +121,14 @@ def image():
     print(f"\n[appliance] image ready in {time.monotonic() - started:.0f} s: {built[0]} "
           f"({built[0].stat().st_size / 2**20:.0f} MiB)")
     return built
+
+
+@pytest.fixture(scope="session")
+def appliance_device(image, tmp_path_factory):
+    """One booted device for the appliance and system update modules (a first boot costs
+    two minutes of emulated CPU): it can reach a service on this host's loopback port
+    ``appliance_device.host_services[qemu_device.CENTRAL]`` as the central side."""
+    from tests import qemu_device
+
+    yield from qemu_device.booted(image, tmp_path_factory.mktemp("device"),
+                                  {qemu_device.CENTRAL: qemu_device.free_port()})

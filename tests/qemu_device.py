@@ -145,7 +145,8 @@ class Guest:
     process that boots it. ``start`` again after ``kill`` or ``poweroff`` boots the same disk."""
 
     def __init__(self, image: Path, boot: Path, workdir: Path, disk_mib: int = 5120,
-                 sensor_uart: bool = True) -> None:
+                 sensor_uart: bool = True, host_services: dict[str, int] | None = None
+                 ) -> None:
         self.image, self.boot, self.workdir = image, boot, workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.disk = workdir / "disk.img"
@@ -162,6 +163,7 @@ class Guest:
         self.boots = 0
         self.sensor_uart = sensor_uart
         self.serial_pty: str | None = None
+        self.host_services = host_services or {}
 
     # -- the machine ---------------------------------------------------------------------
     def set_board_cmdline(self) -> None:
@@ -189,15 +191,18 @@ class Guest:
               ) -> None:
         """Boot. ``rtc_base``: where the guest's RTC starts (QEMU's ``-rtc base=``).
         ``host_services``: guest address ``IP:PORT`` -> a port on the host's loopback, the
-        only host services the guest can reach (QEMU's guestfwd)."""
+        only host services the guest can reach (QEMU's guestfwd); kept for later boots."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
+        if host_services is not None:
+            self.host_services = host_services
         self.boots += 1
-        for stale in self.ssh_dir.iterdir():   # the last boot's SSH master socket
+        for stale in self.ssh_dir.iterdir():   # the last boot's SSH master and monitor sockets
             stale.unlink()
         self.console = self.workdir / f"console-{self.boots}.log"
         cmd = [
             "qemu-system-aarch64", "-M", "virt", "-cpu", "cortex-a72", "-smp", "2",
-            "-m", "1024", "-display", "none", "-monitor", "none",
+            "-m", "1024", "-display", "none",
+            "-monitor", f"unix:{self.ssh_dir / 'monitor'},server,nowait",
             "-serial", f"file:{self.console}",
             "-bios", str(self.boot / "u-boot-qemu.bin"),
             "-drive", f"if=none,id=card,file={self.disk},format=raw",
@@ -208,8 +213,8 @@ class Guest:
                        # cmd: a socat per connection (a chardev would be one connection,
                        # made once when QEMU starts)
                        + "".join(f",guestfwd=tcp:{guest}-cmd:socat - TCP:127.0.0.1:{port}"
-                                 for guest, port in (host_services or {}).items()),
-            "-device", "virtio-net-pci,netdev=lan",
+                                 for guest, port in self.host_services.items()),
+            "-device", "virtio-net-pci,netdev=lan,id=nic",
             "-device", "virtio-rng-pci",
         ]
         if rtc_base:
@@ -234,6 +239,22 @@ class Guest:
                     raise AssertionError("QEMU named no pty: " + self.qemu_log.read_text())
                 else:
                     time.sleep(0.05)
+
+    def monitor(self, command: str) -> str:
+        """One command on QEMU's human monitor (e.g. ``set_link nic off``: the network
+        cable pulled); returns its answer."""
+        with socket.socket(socket.AF_UNIX) as mon:
+            mon.settimeout(10)
+            mon.connect(str(self.ssh_dir / "monitor"))
+            answer = b""
+            for send in (b"", command.encode() + b"\n"):
+                mon.sendall(send)
+                while not answer.endswith(b"(qemu) "):
+                    answer += mon.recv(4096)
+                if send:
+                    return answer.decode(errors="replace").split("\r\n", 1)[-1]
+                answer = b""
+        return ""
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -390,10 +411,15 @@ class Guest:
         shutil.rmtree(self.ssh_dir, ignore_errors=True)
 
 
-def booted(image: tuple[Path, Path], workdir: Path):
-    """A device for a test module (a generator for a fixture): first boot (the data
-    partition, the device's settings and host keys, under the read-only root), then ready."""
-    guest = Guest(*image, workdir)
+# where the device reaches "the central side" (an update server the tests run on this host)
+CENTRAL = "10.0.2.100:8000"
+
+
+def booted(image: tuple[Path, Path], workdir: Path,
+           host_services: dict[str, int] | None = None):
+    """A device for the tests (a generator for a fixture): first boot (the data partition,
+    the device's settings and host keys, under the read-only root), then ready."""
+    guest = Guest(*image, workdir, host_services=host_services)
     guest.start()
     took = guest.wait_ready()
     print(f"\n[appliance] first boot to cairn-router ready: {took:.0f} s")

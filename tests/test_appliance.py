@@ -105,7 +105,7 @@ def fake_device_root(root: Path, cairn: Path | None = None) -> Path:
         shutil.copy2(source, root / "usr/lib/systemd/system" / name)
     for tool in ("cairn-data-partition", "cairn-readonly-root", "cairn-drivers"):
         shutil.copy2(FIRSTBOOT / tool, root / "usr/lib/cairn" / tool)
-    for tool in ("cairn-device-settings", "cairn-update-installed"):
+    for tool in ("cairn-device-settings", "cairn-update-installing", "cairn-update-installed"):
         shutil.copy2(UPDATE / tool, root / "usr/lib/cairn" / tool)
     (root / "opt/cairn/bin").mkdir(parents=True)
     shutil.copy2(cairn or (CAIRN if CAIRN.exists() else shutil.which("true")),

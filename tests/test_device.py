@@ -3,9 +3,9 @@ qemu-system-aarch64 (tests/qemu_device.py), checked from this host over SSH and 
 router's port as an admin reaches it. Run with ``make appliance-test`` (``-m appliance``; as
 root: the image build needs mmdebstrap and chroot, the fsck a loop device).
 
-System updates are tested on a device of their own (tests/test_device_update.py). What a QEMU
-guest cannot show (the Pi firmware's boot, real UART timing, the SD card's own write cache) is
-listed in images/README.md."""
+The same device then goes through system updates and power cuts (tests/test_device_update.py).
+What a QEMU guest cannot show (the Pi firmware's boot, real UART timing, the SD card's own
+write cache) is listed in images/README.md."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
-from autobahn.wamp.types import PublishOptions, SubscribeOptions
+from autobahn.wamp.types import SubscribeOptions
 
 from harness.wamp_client import connect
 from tests import qemu_device
@@ -29,8 +29,8 @@ pytestmark = qemu_device.appliance_marks()
 
 
 @pytest.fixture(scope="module")
-def device(image, tmp_path_factory):
-    yield from qemu_device.booted(image, tmp_path_factory.mktemp("device"))
+def device(appliance_device):
+    return appliance_device
 
 
 http_get = qemu_device.http_get
@@ -222,105 +222,3 @@ def test_a_damaged_payload_is_refused_and_the_running_version_left_alone(device)
     after = device.ssh("readlink /opt/cairn; systemctl show -p MainPID --value cairn-router; "
                        "systemctl is-active cairn-router").stdout.split()
     assert after[:2] == before and after[2] == "active", (before, after)
-
-
-
-# -- power cuts ----------------------------------------------------------------------------
-
-CYCLES = int(os.environ.get("CAIRN_POWER_CUTS", "3"))
-
-
-async def _publish_until_cut(port: int, guest: qemu_device.Guest, cycle: int,
-                             acked_before_cut: int = 12, in_flight: int = 8) -> set[int]:
-    """Acknowledged, retained publishes from a host autobahn client, ``in_flight`` at a
-    time; the power is cut (QEMU SIGKILLed) once ``acked_before_cut`` have been
-    acknowledged, with the rest still in flight. Returns what was acknowledged."""
-    session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
-    acked: set[int] = set()
-    cut = asyncio.Event()
-
-    async def one(n: int) -> None:
-        await session.publish("sensor.powercut", temperature=20 + n / 100, cycle=cycle, n=n,
-                              options=PublishOptions(acknowledge=True, retain=True))
-        if not cut.is_set():
-            acked.add(n)
-
-    tasks: set[asyncio.Task] = set()
-    n = 0
-    while len(acked) < acked_before_cut:
-        while len(tasks) < in_flight:
-            tasks.add(asyncio.ensure_future(one(n)))
-            n += 1
-        done, tasks = await asyncio.wait(tasks, timeout=120,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        assert done, "no acknowledgement in 120 s"
-        for t in done:
-            t.result()
-    # A commit window acknowledges a whole batch at once: send a fresh batch, let the event
-    # loop write it out, and cut the power while it waits for its commit.
-    while len(tasks) < in_flight:
-        tasks.add(asyncio.ensure_future(one(n)))
-        n += 1
-    await asyncio.sleep(0)
-    cut.set()
-    guest.kill()
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    return acked
-
-
-async def _stored(port: int) -> tuple[list[tuple[int, int]], dict]:
-    session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
-    sub = await session.call("wamp.subscription.lookup", "sensor", {"match": "prefix"})
-    result = await session.call("wamp.subscription.get_events", sub, topic="sensor.powercut",
-                                limit=1000)
-    events = result.results[0]   # (the result carries is_limit_reached in its kwargs)
-    assert not result.kwresults["is_limit_reached"]
-    retained: asyncio.Future = asyncio.get_running_loop().create_future()
-
-    def on_event(*args, **kwargs):
-        if not retained.done():
-            retained.set_result(kwargs)
-
-    await session.subscribe(on_event, "sensor.powercut",
-                            options=SubscribeOptions(get_retained=True))
-    last = await asyncio.wait_for(retained, 30)
-    session.leave()
-    return [(e["kwargs"]["cycle"], e["kwargs"]["n"]) for e in events], last
-
-
-def test_acknowledged_readings_survive_power_cuts(device):
-    device_log = []
-    all_acked: set[tuple[int, int]] = set()
-    for cycle in range(CYCLES):
-        with device.tunnel() as port:
-            acked = asyncio.run(_publish_until_cut(port, device, cycle))
-        all_acked |= {(cycle, n) for n in acked}
-        device.start()
-        took = device.wait_ready()
-        device_log.append(round(took))
-        with device.tunnel() as port:
-            stored, retained = asyncio.run(_stored(port))
-        missing = all_acked - set(stored)
-        assert not missing, f"cycle {cycle}: acknowledged but lost: {sorted(missing)}"
-        # the retained reading is the newest stored one, never older than an acknowledged one
-        assert (retained["cycle"], retained["n"]) == max(stored), (retained, max(stored))
-        check = device.ssh(
-            "sudo -u cairn python3 -c 'import sqlite3; print(\"integrity\", sqlite3.connect("
-            "\"file:/var/lib/cairn/cairn.db?mode=ro\", uri=True)"
-            ".execute(\"PRAGMA integrity_check\").fetchone()[0])'; "
-            "journalctl -b 0 -q -o cat -u 'systemd-fsck@*' | grep cairn-data")
-        assert "integrity ok" in check.stdout, check.stdout
-        # the boot's own fsck (fstab pass 2) replayed the journal and found it clean
-        assert re.search(r"cairn-data: clean", check.stdout), check.stdout
-        assert "UNEXPECTED INCONSISTENCY" not in check.stdout
-    print(f"\n[appliance] {CYCLES} power cuts; boot to ready after each: {device_log} s; "
-          f"{len(all_acked)} acknowledged readings, all kept")
-    # A clean shutdown, then the data partition checked from the host: clean.
-    device.poweroff()
-    with qemu_device.partition_device(device.disk, 4) as dev:
-        fsck = subprocess.run(["e2fsck", "-fn", dev], capture_output=True, text=True)
-    assert fsck.returncode == 0, fsck.stdout + fsck.stderr
-    device.start()
-    device.wait_ready()

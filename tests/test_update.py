@@ -16,7 +16,7 @@ from cairn.app import update
 from cairn.gateway import ops, update_state
 from cairn.gateway.metrics import MessageCounters, render
 
-HANDLER = Path(__file__).resolve().parent.parent / "images/update/cairn-update-installed"
+HANDLERS = Path(__file__).resolve().parent.parent / "images/update"
 
 
 class Rauc:
@@ -107,17 +107,53 @@ def test_a_damaged_trial_record_is_no_trial(tmp_path):
     assert update_state.Trial.read(tmp_path) is None
 
 
-def test_raucs_post_install_handler_puts_the_written_slot_on_trial(tmp_path):
+def _run_handler(name: str, directory: Path, tmp_path: Path, version: str = "1.3.0") -> None:
+    """One of RAUC's handlers as RAUC runs it: installing slot B of A and B, from A."""
     bundle = tmp_path / "bundle"
-    bundle.mkdir()
+    bundle.mkdir(exist_ok=True)
     (bundle / "manifest.raucm").write_text("[update]\ncompatible=cairn-debian-arm64\n"
-                                           "version=1.3.0\n")
-    env = {**os.environ, "CAIRN_UPDATE_DIR": str(tmp_path / "update"),
+                                           f"version={version}\n")
+    env = {**os.environ, "CAIRN_UPDATE_DIR": str(directory),
            "RAUC_TARGET_SLOTS": "2", "RAUC_SLOT_BOOTNAME_1": "A", "RAUC_SLOT_BOOTNAME_2": "B",
            "RAUC_CURRENT_BOOTNAME": "A", "RAUC_BUNDLE_MOUNT_POINT": str(bundle)}
-    subprocess.run([str(HANDLER)], env=env, check=True, capture_output=True)
+    subprocess.run([str(HANDLERS / name)], env=env, check=True, capture_output=True)
+
+
+def test_raucs_pre_install_handler_records_the_install_under_way(tmp_path):
+    _run_handler("cairn-update-installing", tmp_path / "update", tmp_path)
+    installing = update_state.Trial.read(tmp_path / "update", update_state.INSTALLING)
+    assert installing == update_state.Trial(slot="B", version="1.3.0", from_slot="A")
+    assert update_state.Trial.read(tmp_path / "update") is None   # not on trial yet
+
+
+def test_raucs_post_install_handler_puts_the_written_slot_on_trial(tmp_path):
+    _run_handler("cairn-update-installing", tmp_path / "update", tmp_path)
+    _run_handler("cairn-update-installed", tmp_path / "update", tmp_path)
     trial = update_state.Trial.read(tmp_path / "update")
     assert trial == update_state.Trial(slot="B", version="1.3.0", from_slot="A")
+    assert not (tmp_path / "update" / update_state.INSTALLING).exists()
+
+
+def test_an_install_cut_off_before_the_slot_switch_is_recorded_and_the_old_slot_kept(tmp_path):
+    _run_handler("cairn-update-installing", tmp_path, tmp_path)   # then the power went
+    rauc = Rauc()
+    done, reason = update.health_gate(tmp_path, "A", never_ready, 60, rauc)
+    assert done == "good" and rauc.calls == [("status", "mark-good", "booted")]
+    last = update_state.last_result(tmp_path)
+    assert last["result"] == "interrupted" and last["version"] == "1.3.0", last
+    assert "was cut off" in last["reason"] and last["reason"] == reason
+    assert not (tmp_path / update_state.INSTALLING).exists()
+
+
+def test_an_install_cut_off_after_the_slot_switch_boots_its_slot_on_trial(tmp_path):
+    """The power went after RAUC made slot B the next to boot, before its post-install
+    handler ran: B's boot is a trial all the same, settled by its health."""
+    _run_handler("cairn-update-installing", tmp_path, tmp_path)
+    rauc = Rauc()
+    done, _ = update.health_gate(tmp_path, "B", never_ready, 0.1, rauc)
+    assert done == "bad" and rauc.calls == [("status", "mark-bad", "booted")]
+    last = update_state.last_result(tmp_path)
+    assert last["result"] == "failed" and last["version"] == "1.3.0", last
 
 
 @pytest.mark.parametrize("result", ["ok", "failed"])

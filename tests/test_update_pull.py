@@ -5,10 +5,7 @@ real bundles)."""
 
 from __future__ import annotations
 
-import hashlib
-import http.server
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,69 +14,21 @@ from cairn.app import update_pull
 from cairn.gateway import update_state
 from cairn.gateway.config_tools import ConfigError
 from cairn.sync.sinks import HttpSource
+from harness.central import Central
 
 BUNDLE = bytes(range(256)) * 4096          # 1 MiB standing in for a .raucb
 
 
-class Central:
-    """The central side: files by name; ``drop_after`` cuts the next bundle download after
-    that many bytes (a link that goes down); every request is recorded."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.drop_after: int | None = None
-        self.requests: list[tuple[str, str | None, str | None]] = []
-        central = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                name = self.path.rsplit("/", 1)[-1]
-                central.requests.append((name, self.headers.get("Range"),
-                                         self.headers.get("Authorization")))
-                body = central.files.get(name)
-                if body is None:
-                    self.send_error(404)
-                    return
-                start = 0
-                if (wanted := self.headers.get("Range")) and wanted.startswith("bytes="):
-                    start = int(wanted[6:].split("-")[0])
-                    if start >= len(body):
-                        self.send_error(416)
-                        return
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-                else:
-                    self.send_response(200)
-                self.send_header("Content-Length", str(len(body) - start))
-                self.end_headers()
-                if name.endswith(".raucb") and central.drop_after is not None:
-                    self.wfile.write(body[start:start + central.drop_after])
-                    central.drop_after = None
-                    self.wfile.flush()
-                    self.connection.shutdown(2)   # the link goes down mid-body
-                    return
-                self.wfile.write(body[start:])
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/gw-1/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def offer(self, version: str, body: bytes = BUNDLE, **index) -> None:
-        name = f"cairn-{version}-debian-trixie-arm64.raucb"
-        self.files[name] = body
-        self.files["latest.json"] = json.dumps({
-            "version": version, "bundle": name, "size": len(body),
-            "sha256": hashlib.sha256(body).hexdigest(), **index}).encode()
+class Offering(Central):
+    def offer(self, version: str, body: bytes = BUNDLE, **index) -> str:
+        return super().offer(version, body, **index)
 
 
 @pytest.fixture
 def central():
-    c = Central()
+    c = Offering()
     yield c
-    c.server.shutdown()
+    c.close()
 
 
 class Installer:
@@ -165,6 +114,15 @@ def test_a_version_that_was_not_kept_here_is_not_tried_again(central, tmp_path):
     install = Installer()
     done = update_pull.check(HttpSource(central.url), "0.2.0", install, tmp_path)
     assert "was not kept here before" in done and install.installed == []
+
+
+def test_a_version_whose_install_was_cut_off_is_tried_again(central, tmp_path):
+    central.offer("0.3.0")
+    update_state.record(tmp_path, "interrupted", "the install of 0.3.0 was cut off",
+                        update_state.Trial("B", "0.3.0", "A"))
+    install = Installer()
+    done = update_pull.check(HttpSource(central.url), "0.2.0", install, tmp_path)
+    assert done.startswith("installed 0.3.0") and install.installed == [BUNDLE]
 
 
 def test_the_config_names_the_source_per_gateway(tmp_path):

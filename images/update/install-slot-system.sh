@@ -13,8 +13,8 @@ KEYRING=${2:-}
 
 install -D -m 644 "$HERE/system.conf" "$R/etc/rauc/system.conf"
 install -D -m 644 "$HERE/fw_env.config" "$R/etc/fw_env.config"
-install -D -m 755 "$HERE/cairn-update-installed" "$HERE/cairn-device-settings" \
-	-t "$R/usr/lib/cairn/"
+install -D -m 755 "$HERE/cairn-update-installing" "$HERE/cairn-update-installed" \
+	"$HERE/cairn-device-settings" -t "$R/usr/lib/cairn/"
 install -m 644 "$HERE/cairn-device-settings.service" "$HERE/cairn-health.service" \
 	"$HERE/cairn-update-pull.service" "$R/usr/lib/systemd/system/"
 # The update keyring (the CA that signs bundles): the image's default, a device setting from
