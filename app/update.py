@@ -38,8 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from cairn.gateway import config as cfg
-from cairn.gateway.update_state import (INSTALLING, TRIAL, UPDATE_DIR, Trial, booted_slot,
-                                        last_result, record)
+from cairn.gateway.update_state import (
+    INSTALLING,
+    TRIAL,
+    UPDATE_DIR,
+    Trial,
+    booted_slot,
+    last_result,
+    record,
+)
 
 DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
 HEALTH_TIMEOUT_S = float(os.environ.get("CAIRN_HEALTH_TIMEOUT", "300"))
@@ -221,12 +228,25 @@ def running_version() -> str:
 def install(bundle: Path, version: str) -> str:
     """``rauc install``; a bundle RAUC refuses is recorded as the last update, with RAUC's
     reason, for status, doctor and the router to show."""
+    before = _stat(UPDATE_DIR / INSTALLING)
     try:
         return _rauc("install", str(bundle))
     except UpdateError as e:
         slot = booted_slot(Path("/proc/cmdline").read_text()) or "?"
-        record(UPDATE_DIR, "failed", f"not installed: {e}", Trial("-", version, slot))
+        # the install record ends only if this install wrote it (RAUC may be busy with
+        # another one); an update on trial waits for its boot all the same
+        ours = _stat(UPDATE_DIR / INSTALLING) not in (None, before)
+        record(UPDATE_DIR, "failed", f"not installed: {e}", Trial("-", version, slot),
+               ends=(INSTALLING,) if ours else ())
         raise
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
 
 
 def _commit_store(config_path: str) -> None:

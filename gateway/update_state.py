@@ -53,8 +53,10 @@ class Trial:
         return cls(fields["slot"], fields.get("version", "?"), fields.get("from_slot", "?"))
 
 
-def record(directory: Path, result: str, reason: str, trial: Trial | None) -> dict[str, Any]:
-    """Writes last.json (atomically) and ends the trial (and the install it came from)."""
+def record(directory: Path, result: str, reason: str, trial: Trial | None,
+           ends: tuple[str, ...] = (TRIAL, INSTALLING)) -> dict[str, Any]:
+    """Writes last.json (atomically) and ends the trial and the install it came from (or
+    what ``ends`` names)."""
     last = {"result": result, "reason": reason, "at": now_utc(),
             "version": trial.version if trial else None,
             "slot": trial.slot if trial else None,
@@ -63,7 +65,7 @@ def record(directory: Path, result: str, reason: str, trial: Trial | None) -> di
     tmp = directory / "last.json.tmp"
     tmp.write_text(json.dumps(last, indent=1) + "\n")
     os.replace(tmp, directory / "last.json")
-    for name in (TRIAL, INSTALLING):
+    for name in ends:
         (directory / name).unlink(missing_ok=True)
     return last
 

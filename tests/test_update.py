@@ -215,3 +215,33 @@ def test_a_bundle_rauc_refuses_is_recorded_with_raucs_reason(ab_device, monkeypa
     last = update_state.last_result(ab_device)
     assert last["result"] == "failed" and last["version"] == "0.3.0"
     assert "signature verification failed" in last["reason"]
+
+
+def _refusing(directory: Path, writes_installing: bool = False):
+    def refuse(*args: str) -> str:
+        if writes_installing:   # RAUC's pre-install handler ran, then the install failed
+            (directory / update_state.INSTALLING).write_text("slot=B\nversion=0.3.0\n")
+        raise update.UpdateError("rauc install x.raucb: Already processing a different method")
+    return refuse
+
+
+def test_a_refused_install_leaves_the_update_on_trial_and_the_install_under_way(ab_device,
+                                                                               monkeypatch):
+    put_on_trial(ab_device, version="0.2.0")
+    (ab_device / update_state.INSTALLING).write_text("slot=B\nversion=0.2.1\nfrom_slot=A\n")
+    monkeypatch.setattr(update, "_rauc", _refusing(ab_device))
+    monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
+    with pytest.raises(update.UpdateError):
+        update.install(Path("x.raucb"), "0.3.0")
+    assert update_state.Trial.read(ab_device).version == "0.2.0"
+    assert update_state.Trial.read(ab_device, update_state.INSTALLING).version == "0.2.1"
+    assert update_state.last_result(ab_device)["result"] == "failed"
+
+
+def test_an_install_rauc_gave_up_on_ends_its_own_record(ab_device, monkeypatch):
+    ab_device.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setattr(update, "_rauc", _refusing(ab_device, writes_installing=True))
+    monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
+    with pytest.raises(update.UpdateError):
+        update.install(Path("x.raucb"), "0.3.0")
+    assert not (ab_device / update_state.INSTALLING).exists()
