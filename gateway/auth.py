@@ -109,10 +109,12 @@ class Authenticator:
     itself) and ``anonymous`` (when the realm has an ``anonymous_role``).
     """
 
-    def __init__(self, config: RealmConfig) -> None:
+    def __init__(self, config: RealmConfig, decoy_key: bytes | None = None) -> None:
+        """``decoy_key``: keys the made-up salts of unknown authids; the shell keeps it in
+        the data directory, so they look the same after a reload or restart as users' do."""
         self.config = config
         self.users = {u.authid: u for u in config.users}
-        self._decoy_key = secrets.token_bytes(32)
+        self._decoy_key = decoy_key or secrets.token_bytes(32)
 
     def hello(self, session: Session, hello: Hello) -> m.Challenge | None:
         """Identify the session (return None) or return the CHALLENGE to send.

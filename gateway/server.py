@@ -31,6 +31,7 @@ from cairn.gateway.core import (
     Task,
     Timer,
 )
+from cairn.gateway.data_dir import cra_decoy_key
 from cairn.gateway.flow_control import StoreBackpressure
 from cairn.gateway.http_front import HttpFront
 from cairn.gateway.limits import LimitHits
@@ -144,7 +145,8 @@ class Node:
         restored = await self.stores.open(lambda restored, out: self.router.resume(restored, out))
         out = Outbox()
         self.router = Router(self.config, restored, out, self.limit_hits,
-                             {"cairn.router.status": self._status_procedure})
+                             {"cairn.router.status": self._status_procedure},
+                             cra_decoy_key(self.config.router.data_dir))
         self.flush(out)
         self.web = Web(self.state, self.router, self.stores)
         self.stores.start(self.router.clock)

@@ -307,6 +307,40 @@ async def test_unknown_users_are_salted_or_not_as_users_are_and_the_same_every_t
     assert set(shapes.values()) == {True, False}
 
 
+async def decoy_salts(router: RouterProcess, authids: list[str]) -> dict[str, Any]:
+    salts = {}
+    for authid in authids:
+        peer = await RawSocketPeer.open(router.rawsocket_port, "json")
+        peer.send([HELLO, "secure", {"roles": {"subscriber": {}}, "authmethods": ["wampcra"],
+                                     "authid": authid}])
+        challenge = await peer.receive(TIMEOUT)
+        peer.close()
+        assert challenge is not None and challenge[0] == CHALLENGE, challenge
+        salts[authid] = challenge[2].get("salt")
+    return salts
+
+
+async def test_unknown_users_keep_their_salts_across_a_sighup_and_a_restart(tmp_path):
+    """The attack (N10): the decoy key was drawn per process, so across a reload or reboot
+    unknown authids' salts changed while real users' stayed."""
+    router = RouterProcess(tmp_path, SECURE_REALM).start()
+    authids = [f"nobody-{i}" for i in range(16)] + [SALLY.authid]
+    try:
+        first = await decoy_salts(router, authids)
+        router.proc.send_signal(signal.SIGHUP)
+        await wait_for_log(router, RELOADED)
+        reloaded = await decoy_salts(router, authids)
+        router.stop()
+        router.start()
+        restarted = await decoy_salts(router, authids)
+    finally:
+        router.stop()
+    assert first == reloaded == restarted
+    assert any(salt is not None for salt in first.values())
+    key = router.data_dir / "cra-decoy.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+
+
 # -- cryptosign ---------------------------------------------------------------------------
 
 
