@@ -18,13 +18,14 @@ import os
 import resource
 import signal
 import ssl
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from autobahn.wamp import message as m
 
 from cairn.gateway.admission import Admission
-from cairn.gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
+from cairn.gateway.config import EMBEDDED, Config, ConfigError, Endpoint, RouterConfig, load
 from cairn.gateway.core import (
     Outbox,
     Session,
@@ -46,6 +47,10 @@ from cairn.gateway.web import Web
 
 log = logging.getLogger("cairn.server")
 
+# [router] settings a SIGHUP applies (field: config key): each is read where it is used, per
+# request or connection. The others (listeners, data directory, limits, ...) need a restart.
+RELOADABLE = {"status_token": "status_token_file", "allowed_hosts": "allowed_hosts",
+              "allowed_origins": "allowed_origins"}
 GOODBYE_WAIT = 0.2  # s stop() gives the peers told GOODBYE to answer and close, at the most
 
 
@@ -58,6 +63,7 @@ class Node:
         self.callbacks = Callbacks(self.receive, self.violation, self.lost)
         self.router: Router  # built in start(), once the store is open
         self.web: Web  # built in start(), with the router
+        self.guard: BrowserGuard  # built in start(), renewed on SIGHUP
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.rawsocket_ports: list[int] = []
@@ -160,9 +166,9 @@ class Node:
         loop = asyncio.get_running_loop()
         cfg = self.config.router
         listen = cfg.listen
-        guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
-        server = await loop.create_server(
-            lambda: HttpFront(self._ws, self.web.route, self.state.admission, guard),
+        self.guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
+        server = await loop.create_server(  # (self.guard: the one of the latest SIGHUP)
+            lambda: HttpFront(self._ws, self.web.route, self.state.admission, self.guard),
             listen.host, listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
         ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"
@@ -205,8 +211,10 @@ class Node:
         return context
 
     def reload(self) -> None:
-        """SIGHUP: re-read users and roles from the config file. Sessions stay; those whose
-        role is gone are closed. A config with an error is logged and ignored."""
+        """SIGHUP: re-read users and roles, and the [router] keys of RELOADABLE, from the
+        config file; the other [router] keys that changed are logged as waiting for a
+        restart. Sessions stay; those whose role is gone are closed. A config with an error
+        is logged and ignored."""
         if self.config.source == EMBEDDED:
             log.info("SIGHUP: running on the embedded default, nothing to reload")
             return
@@ -218,7 +226,20 @@ class Node:
         out = Outbox()
         self.router.reload(config, out)
         self.flush(out)
-        log.info("SIGHUP: reloaded users and roles from %s", config.source)
+        self._reload_router_keys(config)
+        log.info("SIGHUP: reloaded users and roles, %s from %s",
+                 ", ".join(f"router.{key}" for key in RELOADABLE.values()), config.source)
+
+    def _reload_router_keys(self, config: Config) -> None:
+        running = self.config.router
+        for f in fields(RouterConfig):
+            if f.name not in RELOADABLE and getattr(config.router, f.name) != getattr(running,
+                                                                                      f.name):
+                log.warning("SIGHUP: router.%s changed: it takes effect at the next restart",
+                            f.name)
+        router = replace(running, **{name: getattr(config.router, name) for name in RELOADABLE})
+        self.config = self.state.config = replace(config, router=router)
+        self.guard = BrowserGuard(router.allowed_hosts, router.allowed_origins)
 
     async def stop(self) -> None:
         out = Outbox()

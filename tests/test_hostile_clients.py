@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -23,6 +24,7 @@ from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOption
 
 from harness.config import history_rule, permission, realm, role, user
 from harness.process import RouterProcess
+from harness.waiting import until
 from harness.wamp_client import RawSocketPeer, connect
 from tests.test_ops import parse_prometheus
 
@@ -565,3 +567,62 @@ async def test_without_a_token_status_and_metrics_answer_the_device_only(lan_rou
     from_lan = await lan_get(lan_address(), router.port, "/metrics")
     assert from_lan.startswith("HTTP/1.1 403")
     assert "cairn_store_bytes" in metrics(router)
+
+
+# -- SIGHUP: what of [router] it reloads ------------------------------------------------------
+
+
+async def sighup(router: RouterProcess, marker: str = "SIGHUP: reloaded") -> str:
+    """Send SIGHUP and wait until the router logged ``marker``: its log since then."""
+    logged = len(router.log_lines())
+    assert router.proc is not None
+    router.proc.send_signal(signal.SIGHUP)
+    await until(lambda: any(marker in line for line in router.log_lines()[logged:]),
+                what=f"{marker!r} in the log")
+    return "\n".join(router.log_lines()[logged:])
+
+
+async def test_a_rotated_status_token_is_the_only_one_after_sighup(lan_router, tmp_path):
+    """The attack (N9): the token file rotated after a leak and SIGHUP sent, the old token
+    still read /status and the new one got 401 until a restart."""
+    token_file = tmp_path / "status.token"
+    token_file.write_text("the-leaked-token-of-last-week\n")
+    router = lan_router(settings=f'status_token_file = "{token_file}"\n')
+    address = lan_address()
+    token_file.write_text("a-fresh-token-after-the-leak\n")
+    await sighup(router)
+    old = await lan_get(address, router.port, "/status", "the-leaked-token-of-last-week")
+    new = await lan_get(address, router.port, "/status", "a-fresh-token-after-the-leak")
+    assert old.startswith("HTTP/1.1 401")
+    assert new.startswith("HTTP/1.1 200")
+
+
+async def test_allowed_hosts_and_origins_are_reloaded_on_sighup(tmp_path):
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        text = router.config.read_text().replace(
+            "[router]\n", '[router]\nallowed_hosts = ["gateway.greenhouse.lan"]\n'
+                          'allowed_origins = ["https://grafana.greenhouse.lan:3000"]\n', 1)
+        router.config.write_text(text)
+        await sighup(router)
+        named = await status_line(
+            router.port, "GET /status HTTP/1.1\r\nHost: gateway.greenhouse.lan:8080\r\n\r\n")
+        grafana = await upgrade(router.port, "gateway.greenhouse.lan:8080",
+                                "https://grafana.greenhouse.lan:3000")
+    finally:
+        router.stop()
+    assert named.startswith("HTTP/1.1 200")
+    assert grafana.startswith("HTTP/1.1 101")
+
+
+async def test_sighup_logs_which_changed_router_keys_wait_for_a_restart(tmp_path):
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        text = router.config.read_text().replace(
+            "[router]\n", "[router]\nmax_message_size = 4096\n", 1)
+        router.config.write_text(text)
+        logged = await sighup(router)
+    finally:
+        router.stop()
+    assert "router.max_message_size changed: it takes effect at the next restart" in logged
+    assert "router.listen" not in logged
