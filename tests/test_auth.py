@@ -686,11 +686,38 @@ async def test_failed_logins_do_not_stop_anonymous_sessions_on_the_same_transpor
     assert session.welcome_details.authmethod == "anonymous"
 
 
-async def test_failed_logins_of_one_user_from_many_addresses_are_limited_in_all(secure):
+async def test_failed_logins_from_many_addresses_do_not_lock_the_owner_out(secure, login):
+    """The attack (N7): 20 wrong tickets for one user from 4 addresses locked its owner, who
+    had the right secret, out for a minute, renewable at will."""
+    for last in range(2, 6):  # 5 each from 4 loopback addresses
+        await fail_logins(secure, 5, local_addr=(f"127.0.0.{last}", 0))
+    session = await login(**TINA.client_kwargs())  # from 127.0.0.1, which never failed
+    assert session.welcome_details.authid == TINA.authid
+
+
+async def test_failed_logins_on_loopback_do_not_lock_a_driver_out_of_the_unix_socket(
+        secure, login, raw):
+    """The attack (N7): a local process without credentials failed 20 logins for a driver's
+    authid over loopback, and the driver was locked out on the Unix socket."""
+    for _ in range(5):
+        await hello_and_hang_up(raw, TINA.authid)  # from 127.0.0.1: no answer at all
+    for last in range(2, 5):
+        await fail_logins(secure, 5, local_addr=(f"127.0.0.{last}", 0))
+    driver = await login(transport="rawsocket-unix", **TINA.client_kwargs())
+    assert driver.welcome_details.authid == TINA.authid
+
+
+async def test_once_a_user_has_20_failures_an_address_that_failed_for_it_gets_no_more_guesses(
+        secure, login):
     for last in range(2, 7):  # 4 each (under the per-address limit) from 5 loopback addresses
         await fail_logins(secure, 4, local_addr=(f"127.0.0.{last}", 0))
+    _, message = await refusal(secure, local_addr=("127.0.0.2", 0), **TINA.client_kwargs())
+    assert "try again" in message  # even with the right secret: that address was guessing
+    await fail_logins(secure, 1, local_addr=("127.0.0.7", 0))  # a new address: one guess
     _, message = await refusal(secure, local_addr=("127.0.0.7", 0), **TINA.client_kwargs())
     assert "try again" in message
+    walt = await login(local_addr=("127.0.0.2", 0), **WALT.client_kwargs())  # another user
+    assert walt.welcome_details.authid == WALT.authid
 
 
 async def test_one_lan_host_failing_as_many_users_is_limited_across_them(secure, login):
@@ -706,16 +733,29 @@ async def test_one_lan_host_failing_as_many_users_is_limited_across_them(secure,
     assert walt.welcome_details.authid == WALT.authid
 
 
-def test_failed_logins_from_the_lan_do_not_lock_a_user_out_of_the_device():
-    """(In-process: this host has one LAN address, and the per-user limit for it needs
-    several.)"""
+def test_failed_logins_from_many_lan_addresses_lock_out_neither_the_owner_nor_the_device():
+    """(In-process: this host has one LAN address, and the attack needs several.)"""
     throttle = AuthThrottle(clock=lambda: 0.0)
-    for host in range(2, 12):
+    for host in range(2, 6):  # N7: 20 wrong tickets for one user from 4 LAN addresses
+        for _ in range(5):
+            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob")
+    assert throttle.refused_for(Peer("tcp4:192.0.2.2", local=False), "bob")
+    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob")
+    assert not throttle.refused_for(Peer("unix", local=True), "bob")
+    assert not throttle.refused_for(Peer("tcp4:127.0.0.1", local=True), "bob")
+
+
+def test_a_source_that_failed_for_a_user_under_attack_waits_until_its_failure_is_a_minute_old():
+    now = [0.0]
+    throttle = AuthThrottle(clock=lambda: now[0])
+    for host in range(2, 7):
         for _ in range(4):
-            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "tina")
-    assert throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "tina")
-    assert not throttle.refused_for(Peer("unix", local=True), "tina")
-    assert not throttle.refused_for(Peer("tcp4:127.0.0.1", local=True), "tina")
+            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob")
+    now[0] = 30.0
+    throttle.failed(Peer("tcp4:192.0.2.99", local=False), "bob")
+    assert throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob") == 30.0
+    now[0] = 60.0  # the 20 of the attack leave the window; its own failure has not
+    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob")
 
 
 async def test_failed_logins_are_logged_with_the_address_but_never_the_secret(
