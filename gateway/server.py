@@ -171,7 +171,7 @@ class Node:
             lambda: HttpFront(self._ws, self.web.route, self.state.admission, self.guard),
             listen.host, listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
-        ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"
+        ws_url = f"{'wss' if listen.tls else 'ws'}://{_host_port(listen.host, self.port)}/ws"
         self._ws = websocket_factory(self.state, self.callbacks, ws_url)
         self._servers.append(server)
         self.state.urls.append(ws_url)
@@ -184,7 +184,7 @@ class Node:
                 port = rs.sockets[0].getsockname()[1]
                 self.rawsocket_ports.append(port)
                 scheme = "rawsocket+tls" if endpoint.tls else "rawsocket+tcp"
-                self.state.urls.append(f"{scheme}://{endpoint.host}:{port}")
+                self.state.urls.append(f"{scheme}://{_host_port(endpoint.host, port)}")
         log.info("listening: %s", "  ".join(self.state.urls))
 
     async def _listen_rawsocket(self, loop: asyncio.AbstractEventLoop,
@@ -305,6 +305,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopping: saying GOODBYE to %d sessions", len(node.router.sessions))
     await node.stop()
     log.info("stopped")
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
 
 
 def _raise_file_limit(config: Config) -> None:
