@@ -123,9 +123,10 @@ class Authenticator:
         offered = hello.authmethods or ["anonymous"]
         for method in offered:
             if method == "anonymous" and self.config.anonymous_role:
-                # A configured user's authid must be earned by authenticating, not claimed.
-                claimed = hello.authid if hello.authid not in self.users else None
-                session.authid = claimed or f"anonymous-{global_id():x}"
+                # The router names anonymous sessions: a name one could claim could be
+                # another's (a user's, or another anonymous session's), in logs, history
+                # and the authid lists of publications.
+                session.authid = f"anonymous-{global_id():x}"
                 session.authrole = self.config.anonymous_role
                 session.authmethod, session.authprovider = "anonymous", "static"
                 return None
