@@ -1,7 +1,7 @@
 """Authentication seen from real autobahn-python clients over real sockets: ticket, wampcra
 (plain and salted), cryptosign and anonymous; secrets from files and the environment; the
-throttle of failed logins (per address and user, per user, per LAN address); TLS listeners;
-reload of users and roles on SIGHUP.
+throttle of failed logins (per source and user, per LAN address, per user for the sources that
+failed for it); TLS listeners; reload of users and roles on SIGHUP.
 
 Each test proves one behaviour and is named after it. Handshakes autobahn would never do
 (replayed or malformed signatures, AUTHENTICATE out of turn) are done by hand over RawSocket
