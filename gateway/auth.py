@@ -109,10 +109,12 @@ class Authenticator:
     itself) and ``anonymous`` (when the realm has an ``anonymous_role``).
     """
 
-    def __init__(self, config: RealmConfig) -> None:
+    def __init__(self, config: RealmConfig, decoy_key: bytes | None = None) -> None:
+        """``decoy_key``: keys the made-up salts of unknown authids; the shell keeps it in
+        the data directory, so they look the same after a reload or restart as users' do."""
         self.config = config
         self.users = {u.authid: u for u in config.users}
-        self._decoy_key = secrets.token_bytes(32)
+        self._decoy_key = decoy_key or secrets.token_bytes(32)
 
     def hello(self, session: Session, hello: Hello) -> m.Challenge | None:
         """Identify the session (return None) or return the CHALLENGE to send.
@@ -121,9 +123,10 @@ class Authenticator:
         offered = hello.authmethods or ["anonymous"]
         for method in offered:
             if method == "anonymous" and self.config.anonymous_role:
-                # A configured user's authid must be earned by authenticating, not claimed.
-                claimed = hello.authid if hello.authid not in self.users else None
-                session.authid = claimed or f"anonymous-{global_id():x}"
+                # The router names anonymous sessions: a name one could claim could be
+                # another's (a user's, or another anonymous session's), in logs, history
+                # and the authid lists of publications.
+                session.authid = f"anonymous-{global_id():x}"
                 session.authrole = self.config.anonymous_role
                 session.authmethod, session.authprovider = "anonymous", "static"
                 return None
@@ -265,14 +268,17 @@ def _cryptosign_ok(pending: _Pending, signature_hex: str) -> bool:
     return True
 
 
-# Failed logins (refused answers and challenges left unanswered) are counted over a window,
-# as an SSH daemon's operator would with fail2ban, in three ways:
+# Failed logins (refused answers and challenges left unanswered) are counted over a window
+# and penalise where they come from, never the account, as fail2ban bans addresses and not
+# users: whoever holds the right secret and has not failed logs in, however many others
+# guessed. A source is a network address, one loopback address, or the Unix socket (whose
+# peers are never penalised for what was tried elsewhere, loopback included). Three counts:
 THROTTLE_WINDOW = 60.0  # seconds
-# per address and authid: someone mistyping a password, or one guesser against one account
+# per source and authid: someone mistyping a password, or one guesser against one account
 FAILURES_PER_LOGIN = 5
-# per authid from all network addresses (and apart from all local ones): rotating addresses
-# buys a guesser a few more rounds, not one per address; and guessing from the LAN cannot
-# lock the device's own drivers out of their account
+# per authid from all network sources (and apart from all local ones): once it is full, a
+# source that failed for the authid within the window gets no more guesses for it, so
+# rotating addresses buys a guesser one guess per address, not FAILURES_PER_LOGIN
 FAILURES_PER_AUTHID = 4 * FAILURES_PER_LOGIN
 # per network address over all authids: one LAN host spraying a password over many users, or
 # probing which exist. Not for local peers: the Unix socket and loopback are every driver on
@@ -283,8 +289,8 @@ THROTTLE_KEYS = 10_000  # per count: a flood of made-up authids costs bounded me
 
 @dataclass(frozen=True)
 class Peer:
-    """Where a login comes from: the address without the port; ``local`` for the Unix socket
-    and loopback, which only the device itself reaches."""
+    """Where a login comes from: the address without the port (``unix`` for the Unix
+    socket); ``local`` for the Unix socket and loopback, which only the device reaches."""
 
     address: str
     local: bool
@@ -299,10 +305,16 @@ class _Failures:
         self._times: dict[Hashable, deque[float]] = {}
 
     def wait(self, key: Hashable) -> float:
+        """Seconds until the key has fewer than ``allowed`` failures in the window."""
         times = self._times.get(key)
         if times is None or len(times) < self.allowed:
             return 0.0
         return max(0.0, times[0] + THROTTLE_WINDOW - self.clock())
+
+    def recent(self, key: Hashable) -> float:
+        """Seconds until the key's latest failure leaves the window (0: none in it)."""
+        times = self._times.get(key)
+        return max(0.0, times[-1] + THROTTLE_WINDOW - self.clock()) if times else 0.0
 
     def add(self, key: Hashable) -> None:
         times = self._times.pop(key, None) or deque(maxlen=self.allowed)
@@ -314,25 +326,26 @@ class _Failures:
 
 
 class AuthThrottle:
-    """Slows down guessing and probing: a login is refused while any count it falls under
-    (see FAILURES_PER_*) is full. Anonymous logins are never refused."""
+    """Slows down guessing and probing (see FAILURES_PER_*): a login is refused while its
+    source has failed too often, for this authid or over all; or has failed for this authid
+    at all while the authid is under attack. Anonymous logins are never refused."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._per_login = _Failures(FAILURES_PER_LOGIN, clock)
         self._per_authid = _Failures(FAILURES_PER_AUTHID, clock)
         self._per_address = _Failures(FAILURES_PER_ADDRESS, clock)
 
-    def _counts(self, peer: Peer, authid: str) -> list[tuple[_Failures, Hashable]]:
-        counts = [(self._per_login, (peer.address, authid)),
-                  (self._per_authid, (authid, peer.local))]
-        if not peer.local:
-            counts.append((self._per_address, peer.address))
-        return counts
-
     def refused_for(self, peer: Peer, authid: str) -> float:
         """Seconds a login for ``authid`` from ``peer`` must still wait, or 0."""
-        return max(failures.wait(key) for failures, key in self._counts(peer, authid))
+        login = (peer.address, authid)
+        waits = [self._per_login.wait(login),
+                 min(self._per_login.recent(login), self._per_authid.wait((authid, peer.local)))]
+        if not peer.local:
+            waits.append(self._per_address.wait(peer.address))
+        return max(waits)
 
     def failed(self, peer: Peer, authid: str) -> None:
-        for failures, key in self._counts(peer, authid):
-            failures.add(key)
+        self._per_login.add((peer.address, authid))
+        self._per_authid.add((authid, peer.local))
+        if not peer.local:
+            self._per_address.add(peer.address)

@@ -99,6 +99,7 @@ class Limits:
     max_connections: int = 1000             # network connections (an idle session ~40 KiB)
     max_connections_per_address: int = 32   # network connections from one address
     max_pending_connections: int = 64       # network connections without a session yet
+    max_pending_per_address: int = 8        # of them from one address (see gateway.admission)
     max_local_connections: int = 4096       # Unix socket and loopback connections
     max_subscriptions_per_session: int = 1000
     max_registrations_per_session: int = 1000

@@ -5,13 +5,17 @@ commands (backup, restore, doctor) name these files only through here:
 
 - ``cairn.db`` (and its ``-wal``/``-shm``): the store, written by the router alone;
 - ``cairn.lock``: held by the running router, so a second one (or a restore) is refused;
-- ``sync-status.json``: written by ``cairn sync`` (:class:`SyncStatus`), read by the router.
+- ``sync-status.json``: written by ``cairn sync`` (:class:`SyncStatus`), read by the router;
+- ``cra-decoy.key``: the key of the made-up WAMP-CRA salts of unknown authids
+  (:func:`cra_decoy_key`), created once by the router.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,10 @@ from typing import Any
 DB_NAME = "cairn.db"
 LOCK_NAME = "cairn.lock"
 SYNC_STATUS_NAME = "sync-status.json"
+CRA_DECOY_KEY_NAME = "cra-decoy.key"
+CRA_DECOY_KEY_BYTES = 32
+
+log = logging.getLogger("cairn.data_dir")
 
 
 def db_path(data_dir: Path) -> Path:
@@ -68,3 +76,40 @@ def read_sync_status(data_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None
+
+
+def cra_decoy_key(data_dir: Path) -> bytes:
+    """The key of the salts unknown authids are challenged with. Kept in the data directory
+    (0600), so an unknown authid's salt is the same after a SIGHUP or a reboot, as a real
+    user's is: were it drawn per process, the salts that change would tell who is not a
+    user. A missing or damaged file is replaced; one that cannot be written costs the
+    stability, not the start (a key for this process only, and a warning)."""
+    path = data_dir / CRA_DECOY_KEY_NAME
+    try:
+        key = path.read_bytes()
+        if len(key) == CRA_DECOY_KEY_BYTES:
+            return key
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        log.warning("cannot read %s: %s: making a new one", path, e.strerror or e)
+    key = secrets.token_bytes(CRA_DECOY_KEY_BYTES)
+    try:
+        _write_private(path, key)
+    except OSError as e:
+        log.warning("cannot write %s: %s: unknown authids' WAMP-CRA salts will change at the "
+                    "next start", path, e.strerror or e)
+    return key
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """``data`` into ``path`` whole and durably, readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -71,7 +72,8 @@ class Realm:
     def __init__(self, config: RealmConfig, sequence: Sequence | None = None,
                  clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP,
                  limits: Limits | None = None, hits: LimitHits | None = None,
-                 procedures: Mapping[str, ProcedureFactory] | None = None) -> None:
+                 procedures: Mapping[str, ProcedureFactory] | None = None,
+                 decoy_key: bytes | None = None) -> None:
         self.config = config
         self.name = config.name
         self.sequence = sequence or Sequence()
@@ -79,7 +81,8 @@ class Realm:
         self.limits = limits or Limits()
         self.hits = hits or LimitHits()
         self.sessions: dict[int, Session] = {}
-        self.authenticator = Authenticator(config)
+        self.decoy_key = decoy_key or secrets.token_bytes(32)  # the same across reloads
+        self.authenticator = Authenticator(config, decoy_key)
         self.authorizer = Authorizer(config)
         self.history = HistoryRules(config.history)
         self.retention = Retention(self.limits)
@@ -165,11 +168,13 @@ def _is_loopback(host: str) -> bool:
 class Router:
     """Built from the configuration and what the store kept (``restored``); the effects of
     bringing that back (bounds lowered, history rules added) are written to ``out``.
-    ``procedures``: more meta procedures, made per realm (the shell's own)."""
+    ``procedures``: more meta procedures, made per realm (the shell's own); ``decoy_key``:
+    see :class:`~gateway.auth.Authenticator`."""
 
     def __init__(self, config: Config, restored: Restored, out: Outbox,
                  hits: LimitHits | None = None,
-                 procedures: Mapping[str, ProcedureFactory] | None = None) -> None:
+                 procedures: Mapping[str, ProcedureFactory] | None = None,
+                 decoy_key: bytes | None = None) -> None:
         self.config = config
         self.clock = StepDetector()
         self.hits = hits or LimitHits()
@@ -177,7 +182,7 @@ class Router:
         self.sequence = Sequence(restored.next_seq, restored.ids)
         self.realms = {rc.name: Realm(rc, self.sequence, self.clock,
                                       config.router.history_page_cap, config.router.limits,
-                                      self.hits, procedures)
+                                      self.hits, procedures, decoy_key)
                        for rc in config.realms}
         self.sessions: dict[int, Session] = {}
         self.stopping = False  # after shutdown(): no new sessions
@@ -233,7 +238,7 @@ class Router:
                 log.warning("reload: new realm %r needs a restart", rc.name)
                 continue
             realm.config = rc
-            realm.authenticator = Authenticator(rc)
+            realm.authenticator = Authenticator(rc, realm.decoy_key)
             realm.authorizer.update(rc)  # the broker's and dealer's too; a fresh cache
             realm.broker.revoke_unauthorized(out)
             realm.dealer.revoke_unauthorized(out)

@@ -18,19 +18,21 @@ import os
 import resource
 import signal
 import ssl
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from autobahn.wamp import message as m
 
 from cairn.gateway.admission import Admission
-from cairn.gateway.config import EMBEDDED, Config, ConfigError, Endpoint, load
+from cairn.gateway.config import EMBEDDED, Config, ConfigError, Endpoint, RouterConfig, load
 from cairn.gateway.core import (
     Outbox,
     Session,
     Task,
     Timer,
 )
+from cairn.gateway.data_dir import cra_decoy_key
 from cairn.gateway.flow_control import StoreBackpressure
 from cairn.gateway.http_front import HttpFront
 from cairn.gateway.limits import LimitHits
@@ -45,6 +47,10 @@ from cairn.gateway.web import Web
 
 log = logging.getLogger("cairn.server")
 
+# [router] settings a SIGHUP applies (field: config key): each is read where it is used, per
+# request or connection. The others (listeners, data directory, limits, ...) need a restart.
+RELOADABLE = {"status_token": "status_token_file", "allowed_hosts": "allowed_hosts",
+              "allowed_origins": "allowed_origins"}
 GOODBYE_WAIT = 0.2  # s stop() gives the peers told GOODBYE to answer and close, at the most
 
 
@@ -57,6 +63,7 @@ class Node:
         self.callbacks = Callbacks(self.receive, self.violation, self.lost)
         self.router: Router  # built in start(), once the store is open
         self.web: Web  # built in start(), with the router
+        self.guard: BrowserGuard  # built in start(), renewed on SIGHUP
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
         self.rawsocket_ports: list[int] = []
@@ -144,7 +151,8 @@ class Node:
         restored = await self.stores.open(lambda restored, out: self.router.resume(restored, out))
         out = Outbox()
         self.router = Router(self.config, restored, out, self.limit_hits,
-                             {"cairn.router.status": self._status_procedure})
+                             {"cairn.router.status": self._status_procedure},
+                             cra_decoy_key(self.config.router.data_dir))
         self.flush(out)
         self.web = Web(self.state, self.router, self.stores)
         self.stores.start(self.router.clock)
@@ -158,12 +166,12 @@ class Node:
         loop = asyncio.get_running_loop()
         cfg = self.config.router
         listen = cfg.listen
-        guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
-        server = await loop.create_server(
-            lambda: HttpFront(self._ws, self.web.route, self.state.admission, guard),
+        self.guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
+        server = await loop.create_server(  # (self.guard: the one of the latest SIGHUP)
+            lambda: HttpFront(self._ws, self.web.route, self.state.admission, self.guard),
             listen.host, listen.port, ssl=self._tls(listen))
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
-        ws_url = f"{'wss' if listen.tls else 'ws'}://{listen.host}:{self.port}/ws"
+        ws_url = f"{'wss' if listen.tls else 'ws'}://{_host_port(listen.host, self.port)}/ws"
         self._ws = websocket_factory(self.state, self.callbacks, ws_url)
         self._servers.append(server)
         self.state.urls.append(ws_url)
@@ -176,7 +184,7 @@ class Node:
                 port = rs.sockets[0].getsockname()[1]
                 self.rawsocket_ports.append(port)
                 scheme = "rawsocket+tls" if endpoint.tls else "rawsocket+tcp"
-                self.state.urls.append(f"{scheme}://{endpoint.host}:{port}")
+                self.state.urls.append(f"{scheme}://{_host_port(endpoint.host, port)}")
         log.info("listening: %s", "  ".join(self.state.urls))
 
     async def _listen_rawsocket(self, loop: asyncio.AbstractEventLoop,
@@ -203,8 +211,10 @@ class Node:
         return context
 
     def reload(self) -> None:
-        """SIGHUP: re-read users and roles from the config file. Sessions stay; those whose
-        role is gone are closed. A config with an error is logged and ignored."""
+        """SIGHUP: re-read users and roles, and the [router] keys of RELOADABLE, from the
+        config file; the other [router] keys that changed are logged as waiting for a
+        restart. Sessions stay; those whose role is gone are closed. A config with an error
+        is logged and ignored."""
         if self.config.source == EMBEDDED:
             log.info("SIGHUP: running on the embedded default, nothing to reload")
             return
@@ -216,7 +226,20 @@ class Node:
         out = Outbox()
         self.router.reload(config, out)
         self.flush(out)
-        log.info("SIGHUP: reloaded users and roles from %s", config.source)
+        self._reload_router_keys(config)
+        log.info("SIGHUP: reloaded users and roles, %s from %s",
+                 ", ".join(f"router.{key}" for key in RELOADABLE.values()), config.source)
+
+    def _reload_router_keys(self, config: Config) -> None:
+        running = self.config.router
+        for f in fields(RouterConfig):
+            if f.name not in RELOADABLE and getattr(config.router, f.name) != getattr(running,
+                                                                                      f.name):
+                log.warning("SIGHUP: router.%s changed: it takes effect at the next restart",
+                            f.name)
+        router = replace(running, **{name: getattr(config.router, name) for name in RELOADABLE})
+        self.config = self.state.config = replace(config, router=router)
+        self.guard = BrowserGuard(router.allowed_hosts, router.allowed_origins)
 
     async def stop(self) -> None:
         out = Outbox()
@@ -282,6 +305,10 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopping: saying GOODBYE to %d sessions", len(node.router.sessions))
     await node.stop()
     log.info("stopped")
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 in brackets
 
 
 def _raise_file_limit(config: Config) -> None:

@@ -65,6 +65,17 @@ def user(authid: str, role: str, **settings: object) -> str:
     return "\n  [[realms.users]]\n" + "\n".join(lines) + "\n"
 
 
+def ticket_of(authid: str) -> str:
+    """The ticket of a :func:`named_users` user."""
+    return f"{authid}-ticket"
+
+
+def named_users(role: str, *authids: str) -> str:
+    """Users of ``role`` who log in by ticket (:func:`ticket_of`): a test's sessions that
+    need a name of their own, since the router names anonymous sessions itself."""
+    return "".join(user(authid, role, secret=ticket_of(authid)) for authid in authids)
+
+
 def realm(name: str, *tables: str, anonymous_role: str | None = None) -> str:
     """A ``[[realms]]`` table holding ``tables`` (:func:`role`, :func:`user`,
     :func:`history_rule`), whose anonymous sessions get ``anonymous_role`` (none: no

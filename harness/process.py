@@ -76,14 +76,19 @@ class RouterProcess(LoggedProcess):
     def __init__(self, workdir: Path, realm_toml: str = "", env: dict[str, str] | None = None,
                  router_toml: str = "", host: str = "127.0.0.1", unix: bool = False,
                  nofile: int | None = None, log_level: str = "info",
-                 command: Sequence[str] | None = None, config: Path | None = None) -> None:
-        """``host``: what the TCP listeners bind; ``unix``: a Unix socket listener too
+                 command: Sequence[str] | None = None, config: Path | None = None,
+                 rawsocket_host: str | None = None) -> None:
+        """``host``: what the TCP listeners bind (``rawsocket_host``, when given, the
+        RawSocket one's: ``"[::]"`` for IPv6); ``unix``: a Unix socket listener too
         (``unix_path``); ``nofile``: the router's file descriptor limit (soft and hard);
         ``command``: what runs instead of ``python -m cairn.app.cli`` (an installed ``cairn``,
         another build's)."""
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.unix_path = workdir / "wamp.sock"
+        # the RawSocket port is waited for on 127.0.0.1, unless it listens elsewhere (IPv6):
+        # the router listens on all its ports at once, so the HTTP one tells then
+        self._await_rawsocket = rawsocket_host is None
         self.port: int | None = None  # of a config the caller wrote: unknown, see its log
         self.rawsocket_port: int | None = None
         self._new_ports: Callable[[], None] | None = None  # our config, on other free ports
@@ -92,7 +97,7 @@ class RouterProcess(LoggedProcess):
 
             def new_ports() -> None:
                 self.port, self.rawsocket_port = free_port(), free_port()
-                rawsocket = [f"{host}:{self.rawsocket_port}"] + \
+                rawsocket = [f"{rawsocket_host or host}:{self.rawsocket_port}"] + \
                     ([f"unix:{self.unix_path}"] if unix else [])
                 config.write_text(router_table(self.data_dir, f"{host}:{self.port}",
                                                rawsocket, log_level, router_toml)
@@ -149,7 +154,8 @@ class RouterProcess(LoggedProcess):
                 stdin=subprocess.DEVNULL,
                 preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
                 if nofile else None)
-        ports = [p for p in (self.rawsocket_port, self.port) if p is not None]
+        rawsocket = self.rawsocket_port if self._await_rawsocket else None
+        ports = [p for p in (rawsocket, self.port) if p is not None]
         try:
             wait_for_ports(ports, lambda: self.proc.poll() is None, timeout)
         except RuntimeError as e:

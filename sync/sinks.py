@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from cairn.gateway.urls import redact_url
 
@@ -149,12 +149,17 @@ class HttpEndpoint:
         return target
 
     def _connection(self, parts: urllib.parse.SplitResult) -> http.client.HTTPConnection:
+        connection: http.client.HTTPConnection
         if parts.scheme == "https":
             context = ssl.create_default_context() if self.verify_tls else \
                 ssl._create_unverified_context()
-            return http.client.HTTPSConnection(parts.hostname, parts.port,
-                                               timeout=self.timeout, context=context)
-        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.timeout)
+            connection = http.client.HTTPSConnection(parts.hostname, parts.port,
+                                                     timeout=self.timeout, context=context)
+        else:
+            connection = http.client.HTTPConnection(parts.hostname, parts.port,
+                                                    timeout=self.timeout)
+        connection.response_class = WholeHeadResponse
+        return connection
 
     def _credentials(self, url: str) -> dict[str, str]:
         """The Authorization header, for the endpoint's own origin only."""
@@ -302,6 +307,47 @@ class HttpSource(HttpEndpoint):
             connection.close()
             raise SinkError(f"GET {name}: HTTP {reply.status} {reply.reason}")
         raise SinkError(f"GET {name}: too many redirects")
+
+
+class TornHead(http.client.HTTPException):
+    """The answer's status line or head ended before its end of line or blank line."""
+
+
+class _HeadLines:
+    """The answer's stream while its head is read: notes a line that ended without its
+    newline (the connection closed, or the deadline cut it, in the middle of the head)."""
+
+    def __init__(self, fp: Any) -> None:
+        self.fp = fp
+        self.torn = False
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self.fp.readline(limit)
+        self.torn = self.torn or not line.endswith(b"\n")
+        return line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fp, name)
+
+
+class WholeHeadResponse(http.client.HTTPResponse):
+    """An answer whose head is whole or refused: ``http.client`` takes the end of the stream
+    for the end of the head, so "HTTP/1.1 200 OK" and half a header, cut by a deadline,
+    would count as a 2xx and a batch as delivered."""
+
+    def begin(self) -> None:
+        if self.headers is not None:
+            return
+        lines = _HeadLines(self.fp)
+        self.fp = lines
+        try:
+            super().begin()
+        finally:
+            if self.fp is lines:
+                self.fp = lines.fp
+        if lines.torn:
+            self.close()
+            raise TornHead("the answer ended in the middle of its head")
 
 
 def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:

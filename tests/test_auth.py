@@ -1,7 +1,7 @@
 """Authentication seen from real autobahn-python clients over real sockets: ticket, wampcra
 (plain and salted), cryptosign and anonymous; secrets from files and the environment; the
-throttle of failed logins (per address and user, per user, per LAN address); TLS listeners;
-reload of users and roles on SIGHUP.
+throttle of failed logins (per source and user, per LAN address, per user for the sources that
+failed for it); TLS listeners; reload of users and roles on SIGHUP.
 
 Each test proves one behaviour and is named after it. Handshakes autobahn would never do
 (replayed or malformed signatures, AUTHENTICATE out of turn) are done by hand over RawSocket
@@ -307,6 +307,40 @@ async def test_unknown_users_are_salted_or_not_as_users_are_and_the_same_every_t
     assert set(shapes.values()) == {True, False}
 
 
+async def decoy_salts(router: RouterProcess, authids: list[str]) -> dict[str, Any]:
+    salts = {}
+    for authid in authids:
+        peer = await RawSocketPeer.open(router.rawsocket_port, "json")
+        peer.send([HELLO, "secure", {"roles": {"subscriber": {}}, "authmethods": ["wampcra"],
+                                     "authid": authid}])
+        challenge = await peer.receive(TIMEOUT)
+        peer.close()
+        assert challenge is not None and challenge[0] == CHALLENGE, challenge
+        salts[authid] = challenge[2].get("salt")
+    return salts
+
+
+async def test_unknown_users_keep_their_salts_across_a_sighup_and_a_restart(tmp_path):
+    """The attack (N10): the decoy key was drawn per process, so across a reload or reboot
+    unknown authids' salts changed while real users' stayed."""
+    router = RouterProcess(tmp_path, SECURE_REALM).start()
+    authids = [f"nobody-{i}" for i in range(16)] + [SALLY.authid]
+    try:
+        first = await decoy_salts(router, authids)
+        router.proc.send_signal(signal.SIGHUP)
+        await wait_for_log(router, RELOADED)
+        reloaded = await decoy_salts(router, authids)
+        router.stop()
+        router.start()
+        restarted = await decoy_salts(router, authids)
+    finally:
+        router.stop()
+    assert first == reloaded == restarted
+    assert any(salt is not None for salt in first.values())
+    key = router.data_dir / "cra-decoy.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+
+
 # -- cryptosign ---------------------------------------------------------------------------
 
 
@@ -400,9 +434,14 @@ async def test_anonymous_session_cannot_take_the_authid_of_a_configured_user(log
     assert session.welcome_details.authrole == "guest"
 
 
-async def test_anonymous_session_keeps_an_authid_no_user_has(login):
-    session = await login(realm="public", authid="meter-1")
-    assert session.welcome_details.authid == "meter-1"
+async def test_anonymous_sessions_are_named_by_the_router_not_by_hello(login):
+    """The attack (L4): HELLO with authid "anonymous-1234" and no credentials was welcomed
+    under that name, which another anonymous session may have."""
+    session = await login(realm="public", authid="anonymous-1234")
+    other = await login(realm="public", authid="anonymous-1234")
+    names = {session.welcome_details.authid, other.welcome_details.authid}
+    assert "anonymous-1234" not in names and len(names) == 2
+    assert all(name.startswith("anonymous-") for name in names)
 
 
 async def test_ticket_falls_back_to_anonymous_when_offered_and_the_user_is_unknown(login):
@@ -427,7 +466,7 @@ async def test_an_authid_longer_than_255_characters_is_refused(secure, login):
     assert (reason, "authid" in message, "255" in message) == \
         ("wamp.error.invalid_argument", True, True)
     session = await login(realm="public", authid="m" * 255)
-    assert session.welcome_details.authid == "m" * 255
+    assert session.welcome_details.authrole == "guest"
 
 
 # -- protocol -----------------------------------------------------------------------------
@@ -652,11 +691,38 @@ async def test_failed_logins_do_not_stop_anonymous_sessions_on_the_same_transpor
     assert session.welcome_details.authmethod == "anonymous"
 
 
-async def test_failed_logins_of_one_user_from_many_addresses_are_limited_in_all(secure):
+async def test_failed_logins_from_many_addresses_do_not_lock_the_owner_out(secure, login):
+    """The attack (N7): 20 wrong tickets for one user from 4 addresses locked its owner, who
+    had the right secret, out for a minute, renewable at will."""
+    for last in range(2, 6):  # 5 each from 4 loopback addresses
+        await fail_logins(secure, 5, local_addr=(f"127.0.0.{last}", 0))
+    session = await login(**TINA.client_kwargs())  # from 127.0.0.1, which never failed
+    assert session.welcome_details.authid == TINA.authid
+
+
+async def test_failed_logins_on_loopback_do_not_lock_a_driver_out_of_the_unix_socket(
+        secure, login, raw):
+    """The attack (N7): a local process without credentials failed 20 logins for a driver's
+    authid over loopback, and the driver was locked out on the Unix socket."""
+    for _ in range(5):
+        await hello_and_hang_up(raw, TINA.authid)  # from 127.0.0.1: no answer at all
+    for last in range(2, 5):
+        await fail_logins(secure, 5, local_addr=(f"127.0.0.{last}", 0))
+    driver = await login(transport="rawsocket-unix", **TINA.client_kwargs())
+    assert driver.welcome_details.authid == TINA.authid
+
+
+async def test_once_a_user_has_20_failures_an_address_that_failed_for_it_gets_no_more_guesses(
+        secure, login):
     for last in range(2, 7):  # 4 each (under the per-address limit) from 5 loopback addresses
         await fail_logins(secure, 4, local_addr=(f"127.0.0.{last}", 0))
+    _, message = await refusal(secure, local_addr=("127.0.0.2", 0), **TINA.client_kwargs())
+    assert "try again" in message  # even with the right secret: that address was guessing
+    await fail_logins(secure, 1, local_addr=("127.0.0.7", 0))  # a new address: one guess
     _, message = await refusal(secure, local_addr=("127.0.0.7", 0), **TINA.client_kwargs())
     assert "try again" in message
+    walt = await login(local_addr=("127.0.0.2", 0), **WALT.client_kwargs())  # another user
+    assert walt.welcome_details.authid == WALT.authid
 
 
 async def test_one_lan_host_failing_as_many_users_is_limited_across_them(secure, login):
@@ -672,16 +738,29 @@ async def test_one_lan_host_failing_as_many_users_is_limited_across_them(secure,
     assert walt.welcome_details.authid == WALT.authid
 
 
-def test_failed_logins_from_the_lan_do_not_lock_a_user_out_of_the_device():
-    """(In-process: this host has one LAN address, and the per-user limit for it needs
-    several.)"""
+def test_failed_logins_from_many_lan_addresses_lock_out_neither_the_owner_nor_the_device():
+    """(In-process: this host has one LAN address, and the attack needs several.)"""
     throttle = AuthThrottle(clock=lambda: 0.0)
-    for host in range(2, 12):
+    for host in range(2, 6):  # N7: 20 wrong tickets for one user from 4 LAN addresses
+        for _ in range(5):
+            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob")
+    assert throttle.refused_for(Peer("tcp4:192.0.2.2", local=False), "bob")
+    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob")
+    assert not throttle.refused_for(Peer("unix", local=True), "bob")
+    assert not throttle.refused_for(Peer("tcp4:127.0.0.1", local=True), "bob")
+
+
+def test_a_source_that_failed_for_a_user_under_attack_waits_until_its_failure_is_a_minute_old():
+    now = [0.0]
+    throttle = AuthThrottle(clock=lambda: now[0])
+    for host in range(2, 7):
         for _ in range(4):
-            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "tina")
-    assert throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "tina")
-    assert not throttle.refused_for(Peer("unix", local=True), "tina")
-    assert not throttle.refused_for(Peer("tcp4:127.0.0.1", local=True), "tina")
+            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob")
+    now[0] = 30.0
+    throttle.failed(Peer("tcp4:192.0.2.99", local=False), "bob")
+    assert throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob") == 30.0
+    now[0] = 60.0  # the 20 of the attack leave the window; its own failure has not
+    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob")
 
 
 async def test_failed_logins_are_logged_with_the_address_but_never_the_secret(

@@ -91,13 +91,13 @@ def test_subscribe_with_get_retained_answers_subscribed_then_the_retained_event(
 
 def test_get_events_asks_the_store_for_the_callers_page_and_answers_with_its_rows():
     core = CoreRouter(CONFIG)
-    reader = core.connect(authid="alice")
+    reader = core.connect()
     [sub_id] = of_type(reader.send(m.Subscribe(1, "sensor", match="prefix")), m.Subscribed)
     assert reader.send(m.Call(2, "wamp.subscription.get_events",
                               args=[sub_id.subscription], kwargs={"limit": 5})) == []
     read: HistoryRead = core.reads[0].request
-    assert (read.uri, read.match, read.caller, read.limit) == ("sensor", "prefix",
-                                                               ("alice", "anonymous"), 6)
+    assert (read.uri, read.match, read.caller, read.limit) == (
+        "sensor", "prefix", (reader.session.authid, "anonymous"), 6)
     core.answer_read([])
     [result] = of_type(reader.inbox, m.Result)
     assert result.args == [[]] and result.kwargs == {"is_limit_reached": False}
@@ -220,15 +220,15 @@ def test_exclude_takes_precedence_over_eligible():
 
 def test_exclude_authid_drops_sessions_with_a_listed_authid():
     core = CoreRouter(CONFIG)
-    alice, bob = subscribed(core, authid="alice"), subscribed(core, authid="bob")
-    publish_each(core.connect(), {"exclude_authid": ["alice", "carol"]})
+    alice, bob = subscribed(core), subscribed(core)  # (the router names them)
+    publish_each(core.connect(), {"exclude_authid": [alice.session.authid, "carol"]})
     assert (delivered(alice), delivered(bob)) == ([], [0])
 
 
 def test_eligible_authid_delivers_only_to_sessions_with_a_listed_authid():
     core = CoreRouter(CONFIG)
-    alice, bob = subscribed(core, authid="alice"), subscribed(core, authid="bob")
-    publish_each(core.connect(), {"eligible_authid": ["alice", "carol"]})
+    alice, bob = subscribed(core), subscribed(core)  # (the router names them)
+    publish_each(core.connect(), {"eligible_authid": [alice.session.authid, "carol"]})
     assert (delivered(alice), delivered(bob)) == ([0], [])
 
 

@@ -139,10 +139,10 @@ def test_session_list_and_count_filter_by_authroles():
 
 def test_session_get_returns_the_session_details():
     core = CoreRouter(CONFIG)
-    caller, other = core.connect(), core.connect(authid="sensor-7")
+    caller, other = core.connect(), core.connect()
     details = value(caller, "wamp.session.get", other.session.id)
     assert details["session"] == other.session.id
-    assert details["authid"] == "sensor-7"
+    assert details["authid"] == other.session.authid
     assert details["authrole"] == "anonymous"
     assert details["authmethod"] == "anonymous"
     assert details["transport"] == other.session.transport
@@ -319,12 +319,12 @@ def test_on_join_carries_the_details_of_the_new_session():
     core = CoreRouter(CONFIG)
     watcher = core.connect()
     watch = MetaWatch(watcher, "wamp.session.on_join")
-    newcomer = core.connect(authid="gauge-1")
+    newcomer = core.connect()
     [(topic, args)] = watch.about(newcomer.session.id)
     assert topic == "wamp.session.on_join" and len(args) == 1
     details = args[0]
     assert details["session"] == newcomer.session.id
-    assert details["authid"] == "gauge-1"
+    assert details["authid"] == newcomer.session.authid
     assert details["authrole"] == "anonymous"
     assert details["authmethod"] == "anonymous"
     assert details == value(watcher, "wamp.session.get", newcomer.session.id)
@@ -333,19 +333,19 @@ def test_on_join_carries_the_details_of_the_new_session():
 def test_on_leave_carries_session_id_authid_and_authrole_after_goodbye():
     core = CoreRouter(CONFIG)
     watch = MetaWatch(core.connect(), "wamp.session.on_leave")
-    leaver = core.connect(authid="leaver")
+    leaver = core.connect()
     leave(leaver)
     assert watch.log == [("wamp.session.on_leave",
-                          [leaver.session.id, "leaver", "anonymous"])]
+                          [leaver.session.id, leaver.session.authid, "anonymous"])]
 
 
 def test_on_leave_is_published_when_the_transport_is_lost_without_goodbye():
     core = CoreRouter(CONFIG)
     watch = MetaWatch(core.connect(), "wamp.session.on_leave")
-    dropper = core.connect(authid="dropper")
+    dropper = core.connect()
     dropper.drop()
     assert watch.log == [("wamp.session.on_leave",
-                          [dropper.session.id, "dropper", "anonymous"])]
+                          [dropper.session.id, dropper.session.authid, "anonymous"])]
 
 
 # -- meta events: subscriptions ------------------------------------------------------------

@@ -18,7 +18,7 @@ from autobahn.wamp import message as m
 from cairn.gateway.retention import RetainedEvent
 from harness.config import router_table
 from harness.core import CoreRouter, Peer, of_type
-from tests.test_retention import ADMIN_SECRET, REALM
+from tests.test_retention import REALM, login_of
 
 CONFIG = router_table("unused") + REALM
 
@@ -35,13 +35,13 @@ def core() -> CoreRouter:
 
 
 def connect(core: CoreRouter, authid: str | None = None) -> Peer:
-    """``authid="root"`` authenticates by ticket and joins as admin; any other authid (or
-    none) joins anonymously as user."""
-    if authid == "root":
-        peer = core.connect(authmethods=["ticket"], authid="root")
-        peer.send(m.Authenticate(ADMIN_SECRET))
-    else:
-        peer = core.connect(authid=authid)
+    """``authid="root"`` joins as admin, one of test_retention.NAMED as user (both by
+    ticket); without an authid, an anonymous user."""
+    login = login_of(authid)
+    secret = login.pop("secret", None)
+    peer = core.connect(**login)
+    if secret is not None:
+        peer.send(m.Authenticate(secret))
     assert peer.session.authrole == ("admin" if authid == "root" else "user")
     return peer
 

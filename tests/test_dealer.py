@@ -305,16 +305,16 @@ def whoami(details):
 
 async def test_disclose_permission_gives_the_callee_the_caller_identity(custom_router):
     callee = await custom_router.join()
-    caller = await custom_router.join("rawsocket-unix", "cbor", authid="alice")
+    caller = await custom_router.join("rawsocket-unix", "cbor")
     await callee.register(whoami, "com.disclosed.who",
                           options=RegisterOptions(details_arg="details"))
-    assert await wait(caller.call("com.disclosed.who")) == [caller.session_id, "alice",
-                                                            "anonymous"]
+    assert await wait(caller.call("com.disclosed.who")) == [
+        caller.session_id, caller.welcome_details.authid, "anonymous"]
 
 
 async def test_callee_sees_no_caller_identity_without_disclose(custom_router):
     callee = await custom_router.join()
-    caller = await custom_router.join("rawsocket-unix", "cbor", authid="alice")
+    caller = await custom_router.join("rawsocket-unix", "cbor")
     await callee.register(whoami, "com.private.who",
                           options=RegisterOptions(details_arg="details"))
     assert await wait(caller.call("com.private.who")) == [None, None, None]

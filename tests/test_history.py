@@ -23,10 +23,10 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from cairn.gateway import clock as gateway_clock
 from cairn.gateway.clock import parse_rfc3339
-from harness.config import history_rule, permission, realm, role, router_table
+from harness.config import history_rule, named_users, permission, realm, role, router_table
 from harness.wamp_client import Client
 from tests.test_broker import SENTINEL, TIMEOUT, Inbox, session_id
-from tests.test_retention import ADMIN, USER_ACTIONS, Cairn, acked
+from tests.test_retention import ADMIN, NAMED, USER_ACTIONS, Cairn, acked
 
 PAGE_CAP = 20
 CAPPED_RULE = 4  # index of the "capped" rule below
@@ -44,7 +44,8 @@ def config(data_dir: Path) -> str:
     history rules (the one at CAPPED_RULE keeps ten events)."""
     return (router_table(data_dir, rawsocket=["127.0.0.1:0"],
                          extra=f"history_page_cap = {PAGE_CAP}\n")
-            + realm("realm1", USER, ADMIN, *HISTORY, anonymous_role="user"))
+            + realm("realm1", USER, named_users("user", *NAMED), ADMIN, *HISTORY,
+                    anonymous_role="user"))
 
 T0 = "2026-11-22T01:02:03.456Z"
 T0_MS = parse_rfc3339(T0)

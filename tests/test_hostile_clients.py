@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -23,6 +24,7 @@ from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOption
 
 from harness.config import history_rule, permission, realm, role, user
 from harness.process import RouterProcess
+from harness.waiting import until
 from harness.wamp_client import RawSocketPeer, connect
 from tests.test_ops import parse_prometheus
 
@@ -99,10 +101,11 @@ def log_lines(router: RouterProcess, word: str) -> int:
 def lan_router(tmp_path: Path):
     routers = []
 
-    def start(limits: str = "", nofile: int | None = None,
-              settings: str = "") -> RouterProcess:  # settings: [router] keys
+    def start(limits: str = "", nofile: int | None = None, settings: str = "",
+              rawsocket_host: str | None = None) -> RouterProcess:  # settings: [router] keys
         router = RouterProcess(tmp_path, REALM, router_toml=f"{settings}[router.limits]\n{limits}",
-                               host="0.0.0.0", unix=True, nofile=nofile).start()
+                               host="0.0.0.0", unix=True, nofile=nofile,
+                               rawsocket_host=rawsocket_host).start()
         routers.append(router)
         return router
 
@@ -162,7 +165,8 @@ async def test_one_lan_host_cannot_hold_more_than_its_share_of_connections(lan_r
     """The attack: ~1,100 one-byte connections from one host against a router limited to
     1,024 file descriptors exhausted them (new clients, local drivers and /status timed
     out, and asyncio logged a traceback per failed accept)."""
-    router = lan_router('handshake_timeout = "60s"\n', nofile=1024)
+    router = lan_router('handshake_timeout = "60s"\nmax_pending_connections = 2000\n'
+                        'max_pending_per_address = 2000\n', nofile=1024)
     address = lan_address()
     held = []
     for _ in range(11):
@@ -188,7 +192,8 @@ async def test_one_lan_host_cannot_hold_more_than_its_share_of_connections(lan_r
 
 
 async def test_network_connections_are_capped_in_total_and_local_ones_apart(lan_router):
-    router = lan_router("max_connections = 10\nmax_connections_per_address = 100\n")
+    router = lan_router("max_connections = 10\nmax_connections_per_address = 100\n"
+                        "max_pending_per_address = 100\n")
     address = lan_address()
     held = [await open_from(address, router.rawsocket_port, b"\x7f") for _ in range(15)]
     assert await still_open(held) == 10
@@ -199,14 +204,100 @@ async def test_network_connections_are_capped_in_total_and_local_ones_apart(lan_
         writer.close()
 
 
-async def test_connections_without_a_session_are_capped(lan_router):
-    router = lan_router("max_pending_connections = 5\nmax_connections_per_address = 100\n")
+async def test_one_address_holds_at_most_its_share_of_connections_without_a_session(
+        lan_router):
+    router = lan_router("max_pending_per_address = 5\n")
     address = lan_address()
     held = [await open_from(address, router.rawsocket_port, b"\x7f") for _ in range(8)]
     assert await still_open(held) == 5
-    assert hits(router, "max_pending_connections") == 3
+    assert hits(router, "max_pending_per_address") == 3
     for _, writer in held:
         writer.close()
+
+
+def ipv6_lan_addresses() -> list[str]:
+    """This machine's IPv6 addresses that are not loopback (link-local ones with their
+    interface), to connect from as other hosts of the LAN would; the test is skipped
+    without two of them."""
+    out = subprocess.run(["ip", "-6", "-o", "addr", "show"], capture_output=True,
+                         text=True).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        address = fields[3].split("/")[0]
+        if address == "::1" or "tentative" in line:
+            continue
+        found.append(f"{address}%{fields[1]}" if address.startswith("fe80") else address)
+    if len(found) < 2:
+        pytest.skip("this machine has fewer than two non-loopback IPv6 addresses")
+    return found[:2]
+
+
+async def hold_half_open(address: str, port: int, count: int, stop: asyncio.Event) -> None:
+    """``count`` connections from ``address`` that never finish their RawSocket handshake,
+    each opened again as soon as the router closes (or refuses) it: the N6 attacker."""
+    async def one() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                reader, writer = await open_from(address, port, b"\x7f")
+                while not stop.is_set() and not await closed_within(reader, 0.2):
+                    pass
+                writer.close()
+            await asyncio.sleep(0.2)
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
+async def lan_client_gets_in(address: str, port: int) -> bool:
+    """A WebSocket upgrade from ``address``: answered 101, or refused (closed)?"""
+    reader, writer = await open_from(address, port, UPGRADE.format(
+        host=f"{address}:{port}", more="").encode())
+    try:
+        line = await asyncio.wait_for(reader.readline(), 5)
+    except OSError:
+        line = b""
+    finally:
+        writer.close()
+    return line.startswith(b"HTTP/1.1 101")
+
+
+async def admitted_under_attack(router: RouterProcess, held_each: int,
+                                tries: int = 22) -> tuple[int, int]:
+    """Two IPv6 hosts each hold ``held_each`` half-open RawSocket connections; a client
+    from the IPv4 LAN address tries ``tries`` times to open a WebSocket: (how often it got
+    in, how many of the attackers' connections were open at the end)."""
+    attackers, client = ipv6_lan_addresses(), lan_address()
+    stop = asyncio.Event()
+    attack = asyncio.gather(*(hold_half_open(a, router.rawsocket_port, held_each, stop)
+                              for a in attackers))
+    await asyncio.sleep(2)  # let them fill what they can
+    admitted = 0
+    for _ in range(tries):
+        admitted += await lan_client_gets_in(client, router.port)
+        await asyncio.sleep(0.2)
+    pending = (await asyncio.to_thread(metrics, router))["cairn_connections"]["samples"]
+    stop.set()
+    await attack
+    return admitted, next(v for _, labels, v in pending if labels == {"kind": "pending"})
+
+
+async def test_two_lan_hosts_holding_half_open_connections_do_not_keep_a_third_out(lan_router):
+    """The attack (N6): two LAN hosts held 32 half-open connections each, opened again as
+    the handshake timeout closed them; the 64 pending slots were theirs, and a LAN client
+    got in 3 times out of 22."""
+    router = lan_router('handshake_timeout = "2s"\n', rawsocket_host="[::]")
+    admitted, _ = await admitted_under_attack(router, held_each=32)
+    assert admitted == 22
+    assert hits(router, "max_pending_per_address") > 0
+
+
+async def test_past_three_quarters_of_the_pending_slots_only_addresses_holding_none_get_one(
+        lan_router):
+    router = lan_router('handshake_timeout = "2s"\nmax_pending_per_address = 64\n',
+                        rawsocket_host="[::]")
+    admitted, pending = await admitted_under_attack(router, held_each=64)
+    assert admitted == 22
+    assert 32 <= pending <= 48 + 1  # (+1: the client's own, if it was counted meanwhile)
+    assert hits(router, "pending_early_drop") > 0
 
 
 # -- what a session can make the router hold ----------------------------------------------
@@ -565,3 +656,86 @@ async def test_without_a_token_status_and_metrics_answer_the_device_only(lan_rou
     from_lan = await lan_get(lan_address(), router.port, "/metrics")
     assert from_lan.startswith("HTTP/1.1 403")
     assert "cairn_store_bytes" in metrics(router)
+
+
+
+async def test_an_address_whose_half_open_connection_timed_out_gets_no_reserved_slot(
+        lan_router):
+    """OpenSSH's per-source penalty: closing its own half-open connections does not make
+    an attacker a newcomer again."""
+    router = lan_router('handshake_timeout = "4s"\nmax_pending_per_address = 64\n'
+                        'max_connections_per_address = 64\n', rawsocket_host="[::]")
+    penalised, filler = ipv6_lan_addresses()
+    reader, writer = await open_from(penalised, router.rawsocket_port, b"\x7f")
+    await asyncio.sleep(1)
+    stop = asyncio.Event()
+    attack = asyncio.create_task(hold_half_open(filler, router.rawsocket_port, 64, stop))
+    assert await closed_within(reader, 5)  # cut by the handshake timeout, the pool still full
+    writer.close()
+    again, again_writer = await open_from(penalised, router.rawsocket_port, b"\x7f")
+    refused = await closed_within(again, 0.5)
+    newcomer = await lan_client_gets_in(lan_address(), router.port)
+    stop.set()
+    await attack
+    again_writer.close()
+    assert refused
+    assert newcomer
+
+
+# -- SIGHUP: what of [router] it reloads ------------------------------------------------------
+
+
+async def sighup(router: RouterProcess, marker: str = "SIGHUP: reloaded") -> str:
+    """Send SIGHUP and wait until the router logged ``marker``: its log since then."""
+    logged = len(router.log_lines())
+    assert router.proc is not None
+    router.proc.send_signal(signal.SIGHUP)
+    await until(lambda: any(marker in line for line in router.log_lines()[logged:]),
+                what=f"{marker!r} in the log")
+    return "\n".join(router.log_lines()[logged:])
+
+
+async def test_a_rotated_status_token_is_the_only_one_after_sighup(lan_router, tmp_path):
+    """The attack (N9): the token file rotated after a leak and SIGHUP sent, the old token
+    still read /status and the new one got 401 until a restart."""
+    token_file = tmp_path / "status.token"
+    token_file.write_text("the-leaked-token-of-last-week\n")
+    router = lan_router(settings=f'status_token_file = "{token_file}"\n')
+    address = lan_address()
+    token_file.write_text("a-fresh-token-after-the-leak\n")
+    await sighup(router)
+    old = await lan_get(address, router.port, "/status", "the-leaked-token-of-last-week")
+    new = await lan_get(address, router.port, "/status", "a-fresh-token-after-the-leak")
+    assert old.startswith("HTTP/1.1 401")
+    assert new.startswith("HTTP/1.1 200")
+
+
+async def test_allowed_hosts_and_origins_are_reloaded_on_sighup(tmp_path):
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        text = router.config.read_text().replace(
+            "[router]\n", '[router]\nallowed_hosts = ["gateway.greenhouse.lan"]\n'
+                          'allowed_origins = ["https://grafana.greenhouse.lan:3000"]\n', 1)
+        router.config.write_text(text)
+        await sighup(router)
+        named = await status_line(
+            router.port, "GET /status HTTP/1.1\r\nHost: gateway.greenhouse.lan:8080\r\n\r\n")
+        grafana = await upgrade(router.port, "gateway.greenhouse.lan:8080",
+                                "https://grafana.greenhouse.lan:3000")
+    finally:
+        router.stop()
+    assert named.startswith("HTTP/1.1 200")
+    assert grafana.startswith("HTTP/1.1 101")
+
+
+async def test_sighup_logs_which_changed_router_keys_wait_for_a_restart(tmp_path):
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        text = router.config.read_text().replace(
+            "[router]\n", "[router]\nmax_message_size = 4096\n", 1)
+        router.config.write_text(text)
+        logged = await sighup(router)
+    finally:
+        router.stop()
+    assert "router.max_message_size changed: it takes effect at the next restart" in logged
+    assert "router.listen" not in logged

@@ -20,7 +20,7 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from harness.config import permission, realm, role, router_table, user
+from harness.config import named_users, permission, realm, role, router_table, ticket_of, user
 from harness.wamp import EVENT, HELLO, SUBSCRIBE, SUBSCRIBED, WELCOME
 from harness.wamp_client import Client, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
@@ -38,7 +38,17 @@ USER_ACTIONS = ("publish", "subscribe", "call")
 ADMIN = role("admin", permission("", USER_ACTIONS)) + user("root", "admin", secret=ADMIN_SECRET)
 USER = role("user", permission("", USER_ACTIONS), permission("ctl.", ["subscribe"]),
             permission("private.", ["publish"]))
-REALM = realm("realm1", USER, ADMIN, anonymous_role="user")
+NAMED = ("alice", "bob", "meter-1")  # users whose sessions log in to have these authids
+REALM = realm("realm1", USER, named_users("user", *NAMED), ADMIN, anonymous_role="user")
+
+
+def login_of(authid: str | None) -> dict[str, Any]:
+    """HELLO's arguments for a session of ``authid``: "root" (admin) and the NAMED users log
+    in by ticket; None joins anonymously (the router names it)."""
+    if authid is None:
+        return {}
+    return {"authid": authid, "authmethods": ["ticket"],
+            "secret": ADMIN_SECRET if authid == "root" else ticket_of(authid)}
 
 
 
@@ -81,12 +91,9 @@ class Cairn:
         await self.stop()
 
     async def connect(self, authid: str | None = None) -> Client:
-        """An autobahn session: ``authid="root"`` authenticates by ticket and joins as admin;
-        any other authid (or none) joins anonymously as user."""
-        auth: dict[str, Any] = {"authid": authid}
-        if authid == "root":
-            auth.update(authmethods=["ticket"], secret=ADMIN_SECRET)
-        session = await connect(self.running, "websocket", "json", **auth)
+        """An autobahn session: ``authid="root"`` joins as admin, one of NAMED as user (both
+        by ticket); without an authid, an anonymous user."""
+        session = await connect(self.running, "websocket", "json", **login_of(authid))
         self.sessions.append(session)
         assert session.welcome_details.authrole == ("admin" if authid == "root" else "user")
         return session

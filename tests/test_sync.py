@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 import http.server
+import itertools
 import json
 import random
 import socket
@@ -708,6 +709,44 @@ def test_a_sink_answering_a_byte_at_a_time_is_cut_at_the_timeout(tmp_path):
     finally:
         server.close()
     assert took < 4, f"the PUT was held {took:.1f} s at timeout = 1"
+    assert uploader.reader.synced_seq() == 0
+
+
+def test_a_2xx_whose_head_never_ends_is_no_delivery(tmp_path):
+    """The attack (N11): "HTTP/1.1 200 OK", then a header byte a second; the deadline cut
+    the head, and what was read of it counted as a 2xx: the watermark moved."""
+    def endless_head(handler: http.server.BaseHTTPRequestHandler) -> None:
+        with contextlib.suppress(OSError):
+            handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+            for byte in itertools.cycle(b"X-Slow: a"):
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+                time.sleep(1)
+
+    fill_store(tmp_path / "data", 20)
+    server = ScriptedServer(endless_head)
+    try:
+        uploader = uploader_for(tmp_path / "data", HttpSink(server.url, timeout=1))
+        with pytest.raises(SinkError, match="no answer within 1 s"):
+            uploader.once()
+    finally:
+        server.close()
+    assert uploader.reader.synced_seq() == 0
+
+
+def test_a_2xx_whose_head_the_sink_cut_short_is_no_delivery(tmp_path):
+    def torn(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.wfile.write(b"HTTP/1.1 201 Created\r\nContent-Len")
+        handler.close_connection = True
+
+    fill_store(tmp_path / "data", 20)
+    server = ScriptedServer(torn)
+    try:
+        uploader = uploader_for(tmp_path / "data", HttpSink(server.url, timeout=5))
+        with pytest.raises(SinkError, match="ended in the middle of its head"):
+            uploader.once()
+    finally:
+        server.close()
     assert uploader.reader.synced_seq() == 0
 
 
