@@ -188,6 +188,7 @@ class RetainedStream:
 @dataclass(eq=False, slots=True)
 class _Slot:
     pub: StoredPublication  # packed payload only (args and kwargs: None)
+    size: int  # of its packed payload
     owner: Hashable  # whose share it counts in
     standing: int
 
@@ -225,11 +226,6 @@ class Retention:
         """Is ``pub``'s slot (topic and audience) taken?"""
         return pub.audience_key in self._slots.get(pub.topic, {})
 
-    def max_payload(self, topic: str) -> int:
-        rule = self.rule_for(topic)
-        limit = self.rules[rule].max_payload if rule is not None else None
-        return limit or self.limits.max_retained_payload
-
     def _configured(self, pub: StoredPublication) -> bool:
         """Published by a configured user (its authid with its role)?"""
         return pub.authid is not None and self._users.get(pub.authid) == pub.authrole
@@ -250,9 +246,10 @@ class Retention:
         refused it (the limit's name, ": ", why), or None; and the slots that made room for
         it (gone: forget them in the store), which only a new slot of ``evict`` may take."""
         size = pub.size
-        limit = self.max_payload(pub.topic)
+        limits = self.limits
+        rule = self.rule_for(pub.topic)
+        limit = rule is not None and self.rules[rule].max_payload or limits.max_retained_payload
         if size > limit:
-            rule = self.rule_for(pub.topic)
             where = "router.limits.max_retained_payload" if rule is None or \
                 self.rules[rule].max_payload is None else \
                 f"max_payload of the retention rule {self.rules[rule].uri!r}"
@@ -260,12 +257,13 @@ class Retention:
                     f"bytes a retained payload on {pub.topic!r} may have ({where})"), []
         audiences = self._slots.get(pub.topic)
         old = audiences.get(pub.audience_key) if audiences else None
-        standing = self.standing(pub, session)
-        if self._configured(pub):
+        configured = self._configured(pub)
+        standing = (rule is not None) + (configured or (
+            session is not None and str(session.transport.get("peer") or "").startswith("unix:")))
+        if configured:
             owner: Hashable = ("user", pub.authid)  # across its sessions
         else:
             owner = ("session", session.id) if session is not None else ("stored", pub.authid)
-        limits = self.limits
         if old is None:
             if session is not None and self._held[owner] >= limits.max_retained_per_session:
                 return (f"max_retained_per_session: {pub.authid!r} holds "
@@ -273,7 +271,7 @@ class Retention:
             if audiences and len(audiences) >= limits.max_retained_per_topic:
                 return (f"max_retained_per_topic: {pub.topic!r} has {len(audiences)} "
                         f"retained audiences"), []
-        grows = size - (old.pub.size if old is not None else 0)
+        grows = size - (old.size if old is not None else 0)
         slots_short = old is None and self.count >= limits.max_retained
         bytes_short = max(0, self.bytes + grows - limits.max_retained_bytes)
         evicted: list[StoredPublication] = []
@@ -286,9 +284,12 @@ class Retention:
             for victim in victims:
                 self._remove(victim)
                 evicted.append(victim.pub)
+        if old is not None and (old.owner, old.standing) == (owner, standing):
+            self._replace(old, _packed_only(pub), size)  # the usual case: a sensor's reading
+            return None, evicted
         if old is not None:
             self._remove(old)
-        self._add(_Slot(_packed_only(pub), owner, standing))
+        self._add(_Slot(_packed_only(pub), size, owner, standing))
         return None, evicted
 
     def _victims(self, standing: int, slots_short: bool, bytes_short: int,
@@ -298,7 +299,7 @@ class Retention:
         ranks = range(standing)
         available = sum(self._evictable_bytes[r] for r in ranks)
         if keep is not None and keep.standing in ranks:
-            available -= keep.pub.size
+            available -= keep.size
         if available < bytes_short:
             return None
         victims: list[_Slot] = []
@@ -310,7 +311,7 @@ class Retention:
                 if freed >= bytes_short and (victims or not slots_short):
                     return victims
                 victims.append(slot)
-                freed += slot.pub.size
+                freed += slot.size
         return victims if freed >= bytes_short and (victims or not slots_short) else None
 
     def _add(self, slot: _Slot) -> None:
@@ -318,15 +319,24 @@ class Retention:
         self._slots.setdefault(pub.topic, {})[pub.audience_key] = slot
         if slot.standing < DRIVER:
             self._evictable[slot.standing][slot] = None
-            self._evictable_bytes[slot.standing] += pub.size
+            self._evictable_bytes[slot.standing] += slot.size
         self._held[slot.owner] += 1
-        self._by_seq[pub.seq] = slot
-        if self._seqs and pub.seq < self._seqs[-1]:
-            insort(self._seqs, pub.seq)  # restored after newer ones (a store opened late)
-        else:
-            self._seqs.append(pub.seq)
+        self._index(slot)
         self.count += 1
-        self.bytes += pub.size
+        self.bytes += slot.size
+
+    def _replace(self, slot: _Slot, pub: StoredPublication, size: int) -> None:
+        """A newer publication in the same slot, by the same owner."""
+        self._unindex(slot)
+        grows = size - slot.size
+        slot.pub, slot.size = pub, size
+        if slot.standing < DRIVER:
+            evictable = self._evictable[slot.standing]
+            del evictable[slot]
+            evictable[slot] = None  # now the most recently published
+            self._evictable_bytes[slot.standing] += grows
+        self._index(slot)
+        self.bytes += grows
 
     def _remove(self, slot: _Slot) -> None:
         pub = slot.pub
@@ -336,13 +346,24 @@ class Retention:
             del self._slots[pub.topic]
         if slot.standing < DRIVER:
             del self._evictable[slot.standing][slot]
-            self._evictable_bytes[slot.standing] -= pub.size
+            self._evictable_bytes[slot.standing] -= slot.size
         self._held[slot.owner] -= 1
         if not self._held[slot.owner]:
             del self._held[slot.owner]
-        del self._by_seq[pub.seq]
+        self._unindex(slot)
         self.count -= 1
-        self.bytes -= pub.size
+        self.bytes -= slot.size
+
+    def _index(self, slot: _Slot) -> None:
+        seq = slot.pub.seq
+        self._by_seq[seq] = slot
+        if self._seqs and seq < self._seqs[-1]:
+            insort(self._seqs, seq)  # restored after newer ones (a store opened late)
+        else:
+            self._seqs.append(seq)
+
+    def _unindex(self, slot: _Slot) -> None:
+        del self._by_seq[slot.pub.seq]  # its seq stays in _seqs until they are compacted
         if len(self._seqs) > 1024 and len(self._seqs) > 2 * len(self._by_seq):
             self._seqs = [seq for seq in self._seqs if seq in self._by_seq]
 
@@ -388,7 +409,7 @@ class Retention:
 
 def _packed_only(pub: StoredPublication) -> StoredPublication:
     """``pub`` as a slot keeps it: its packed payload without the decoded arguments."""
-    return StoredPublication(
-        pub.seq, pub.publication, pub.realm, pub.topic, None, None, pub.wall_ms, pub.boot_id,
-        pub.boottime_ns, pub.clock_synced, pub.authid, pub.authrole, pub.audience,
-        pub.details, pub.history_rule, True, packed=pub.payload())
+    slim = object.__new__(StoredPublication)
+    slim.__dict__.update(pub.__dict__)
+    slim.args = slim.kwargs = None
+    return slim
