@@ -230,12 +230,15 @@ class Retention:
         """Published by a configured user (its authid with its role)?"""
         return pub.authid is not None and self._users.get(pub.authid) == pub.authrole
 
+    def _driver(self, pub: StoredPublication, session: Session | None) -> bool:
+        """Published by a configured user, or by ``session`` over a Unix socket?"""
+        return self._configured(pub) or (
+            session is not None and str(session.transport.get("peer") or "").startswith("unix:"))
+
     def standing(self, pub: StoredPublication, session: Session | None = None) -> int:
         """0, 1 or 2 (DRIVER): see the module's docstring. ``session``: its publisher, when
         it is the one publishing it now."""
-        driver = self._configured(pub) or (
-            session is not None and str(session.transport.get("peer") or "").startswith("unix:"))
-        return (self.rule_for(pub.topic) is not None) + driver
+        return (self.rule_for(pub.topic) is not None) + self._driver(pub, session)
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -257,10 +260,8 @@ class Retention:
                     f"bytes a retained payload on {pub.topic!r} may have ({where})"), []
         audiences = self._slots.get(pub.topic)
         old = audiences.get(pub.audience_key) if audiences else None
-        configured = self._configured(pub)
-        standing = (rule is not None) + (configured or (
-            session is not None and str(session.transport.get("peer") or "").startswith("unix:")))
-        if configured:
+        standing = (rule is not None) + self._driver(pub, session)
+        if self._configured(pub):
             owner: Hashable = ("user", pub.authid)  # across its sessions
         else:
             owner = ("session", session.id) if session is not None else ("stored", pub.authid)

@@ -459,3 +459,29 @@ def test_the_pacer_writes_a_stream_as_the_peer_reads_and_the_rest_behind_it():
     assert peer.unsent == 180
     pacer.queue(b"L" * 900)  # live bytes and unsent ones over the limit: a slow consumer
     assert peer.cut == [180 + 900]
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+def test_retention_rules_default_to_the_drivers_topics_and_are_checked():
+    import tomllib
+
+    from cairn.gateway.config import DEFAULT_RETENTION, RetentionRule, parse
+    from cairn.gateway.config_tools import ConfigError
+
+    def realm_of(text: str):
+        return parse(tomllib.loads(text), "t.toml").realms[0]
+
+    assert realm_of('[[realms]]\nname = "r"\n').retention == DEFAULT_RETENTION
+    ruled = realm_of('[[realms]]\nname = "r"\n[[realms.retention]]\nuri = "plant."\n'
+                     'match = "prefix"\nmax_payload = 4096\n')
+    assert ruled.retention == (RetentionRule("plant.", "prefix", 4096),)
+    limits = parse(tomllib.loads('[router.limits]\nmax_retained_per_session = 10\n'
+                                 'max_retained_payload = 1000\n[[realms]]\nname = "r"\n'),
+                   "t.toml").router.limits
+    assert (limits.max_retained_per_session, limits.max_retained_payload) == (10, 1000)
+    with pytest.raises(ConfigError, match=r"realms\[0\]\.retention\[0\]\.max_payload: must be "
+                                          r"a positive integer, not 0"):
+        realm_of('[[realms]]\nname = "r"\n[[realms.retention]]\nuri = "x"\nmax_payload = 0\n')
+    with pytest.raises(ConfigError, match=r"realms\[0\]\.retention\[0\]\.uri: missing"):
+        realm_of('[[realms]]\nname = "r"\n[[realms.retention]]\nmatch = "prefix"\n')
