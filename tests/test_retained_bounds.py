@@ -485,3 +485,32 @@ def test_retention_rules_default_to_the_drivers_topics_and_are_checked():
         realm_of('[[realms]]\nname = "r"\n[[realms.retention]]\nuri = "x"\nmax_payload = 0\n')
     with pytest.raises(ConfigError, match=r"realms\[0\]\.retention\[0\]\.uri: missing"):
         realm_of('[[realms]]\nname = "r"\n[[realms.retention]]\nmatch = "prefix"\n')
+
+
+# -- the store forgets what made room, not what came after -------------------------------------
+
+async def test_the_store_forgets_an_evicted_slot_but_not_a_newer_publication_of_it(tmp_path):
+    """A slot evicted in the commit window of its own publication (a history topic: its
+    retained value waits in memory for the write-back) stays gone after a restart; a slot
+    published again after its eviction, in the same batch, stays."""
+    from cairn.gateway.store import Store
+    from tests.test_store import reading
+
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        evicted = reading(store, "sensor.junk", 1.0)  # history rule 0: retained in memory
+        forgotten_then_newer = reading(store, "state.x", 1.0, rule=None)  # retained table
+        store.append(evicted, 10)
+        store.append(forgotten_then_newer, 10)
+        store.forget_retained(evicted)
+        store.forget_retained(forgotten_then_newer)
+        newer = reading(store, "state.x", 2.0, rule=None)
+        await store.append(newer, 0)
+    finally:
+        await store.close()
+    store = await Store.open(tmp_path / "cairn.db")
+    try:
+        retained = await store.reader.load_retained()
+        assert [(p.topic, p.kwargs["temperature"]) for p in retained] == [("state.x", 2.0)]
+    finally:
+        await store.close()
