@@ -11,7 +11,8 @@ What the slots may hold, so that no client can turn them against the others
 - one retained payload is at most its retention rule's ``max_payload`` (topics under no
   rule: ``max_retained_payload``); a larger one is refused at publish;
 - one session holds at most ``max_retained_per_session`` slots (a configured user: across
-  its sessions), so one client cannot take the realm's slots;
+  its sessions), and as large a share of ``max_retained_bytes`` (a quarter by default), so
+  one client cannot take the realm's slots;
 - the realm holds at most ``max_retained`` slots, ``max_retained_per_topic`` audiences per
   topic and ``max_retained_bytes`` of payloads. When a new slot finds the realm full, slots
   of a lower standing than its own make room, lowest first and least recently published
@@ -210,6 +211,10 @@ class Retention:
         self._evictable: tuple[dict[_Slot, None], ...] = ({}, {})
         self._evictable_bytes = [0, 0]
         self._held: Counter[Hashable] = Counter()  # slots per owner
+        self._held_bytes: Counter[Hashable] = Counter()  # their payload bytes
+        # an owner's share of the bytes: as its share of the slots
+        self.share_bytes = limits.max_retained_bytes * min(
+            limits.max_retained_per_session, limits.max_retained) // limits.max_retained
         self._by_seq: dict[int, _Slot] = {}
         self._seqs: list[int] = []  # every seq of _by_seq, ascending, and some gone since
         self.count = 0
@@ -273,6 +278,12 @@ class Retention:
                 return (f"max_retained_per_topic: {pub.topic!r} has {len(audiences)} "
                         f"retained audiences"), []
         grows = size - (old.size if old is not None else 0)
+        adds = size if old is None or old.owner != owner else grows  # to the owner's bytes
+        if session is not None and adds > 0 and \
+                self._held_bytes[owner] + adds > self.share_bytes:
+            return (f"max_retained_per_session: {pub.authid!r} holds "
+                    f"{self._held_bytes[owner]} bytes of retained payloads (its share: "
+                    f"{self.share_bytes})"), []
         slots_short = old is None and self.count >= limits.max_retained
         bytes_short = max(0, self.bytes + grows - limits.max_retained_bytes)
         evicted: list[StoredPublication] = []
@@ -322,6 +333,7 @@ class Retention:
             self._evictable[slot.standing][slot] = None
             self._evictable_bytes[slot.standing] += slot.size
         self._held[slot.owner] += 1
+        self._held_bytes[slot.owner] += slot.size
         self._index(slot)
         self.count += 1
         self.bytes += slot.size
@@ -331,6 +343,7 @@ class Retention:
         self._unindex(slot)
         grows = size - slot.size
         slot.pub, slot.size = pub, size
+        self._held_bytes[slot.owner] += grows
         if slot.standing < DRIVER:
             evictable = self._evictable[slot.standing]
             del evictable[slot]
@@ -349,8 +362,9 @@ class Retention:
             del self._evictable[slot.standing][slot]
             self._evictable_bytes[slot.standing] -= slot.size
         self._held[slot.owner] -= 1
+        self._held_bytes[slot.owner] -= slot.size
         if not self._held[slot.owner]:
-            del self._held[slot.owner]
+            del self._held[slot.owner], self._held_bytes[slot.owner]
         self._unindex(slot)
         self.count -= 1
         self.bytes -= slot.size

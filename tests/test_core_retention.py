@@ -517,3 +517,19 @@ def test_a_retained_stream_ends_with_its_subscription_and_skips_what_came_live(b
     assert received(stream.next()).args == [0]
     subscriber.send(m.Unsubscribe(3, subscribed.subscription))
     assert stream.next() is None
+
+
+def test_a_sessions_share_of_the_retained_bytes_is_its_share_of_the_slots():
+    """max_retained 4, 2 per session: half of max_retained_bytes (400) each."""
+    core = CoreRouter(BOUNDED.replace("max_retained = 6", "max_retained = 4\n"
+                                      "max_retained_bytes = 400").replace(
+        "max_retained_per_session = 4", "max_retained_per_session = 2"))
+    session = core.connect()
+    acked(session, "sensor.a", "x" * 150, retain=True)
+    assert "max_retained_per_session: " in (why := refusal(
+        publish(session, "sensor.b", "x" * 100, retain=True)))
+    assert "bytes of retained payloads (its share: 200)" in why
+    assert "its share" in refusal(publish(session, "sensor.a", "x" * 250, retain=True))
+    acked(session, "sensor.a", "x" * 20, retain=True)  # smaller: room for another
+    acked(session, "sensor.b", "x" * 100, retain=True)
+    acked(core.connect(), "sensor.c", "x" * 150, retain=True)  # another session's share

@@ -232,7 +232,9 @@ async def test_retained_events_are_paced_by_the_subscribers_reading_not_cut(tmp_
     once it reads."""
     rules = REALM + ('\n  [[realms.retention]]\n  uri = "sensor"\n  match = "prefix"\n'
                      '  max_payload = 1100000\n')
-    router = await Router(tmp_path, BIG_MESSAGES, rules).start()
+    # 20 MB from one session: more than its share of max_retained_bytes (a quarter)
+    limits = "[router.limits]\nmax_retained_per_session = 5000\n"
+    router = await Router(tmp_path, BIG_MESSAGES + limits, rules).start()
     try:
         sensor = await router.connect("rawsocket-unix", "msgpack")
         assert await publish_big(sensor, 20) == ["published"] * 20
