@@ -10,7 +10,7 @@ of the retained bytes it holds (``/metrics``: ``cairn_retained_bytes``):
 1. started, empty;
 2. ``--topics`` acknowledged retained publications of ``--size`` bytes each on
    ``sensor.mem.tNNNNN`` (1,000 x 64,000 bytes: just under the 64 MiB bound), over
-   RawSocket/MsgPack;
+   RawSocket/MsgPack, 200 from each session (a session's share is a quarter of the bound);
 3. for JSON, MsgPack and CBOR in turn, over WebSocket: one session subscribes to each topic
    (``exact``, get_retained) and receives every retained event, then leaves; another
    subscribes to ``sensor.mem`` (``prefix``) and does the same;
@@ -57,13 +57,14 @@ def retained_bytes(router: RouterProcess) -> float:
 
 
 async def fill(router: RouterProcess, topics: int, size: int) -> None:
-    session = await connect(router, "rawsocket-tcp", "msgpack")
     blob = "x" * size
     acked = PublishOptions(acknowledge=True, retain=True)
-    for start in range(0, topics, 50):
-        await asyncio.gather(*(session.publish(f"{PREFIX}.t{k:05d}", k, blob, options=acked)
-                               for k in range(start, min(start + 50, topics))))
-    await session.leave()
+    for start in range(0, topics, 200):
+        session = await connect(router, "rawsocket-tcp", "msgpack")
+        for first in range(start, min(start + 200, topics), 50):
+            await asyncio.gather(*(session.publish(f"{PREFIX}.t{k:05d}", k, blob, options=acked)
+                                   for k in range(first, min(first + 50, topics))))
+        await session.leave()
 
 
 async def fetch(router: RouterProcess, serializer: str, kind: str, topics: int) -> int:
