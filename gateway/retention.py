@@ -279,8 +279,8 @@ class Retention:
                         f"retained audiences"), []
         grows = size - (old.size if old is not None else 0)
         adds = size if old is None or old.owner != owner else grows  # to the owner's bytes
-        if session is not None and adds > 0 and \
-                self._held_bytes[owner] + adds > self.share_bytes:
+        if session is not None and adds > 0 and self.share_bytes < limits.max_retained_bytes \
+                and self._held_bytes[owner] + adds > self.share_bytes:
             return (f"max_retained_per_session: {pub.authid!r} holds "
                     f"{self._held_bytes[owner]} bytes of retained payloads (its share: "
                     f"{self.share_bytes})"), []
