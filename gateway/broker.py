@@ -7,8 +7,10 @@ store has committed it, when it is stored).
 One EVENT object is built per subscription and shared by its subscribers, so autobahn
 serializes it once per serializer however many subscribers there are.
 
-SUBSCRIBE with ``get_retained``: SUBSCRIBED, then the retained events, all in the same
-outbox, so no live event can come between them.
+SUBSCRIBE with ``get_retained``: SUBSCRIBED, then the retained events as one
+:class:`~gateway.retention.RetainedStream` in the same outbox: the shell sends them as the
+subscriber reads, and what the session is sent after them waits behind them, so no live
+event can come between them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cairn.gateway.config import Limits
 from cairn.gateway.core import (
     LIMIT_REACHED,
     ClockStep,
+    ForgetRetained,
     ForgetSubscription,
     KeepSubscription,
     Outbox,
@@ -40,7 +43,7 @@ from cairn.gateway.history_rules import HistoryRules
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.patterns import PatternMap
 from cairn.gateway.publication import StoredPublication
-from cairn.gateway.retention import RetainedEvent, Retention
+from cairn.gateway.retention import RetainedStream, Retention
 
 
 def utc_now() -> str:
@@ -53,7 +56,8 @@ class Subscription:
     uri: str
     match: str
     created: str = field(default_factory=utc_now)
-    subscribers: dict[Session, None] = field(default_factory=dict)  # an ordered set
+    # an ordered set; each subscriber's value marks its subscribing (RetainedStream)
+    subscribers: dict[Session, object] = field(default_factory=dict)
     kept: bool = False  # has history: kept, its id stable, without subscribers (persisted)
 
     def details(self) -> dict[str, Any]:
@@ -125,10 +129,13 @@ class Broker:
             sub = self.create_subscription(msg.topic, match, out)
         if not already:
             session.subscriptions += 1
-        sub.subscribers[session] = None
+            sub.subscribers[session] = object()
         out.send(session, m.Subscribed(msg.request, sub.id))
         if msg.get_retained:
-            self._send_retained(session, sub, out)
+            visible = None if match == "exact" else \
+                (lambda topic: self.may_receive(session, topic))
+            out.send(session, RetainedStream(self.retention, session, sub.id, sub.uri, match,
+                                             sub.subscribers, visible))
         if created:
             self.publish_internal("wamp.subscription.on_create", [session.id, sub.details()], out)
         if not already:
@@ -175,12 +182,6 @@ class Broker:
         del self.by_id[sub.id]
         if self._kept.pop(sub.id, None) is not None:
             out.store(ForgetSubscription(sub.id))
-
-    def _send_retained(self, session: Session, sub: Subscription, out: Outbox) -> None:
-        for pub in self.retention.for_subscriber(sub.uri, sub.match, session):
-            if sub.match != "exact" and not self.may_receive(session, pub.topic):
-                continue
-            out.send(session, RetainedEvent(sub.id, pub, sub.match != "exact"))
 
     def unsubscribe(self, session: Session, msg: m.Unsubscribe, out: Outbox) -> None:
         sub = self.by_id.get(msg.subscription)
@@ -283,11 +284,17 @@ class Broker:
             boot_id=self.clock.boot_id, boottime_ns=reading.boottime_ns,
             clock_synced=reading.synced, authid=session.authid, authrole=session.authrole,
             audience=audience, details=details, history_rule=rule, retain=bool(msg.retain))
-        refused = self.retention.put(pub) if msg.retain else None
-        if refused is not None:
-            limit, _, why = refused.partition(": ")
-            self.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
-            pub.retain = False
+        refused = None
+        if msg.retain:
+            refused, evicted = self.retention.put(pub, session)
+            if refused is not None:
+                limit, _, why = refused.partition(": ")
+                self.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
+                pub.retain = False
+            for gone in evicted:
+                out.store(ForgetRetained(gone))
+                self.hits.hit("retained_evicted", f"the retained slot of {gone.topic!r} made "
+                                                  f"room for {msg.topic!r}")
         return pub, refused
 
     def _commit_within(self, rule: int | None, acknowledge: bool) -> float | None:

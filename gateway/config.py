@@ -70,12 +70,28 @@ class HistoryRule:
 
 
 @dataclass(frozen=True)
+class RetentionRule:
+    """Topics whose retained values are a driver's (its readings and status): when the
+    realm's retained slots are full, other slots go first. ``max_payload``: the largest
+    retained payload on them, in bytes (None: ``router.limits.max_retained_payload``)."""
+
+    uri: str
+    match: str = "exact"
+    max_payload: int | None = None
+
+
+# A realm without [[realms.retention]]: the drivers' topic convention (README, "Sensors")
+DEFAULT_RETENTION = (RetentionRule("sensor", "prefix"), RetentionRule("gateway.device", "prefix"))
+
+
+@dataclass(frozen=True)
 class RealmConfig:
     name: str
     anonymous_role: str | None = None
     roles: tuple[Role, ...] = ()
     users: tuple[User, ...] = ()
     history: tuple[HistoryRule, ...] = ()
+    retention: tuple[RetentionRule, ...] = DEFAULT_RETENTION
 
     def role(self, name: str) -> Role | None:
         return next((r for r in self.roles if r.name == name), None)
@@ -107,6 +123,10 @@ class Limits:
     max_retained: int = 10_000              # retained slots (topic x audience) in all
     max_retained_per_topic: int = 16        # audiences with a retained slot, per topic
     max_retained_bytes: int = 64 * 2**20    # their payloads (in memory and in the store)
+    max_retained_per_session: int = 2_500   # slots one session (one user, across its
+                                            # sessions) holds: a share, not the realm
+    max_retained_payload: int = 64 * 2**10  # one retained payload (realms.retention
+                                            # max_payload sets it per rule)
     max_store_queue_bytes: int = 4 * 2**20   # publications waiting for their commit: past
                                             # it, publishers that add to it are paused
     get_events_timeout: float = 5.0         # s one get_events query may run
@@ -334,7 +354,7 @@ def _covers_everything(permission: Permission) -> bool:
 
 
 def _realm(v: Validator, t: dict[str, Any], at: str) -> RealmConfig:
-    v.keys(t, at, {"name", "anonymous_role", "roles", "users", "history"})
+    v.keys(t, at, {"name", "anonymous_role", "roles", "users", "history", "retention"})
     name = v.get(t, at, "name", str, None)
     if name is None:
         raise ConfigError(v.source, f"{at}.name", "missing (every realm needs a name)")
@@ -353,7 +373,9 @@ def _realm(v: Validator, t: dict[str, Any], at: str) -> RealmConfig:
     history = tuple(
         _history(v, h, f"{at}.history[{i}]") for i, h in enumerate(v.tables(t, "history", at))
     )
-    return RealmConfig(name, anonymous_role, roles, users, history)
+    retention = tuple(_retention(v, r, f"{at}.retention[{i}]")
+                      for i, r in enumerate(v.tables(t, "retention", at))) or DEFAULT_RETENTION
+    return RealmConfig(name, anonymous_role, roles, users, history, retention)
 
 
 def _unique(v: Validator, names: list[str], at: str, key: str, what: str) -> None:
@@ -426,6 +448,17 @@ def _history(v: Validator, t: dict[str, Any], at: str) -> HistoryRule:
         parse_duration(max_age, v.source, f"{at}.max_age") if max_age is not None else None,
         commit_window,
     )
+
+
+def _retention(v: Validator, t: dict[str, Any], at: str) -> RetentionRule:
+    v.keys(t, at, {"uri", "match", "max_payload"})
+    uri = v.get(t, at, "uri", str, None)
+    if uri is None:
+        raise ConfigError(v.source, f"{at}.uri", "missing")
+    match = v.match(t, at)
+    v.uri(uri, f"{at}.uri", match)
+    max_payload = v.positive(t, at, "max_payload", 0) if "max_payload" in t else None
+    return RetentionRule(uri, match, max_payload)
 
 
 def parse_duration(text: str, source: str, key: str) -> float:

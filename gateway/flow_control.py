@@ -3,6 +3,8 @@
 - :class:`WriteBatcher` and :class:`CorkedTransport` join the writes of one read (or one
   timer, one finished task) into one socket write per connection and notice a peer that
   stopped reading;
+- :class:`Pacer` sends a session's retained events as the peer reads them, and what the
+  session is sent after them behind them;
 - :class:`StoreBackpressure` stops reading the connections that fill the store's queue
   while it is over its bound (TCP backpressure instead of unbounded memory).
 """
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -29,8 +32,9 @@ class WriteBatcher:
         self._reading = 0
 
     def cork(self, transport: asyncio.Transport, limit: int,
-             overflowed: Callable[[int], None]) -> CorkedTransport:
-        return CorkedTransport(transport, self, limit, overflowed)
+             overflowed: Callable[[int], None],
+             flushed: Callable[[], None] | None = None) -> CorkedTransport:
+        return CorkedTransport(transport, self, limit, overflowed, flushed)
 
     def mark(self, corked: CorkedTransport) -> None:
         if not self._dirty and not self._reading:
@@ -57,31 +61,42 @@ class CorkedTransport:
     """Stands in for a connection's asyncio transport: write() collects, the batcher
     flushes at the end of the loop pass; closing flushes first. Everything else is the real
     transport's. When what the kernel has not taken exceeds ``limit`` bytes after a flush,
-    ``overflowed(buffered)`` is called: the peer stopped reading."""
+    ``overflowed(buffered)`` is called: the peer stopped reading; otherwise ``flushed()``."""
 
     def __init__(self, transport: asyncio.Transport, batcher: WriteBatcher, limit: int,
-                 overflowed: Callable[[int], None]) -> None:
+                 overflowed: Callable[[int], None],
+                 flushed: Callable[[], None] | None = None) -> None:
         self._transport = transport
         self._batcher = batcher
         self._limit = limit
         self._overflowed = overflowed
+        self._flushed = flushed
         self._chunks: list[bytes] = []
+        self.corked = 0  # bytes written and not flushed yet
 
     def write(self, data: bytes) -> None:
         if not self._chunks:
             self._batcher.mark(self)
         self._chunks.append(data)
+        self.corked += len(data)
 
     def flush(self) -> None:
         if self._chunks:
             data = b"".join(self._chunks)
             self._chunks.clear()
+            self.corked = 0
             transport = self._transport
             if not transport.is_closing():
                 transport.write(data)
                 buffered = transport.get_write_buffer_size()
                 if buffered > self._limit:
                     self._overflowed(buffered)
+                elif self._flushed is not None:
+                    self._flushed()
+
+    def unsent(self) -> int:
+        """What was written and neither flushed nor taken by the kernel yet."""
+        return self.corked + self._transport.get_write_buffer_size()
 
     def close(self) -> None:
         self.flush()
@@ -96,10 +111,95 @@ class CorkedTransport:
 
     def abort(self) -> None:
         self._chunks.clear()
+        self.corked = 0
         self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
+
+
+class Paced(Protocol):
+    """What a :class:`Pacer` sends piece by piece: a stream of messages (a retained
+    stream, gateway.retention.RetainedStream) whose ``next()`` is None once it is done."""
+
+    def next(self) -> Any: ...
+
+
+class Pacer:
+    """Paces what one connection is sent. The messages of a :class:`Paced` stream are
+    written one after the other while at most ``window`` bytes wait to be taken by the peer
+    (corked or in the transport's buffer), never so many that they and those would pass
+    ``limit`` (unless nothing else waits), and again when the peer has read (``pump()``,
+    which the connection calls once its writes are flushed or its transport's buffer is
+    empty again). While a stream is not done, whatever else the connection is sent (live
+    events, answers) waits behind it, encoded, in order; those bytes and the unsent ones
+    together over ``limit`` make the peer a slow consumer (``overflowed(bytes)``), as they
+    would without a stream. A stream thus costs its cursor, and at most ``window`` bytes
+    plus one message in the send buffer, however much it holds."""
+
+    window = 64 * 1024  # bytes
+
+    def __init__(self, unsent: Callable[[], int], encode: Callable[[Any], bytes | None],
+                 write_payload: Callable[[bytes], None], limit: int,
+                 overflowed: Callable[[int], None]) -> None:
+        self._unsent, self._encode, self._write_payload = unsent, encode, write_payload
+        self._limit = limit
+        self._overflowed = overflowed
+        # streams, and encoded messages (bytes); empty: nothing is paced (always this deque,
+        # so that a connection can test it as cheaply as a deque can be)
+        self.waiting: deque[Any] = deque()
+        self.waiting_bytes = 0  # of the encoded messages
+        self._next: bytes | None = None  # the first stream's next message, encoded
+
+    def stream(self, stream: Paced) -> None:
+        self.waiting.append(stream)
+        self.pump()
+
+    def queue(self, payload: bytes) -> None:
+        """An encoded message, written once the streams before it are done."""
+        self.waiting.append(payload)
+        self.waiting_bytes += len(payload)
+        total = self.waiting_bytes + self._unsent()
+        if total > self._limit:
+            self._overflowed(total)
+
+    def pump(self) -> None:
+        waiting = self.waiting
+        while waiting and (unsent := self._unsent()) <= self.window:
+            head = waiting[0]
+            if type(head) is bytes:
+                payload = head
+            elif (payload := self._next) is None:
+                msg = head.next()
+                if msg is None:
+                    waiting.popleft()
+                    continue
+                if (payload := self._encode(msg)) is None:
+                    continue
+            if unsent and unsent + len(payload) > self._limit:
+                if payload is not head:
+                    self._next = payload  # written once the peer has read
+                return
+            if payload is head:
+                waiting.popleft()
+                self.waiting_bytes -= len(payload)
+            else:
+                self._next = None
+            self._write_payload(payload)
+
+    def finish(self) -> None:
+        """The connection closes: the streams are dropped, and what waits behind them is
+        written (an ABORT or GOODBYE among it)."""
+        payloads = [item for item in self.waiting if type(item) is bytes]
+        self.clear()
+        for payload in payloads:
+            self._write_payload(payload)
+
+    def clear(self) -> None:
+        """The connection is gone: nothing more is written."""
+        self.waiting.clear()
+        self.waiting_bytes = 0
+        self._next = None
 
 
 class Readable(Protocol):

@@ -7,26 +7,14 @@ subscription "has history" when a rule covers every topic its pattern can match.
 from __future__ import annotations
 
 from cairn.gateway.config import HistoryRule
-from cairn.gateway.patterns import matches
+from cairn.gateway.patterns import FirstMatch, matches
 
 
 class HistoryRules:
     def __init__(self, rules: tuple[HistoryRule, ...]) -> None:
         self.rules = rules
-        self._cache: dict[str, int | None] = {}
-
-    def rule_for(self, topic: str) -> int | None:
-        """Index of the rule that stores publications to ``topic``, or None."""
-        try:
-            return self._cache[topic]
-        except KeyError:
-            pass
-        found = next((i for i, r in enumerate(self.rules) if matches(r.uri, r.match, topic)),
-                     None)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[topic] = found
-        return found
+        # index of the rule that stores publications to a topic, or None
+        self.rule_for = FirstMatch([(r.uri, r.match) for r in rules])
 
     def is_rule(self, uri: str, match: str) -> bool:
         return any((rule.uri, rule.match) == (uri, match) for rule in self.rules)

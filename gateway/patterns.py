@@ -6,7 +6,7 @@ has empty components (``sensor..temp``) that match any one component.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 MATCH_POLICIES = ("exact", "prefix", "wildcard")
@@ -28,6 +28,27 @@ def matches(pattern: str, match: str, uri: str) -> bool:
     if match == "prefix":
         return uri.startswith(pattern)
     return wildcard_matches(pattern, uri)
+
+
+class FirstMatch:
+    """Which of a list of rules (``(pattern, match policy)`` pairs, in order) is the first to
+    match a URI, cached per URI: a config's rules, asked on every publication."""
+
+    def __init__(self, patterns: Sequence[tuple[str, str]]) -> None:
+        self.patterns = tuple(patterns)
+        self._cache: dict[str, int | None] = {}
+
+    def __call__(self, uri: str) -> int | None:
+        try:
+            return self._cache[uri]
+        except KeyError:
+            pass
+        found = next((i for i, (pattern, match) in enumerate(self.patterns)
+                      if matches(pattern, match, uri)), None)
+        if len(self._cache) > 10_000:
+            self._cache.clear()
+        self._cache[uri] = found
+        return found
 
 
 class PatternMap(Generic[T]):

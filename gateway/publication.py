@@ -53,8 +53,6 @@ class StoredPublication:
     details: dict[str, Any] = field(default_factory=dict)
     history_rule: int | None = None   # store in history under this rule
     retain: bool = False              # make it the topic's retained event
-    # pieces of its retained EVENT, encoded once (gateway.retention.RetainedEvent; in memory)
-    events: dict[bool, dict[str, Any]] = field(default_factory=dict, repr=False)
     packed: bytes | None = field(default=None, repr=False)  # its payload, once packed
 
     @property

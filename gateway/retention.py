@@ -4,140 +4,427 @@ A plain retained publish fills the slot every subscriber is eligible for; a publ
 authid/authrole black/white lists fills the slot of that audience. A subscriber asking for
 ``get_retained`` gets, per matching topic, the most recent slot (by receive order) it is
 eligible for, and never one it is not.
+
+What the slots may hold, so that no client can turn them against the others
+(``[router.limits]`` and ``[[realms.retention]]``):
+
+- one retained payload is at most its retention rule's ``max_payload`` (topics under no
+  rule: ``max_retained_payload``); a larger one is refused at publish;
+- one session holds at most ``max_retained_per_session`` slots (a configured user: across
+  its sessions), and as large a share of ``max_retained_bytes`` (a quarter by default), so
+  one client cannot take the realm's slots;
+- the realm holds at most ``max_retained`` slots, ``max_retained_per_topic`` audiences per
+  topic and ``max_retained_bytes`` of payloads. When a new slot finds the realm full, slots
+  of a lower standing than its own make room, lowest first and least recently published
+  first; when there are none, it is refused:
+
+  =========  ===================================================================
+  standing   whose slot
+  =========  ===================================================================
+  0          anyone's on a topic no retention rule covers, but a driver's: goes first
+  1          anyone's on a rule's topic (a sensor's), or a driver's elsewhere
+  2          a driver's on a rule's topic: never evicted
+  =========  ===================================================================
+
+  A driver is a configured user (an authid of ``[[realms.users]]`` with its role, which
+  anonymous sessions cannot claim), or a session that came over a Unix socket (the
+  device's own services: the socket is the router's user's and group's). What the store
+  keeps tells only the first apart: a Unix-socket driver's slot restored after a restart
+  has standing 1 until the driver publishes it again. A slot that exists always takes a
+  newer publication.
+
+What the router holds for a slot is its packed payload (``max_retained_bytes`` counts
+those) and a small record; no decoded copy. A retained EVENT is encoded when it is sent;
+the encoded parts of recent ones are kept in a cache of at most ``max_retained_bytes // 16``
+bytes (:class:`EncodedCache`), so dashboards that subscribe one after the other share them.
+
+A subscriber's retained events are a :class:`RetainedStream`: a cursor over the slots in
+receive order, which the shell asks for the next event whenever the subscriber's connection
+has room (gateway.transport), so a subscription that matches many large retained values is
+paced by the subscriber's reading, not pushed into its send buffer at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from bisect import bisect_right, insort
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from autobahn.wamp import message as m
 
-from cairn.gateway.config import Limits
+from cairn.gateway.config import Limits, RealmConfig
 from cairn.gateway.core import Session
-from cairn.gateway.patterns import matches
+from cairn.gateway.patterns import FirstMatch, matches
 from cairn.gateway.publication import StoredPublication, audience_allows
+
+DRIVER = 2  # the standing of a driver's slot on a rule's topic: never evicted
 
 
 def session_eligible(pub: StoredPublication, session: Session) -> bool:
     return audience_allows(pub.audience, session.authid, session.authrole)
 
 
+class EncodedCache:
+    """The encoded parts of recent retained EVENTs (publication id, details and payload,
+    per serializer and pattern-ness), least recently used first out, at most ``limit``
+    bytes in all; a part larger than an eighth of that is not kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._parts: OrderedDict[tuple[int, str, bool], tuple[int, bytes]] = OrderedDict()
+
+    def get(self, key: tuple[int, str, bool]) -> tuple[int, bytes] | None:
+        found = self._parts.get(key)
+        if found is not None:
+            self._parts.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[int, str, bool], value: tuple[int, bytes]) -> None:
+        size = len(value[1])
+        if size > self.limit // 8 or key in self._parts:
+            return
+        self._parts[key] = value
+        self.bytes += size
+        while self.bytes > self.limit:
+            _, (_, dropped) = self._parts.popitem(last=False)
+            self.bytes -= len(dropped)
+
+
 class RetainedEvent:
-    """The EVENT carrying a retained publication, serialized from pieces cached on the
-    publication: the publication id, details and payload are encoded once per serializer and
-    pattern-ness, and each subscriber costs two small integers and a join. A dashboard asking
-    for 10,000 retained topics would otherwise pay for 10,000 autobahn Event objects."""
+    """The EVENT carrying a retained publication. Its publication id, details and payload
+    are encoded once per serializer while they stay in the cache; each subscriber then
+    costs two small integers and a join."""
 
     MESSAGE_TYPE = m.Event.MESSAGE_TYPE
-    __slots__ = ("subscription", "body", "cache")
+    __slots__ = ("subscription", "pub", "pattern", "cache")
 
-    def __init__(self, subscription: int, pub: StoredPublication, pattern: bool) -> None:
+    def __init__(self, subscription: int, pub: StoredPublication, pattern: bool,
+                 cache: EncodedCache | None = None) -> None:
         self.subscription = subscription
-        self.cache = pub.events.setdefault(pattern, {})
-        self.body = self.cache.get("body")
-        if self.body is None:
-            details: dict[str, Any] = {"retained": True}
-            if pattern:
-                details["topic"] = pub.topic
-            for key in ("publisher", "publisher_authid", "publisher_authrole"):
-                if pub.details.get(key) is not None:
-                    details[key] = pub.details[key]
-            body: list[Any] = [pub.publication, details]
-            if pub.kwargs:
-                body += [pub.args or [], pub.kwargs]
-            elif pub.args:
-                body.append(pub.args)
-            self.body = self.cache["body"] = body
+        self.pub = pub
+        self.pattern = pattern
+        self.cache = cache
+
+    @property
+    def body(self) -> list[Any]:
+        """[publication, details, args?, kwargs?], decoded from the packed payload."""
+        pub = self.pub
+        details: dict[str, Any] = {"retained": True}
+        if self.pattern:
+            details["topic"] = pub.topic
+        for key in ("publisher", "publisher_authid", "publisher_authrole"):
+            if pub.details.get(key) is not None:
+                details[key] = pub.details[key]
+        args, kwargs = msgpack.unpackb(pub.payload(), raw=False)
+        body: list[Any] = [pub.publication, details]
+        if kwargs:
+            body += [args or [], kwargs]
+        elif args:
+            body.append(args)
+        return body
 
     def serialize(self, serializer: Any) -> bytes:
-        """Called by autobahn's transport serializer with its object serializer."""
+        """Called by the transport with its object serializer."""
         name = serializer.NAME
-        key = (name, self.subscription)
-        whole = self.cache.get(key)  # the same subscription again: the bytes as they were
-        if whole is not None:
-            return whole
-        tail = self.cache.get(name)
-        if tail is None:
-            tail = self.cache[name] = [serializer.serialize(part) for part in self.body]
-        parts = [serializer.serialize(self.MESSAGE_TYPE), serializer.serialize(self.subscription),
-                 *tail]
-        if name == "json":
-            whole = b"[" + b",".join(parts) + b"]"
-        elif name == "msgpack":
-            whole = bytes([0x90 | len(parts)]) + b"".join(parts)  # fixarray
-        elif name == "cbor":
-            whole = bytes([0x80 | len(parts)]) + b"".join(parts)  # array of len(parts)
-        else:
+        if name not in ("json", "msgpack", "cbor"):
             return serializer.serialize([self.MESSAGE_TYPE, self.subscription, *self.body])
-        if len(self.cache) > 16:  # a handful of subscriptions share most retained events
-            for stale in [k for k in self.cache if isinstance(k, tuple)]:
-                del self.cache[stale]
-        self.cache[key] = whole
-        return whole
+        key = (self.pub.seq, name, self.pattern)
+        cached = self.cache.get(key) if self.cache is not None else None
+        if cached is None:
+            parts = [serializer.serialize(part) for part in self.body]
+            cached = (len(parts) + 2, (b"," if name == "json" else b"").join(parts))
+            if self.cache is not None:
+                self.cache.put(key, cached)
+        count, tail = cached
+        head = serializer.serialize(self.MESSAGE_TYPE), serializer.serialize(self.subscription)
+        if name == "json":
+            return b"[" + head[0] + b"," + head[1] + b"," + tail + b"]"
+        array = 0x90 if name == "msgpack" else 0x80  # fixarray / CBOR array of count items
+        return bytes([array | count]) + head[0] + head[1] + tail
+
+
+class RetainedStream:
+    """The retained events one SUBSCRIBE asked for, made one at a time: ``next()`` gives
+    the next one (None when there are no more), in receive order, of the slots published
+    before the SUBSCRIBE (a slot published again since then reaches the subscriber as a
+    live event, after this stream). The router holds a cursor, not the events: the shell
+    asks for each as the subscriber's connection has room for it (gateway.transport)."""
+
+    __slots__ = ("retention", "session", "subscription", "uri", "match", "subscribers",
+                 "marker", "visible", "after", "before")
+
+    def __init__(self, retention: Retention, session: Session, subscription: int, uri: str,
+                 match: str, subscribers: dict[Session, Any],
+                 visible: Callable[[str], bool] | None) -> None:
+        self.retention = retention
+        self.session = session
+        self.subscription, self.uri, self.match = subscription, uri, match
+        # the stream ends when the session leaves the subscription (its marker goes)
+        self.subscribers, self.marker = subscribers, subscribers.get(session)
+        self.visible = visible  # a pattern's topics: those the subscriber may receive
+        self.after = 0  # the seq up to which the slots have been looked at
+        self.before = retention.next_seq  # slots published from here on come live
+
+    def next(self) -> RetainedEvent | None:
+        if self.session.closed or self.subscribers.get(self.session, self) is not self.marker:
+            return None
+        pub = self.retention.next_retained(self)
+        if pub is None:
+            return None
+        return RetainedEvent(self.subscription, pub, self.match != "exact",
+                             self.retention.cache)
+
+    def drain(self) -> list[RetainedEvent]:
+        """Every event at once (a peer in memory, which reads as fast as it is written)."""
+        events = []
+        while (event := self.next()) is not None:
+            events.append(event)
+        return events
+
+
+@dataclass(eq=False, slots=True)
+class _Slot:
+    pub: StoredPublication  # packed payload only (args and kwargs: None)
+    size: int  # of its packed payload
+    owner: Hashable  # whose share it counts in
+    standing: int
 
 
 class Retention:
-    """The retained slots of a realm, bounded in number, per topic and in payload bytes
-    (``max_retained``, ``max_retained_per_topic``, ``max_retained_bytes``): a new slot
-    beyond a bound is refused; a slot that exists can always take a newer publication."""
+    """The retained slots of a realm within their bounds (see the module's docstring)."""
 
-    def __init__(self, limits: Limits | None = None) -> None:
-        self.limits = limits or Limits()
-        # topic -> audience key -> publication
-        self._slots: dict[str, dict[str, StoredPublication]] = {}
+    def __init__(self, limits: Limits | None = None, config: RealmConfig | None = None,
+                 next_seq: Callable[[], int] | None = None) -> None:
+        self.limits = limits = limits or Limits()
+        config = config or RealmConfig("")
+        self.rules = config.retention
+        self.rule_for = FirstMatch([(r.uri, r.match) for r in self.rules])
+        self._users = {u.authid: u.role for u in config.users}
+        self._next_seq = next_seq or (lambda: 1 << 62)
+        self.cache = EncodedCache(max(limits.max_retained_bytes // 16, 1))
+        self._slots: dict[str, dict[str, _Slot]] = {}  # topic -> audience key -> slot
+        # standings 0 and 1, least recently published first: who makes room
+        self._evictable: tuple[dict[_Slot, None], ...] = ({}, {})
+        self._evictable_bytes = [0, 0]
+        self._held: Counter[Hashable] = Counter()  # slots per owner
+        self._held_bytes: Counter[Hashable] = Counter()  # their payload bytes
+        # an owner's share of the bytes: as its share of the slots
+        self.share_bytes = limits.max_retained_bytes * min(
+            limits.max_retained_per_session, limits.max_retained) // limits.max_retained
+        self._by_seq: dict[int, _Slot] = {}
+        self._seqs: list[int] = []  # every seq of _by_seq, ascending, and some gone since
         self.count = 0
         self.bytes = 0
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq()
+
+    def __len__(self) -> int:
+        return len(self._slots)
 
     def holds(self, pub: StoredPublication) -> bool:
         """Is ``pub``'s slot (topic and audience) taken?"""
         return pub.audience_key in self._slots.get(pub.topic, {})
 
-    def put(self, pub: StoredPublication) -> str | None:
-        """Make ``pub`` its slot's retained publication; or the bound that refuses it (the
-        limit's name and why)."""
+    def _configured(self, pub: StoredPublication) -> bool:
+        """Published by a configured user (its authid with its role)?"""
+        return pub.authid is not None and self._users.get(pub.authid) == pub.authrole
+
+    def _driver(self, pub: StoredPublication, session: Session | None) -> bool:
+        """Published by a configured user, or by ``session`` over a Unix socket?"""
+        return self._configured(pub) or (
+            session is not None and str(session.transport.get("peer") or "").startswith("unix:"))
+
+    def standing(self, pub: StoredPublication, session: Session | None = None) -> int:
+        """0, 1 or 2 (DRIVER): see the module's docstring. ``session``: its publisher, when
+        it is the one publishing it now."""
+        return (self.rule_for(pub.topic) is not None) + self._driver(pub, session)
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def put(self, pub: StoredPublication, session: Session | None = None,
+            evict: bool = True) -> tuple[str | None, list[StoredPublication]]:
+        """Make ``pub`` (published by ``session``; None: restored from the store, which no
+        session's share bounds) its slot's retained publication. Returns the bound that
+        refused it (the limit's name, ": ", why), or None; and the slots that made room for
+        it (gone: forget them in the store), which only a new slot of ``evict`` may take."""
+        size = pub.size
+        limits = self.limits
+        rule = self.rule_for(pub.topic)
+        limit = rule is not None and self.rules[rule].max_payload or limits.max_retained_payload
+        if size > limit:
+            where = "router.limits.max_retained_payload" if rule is None or \
+                self.rules[rule].max_payload is None else \
+                f"max_payload of the retention rule {self.rules[rule].uri!r}"
+            return (f"max_retained_payload: its payload is {size} bytes, over the {limit} "
+                    f"bytes a retained payload on {pub.topic!r} may have ({where})"), []
         audiences = self._slots.get(pub.topic)
         old = audiences.get(pub.audience_key) if audiences else None
-        grows = pub.size - (old.size if old is not None else 0)
-        limits = self.limits
+        standing = (rule is not None) + self._driver(pub, session)
+        if self._configured(pub):
+            owner: Hashable = ("user", pub.authid)  # across its sessions
+        else:
+            owner = ("session", session.id) if session is not None else ("stored", pub.authid)
         if old is None:
-            if self.count >= limits.max_retained:
-                return f"max_retained: {self.count} retained slots exist"
+            if session is not None and self._held[owner] >= limits.max_retained_per_session:
+                return (f"max_retained_per_session: {pub.authid!r} holds "
+                        f"{self._held[owner]} retained slots"), []
             if audiences and len(audiences) >= limits.max_retained_per_topic:
                 return (f"max_retained_per_topic: {pub.topic!r} has {len(audiences)} "
-                        f"retained audiences")
-        if grows > 0 and self.bytes + grows > limits.max_retained_bytes:
-            return f"max_retained_bytes: retained payloads hold {self.bytes} bytes"
-        if audiences is None:
-            audiences = self._slots[pub.topic] = {}
-        audiences[pub.audience_key] = pub
-        self.count += old is None
+                        f"retained audiences"), []
+        grows = size - (old.size if old is not None else 0)
+        adds = size if old is None or old.owner != owner else grows  # to the owner's bytes
+        if session is not None and adds > 0 and self.share_bytes < limits.max_retained_bytes \
+                and self._held_bytes[owner] + adds > self.share_bytes:
+            return (f"max_retained_per_session: {pub.authid!r} holds "
+                    f"{self._held_bytes[owner]} bytes of retained payloads (its share: "
+                    f"{self.share_bytes})"), []
+        slots_short = old is None and self.count >= limits.max_retained
+        bytes_short = max(0, self.bytes + grows - limits.max_retained_bytes)
+        evicted: list[StoredPublication] = []
+        if slots_short or bytes_short:
+            victims = self._victims(standing, slots_short, bytes_short, old) if evict else None
+            if victims is None:
+                if slots_short:
+                    return f"max_retained: {self.count} retained slots exist", []
+                return f"max_retained_bytes: retained payloads hold {self.bytes} bytes", []
+            for victim in victims:
+                self._remove(victim)
+                evicted.append(victim.pub)
+        if old is not None and (old.owner, old.standing) == (owner, standing):
+            self._replace(old, _packed_only(pub), size)  # the usual case: a sensor's reading
+            return None, evicted
+        if old is not None:
+            self._remove(old)
+        self._add(_Slot(_packed_only(pub), size, owner, standing))
+        return None, evicted
+
+    def _victims(self, standing: int, slots_short: bool, bytes_short: int,
+                 keep: _Slot | None) -> list[_Slot] | None:
+        """The slots that go for a new one of ``standing``: of lower standings, the lowest
+        and least recently published first; None when they would not make room."""
+        ranks = range(standing)
+        available = sum(self._evictable_bytes[r] for r in ranks)
+        if keep is not None and keep.standing in ranks:
+            available -= keep.size
+        if available < bytes_short:
+            return None
+        victims: list[_Slot] = []
+        freed = 0
+        for rank in ranks:
+            for slot in self._evictable[rank]:
+                if slot is keep:
+                    continue
+                if freed >= bytes_short and (victims or not slots_short):
+                    return victims
+                victims.append(slot)
+                freed += slot.size
+        return victims if freed >= bytes_short and (victims or not slots_short) else None
+
+    def _add(self, slot: _Slot) -> None:
+        pub = slot.pub
+        self._slots.setdefault(pub.topic, {})[pub.audience_key] = slot
+        if slot.standing < DRIVER:
+            self._evictable[slot.standing][slot] = None
+            self._evictable_bytes[slot.standing] += slot.size
+        self._held[slot.owner] += 1
+        self._held_bytes[slot.owner] += slot.size
+        self._index(slot)
+        self.count += 1
+        self.bytes += slot.size
+
+    def _replace(self, slot: _Slot, pub: StoredPublication, size: int) -> None:
+        """A newer publication in the same slot, by the same owner."""
+        self._unindex(slot)
+        grows = size - slot.size
+        slot.pub, slot.size = pub, size
+        self._held_bytes[slot.owner] += grows
+        if slot.standing < DRIVER:
+            evictable = self._evictable[slot.standing]
+            del evictable[slot]
+            evictable[slot] = None  # now the most recently published
+            self._evictable_bytes[slot.standing] += grows
+        self._index(slot)
         self.bytes += grows
+
+    def _remove(self, slot: _Slot) -> None:
+        pub = slot.pub
+        audiences = self._slots[pub.topic]
+        del audiences[pub.audience_key]
+        if not audiences:
+            del self._slots[pub.topic]
+        if slot.standing < DRIVER:
+            del self._evictable[slot.standing][slot]
+            self._evictable_bytes[slot.standing] -= slot.size
+        self._held[slot.owner] -= 1
+        self._held_bytes[slot.owner] -= slot.size
+        if not self._held[slot.owner]:
+            del self._held[slot.owner], self._held_bytes[slot.owner]
+        self._unindex(slot)
+        self.count -= 1
+        self.bytes -= slot.size
+
+    def _index(self, slot: _Slot) -> None:
+        seq = slot.pub.seq
+        self._by_seq[seq] = slot
+        if self._seqs and seq < self._seqs[-1]:
+            insort(self._seqs, seq)  # restored after newer ones (a store opened late)
+        else:
+            self._seqs.append(seq)
+
+    def _unindex(self, slot: _Slot) -> None:
+        del self._by_seq[slot.pub.seq]  # its seq stays in _seqs until they are compacted
+        if len(self._seqs) > 1024 and len(self._seqs) > 2 * len(self._by_seq):
+            self._seqs = [seq for seq in self._seqs if seq in self._by_seq]
+
+    # -- delivering ------------------------------------------------------------------------
+
+    def _newest_for(self, topic: str, session: Session) -> StoredPublication | None:
+        best = None
+        for slot in self._slots.get(topic, {}).values():
+            pub = slot.pub
+            if (best is None or pub.seq > best.seq) and session_eligible(pub, session):
+                best = pub
+        return best
+
+    def next_retained(self, stream: RetainedStream) -> StoredPublication | None:
+        """The next retained publication of ``stream`` (advancing its cursor), or None."""
+        session, before = stream.session, stream.before
+        if stream.match == "exact":
+            best = self._newest_for(stream.uri, session)
+            if best is None or not stream.after < best.seq < before:
+                return None
+            stream.after = best.seq
+            return best
+        uri, match, visible = stream.uri, stream.match, stream.visible
+        seqs, by_seq = self._seqs, self._by_seq
+        i = bisect_right(seqs, stream.after)
+        while i < len(seqs):
+            seq = seqs[i]
+            i += 1
+            if seq >= before:
+                break
+            slot = by_seq.get(seq)
+            if slot is None:
+                continue
+            stream.after = seq
+            topic = slot.pub.topic
+            if not matches(uri, match, topic) or (visible is not None and not visible(topic)):
+                continue
+            if self._newest_for(topic, session) is slot.pub:
+                return slot.pub
+        stream.after = before
         return None
 
-    def __len__(self) -> int:
-        return len(self._slots)
 
-    def _topics(self, uri: str, match: str) -> Iterator[str]:
-        if match == "exact":
-            if uri in self._slots:
-                yield uri
-            return
-        for topic in self._slots:
-            if matches(uri, match, topic):
-                yield topic
-
-    def for_subscriber(self, uri: str, match: str, session: Session) -> list[StoredPublication]:
-        """Per matching topic, the newest retained publication ``session`` may see,
-        in receive order."""
-        found = []
-        for topic in self._topics(uri, match):
-            best = None
-            for pub in self._slots[topic].values():
-                if (best is None or pub.seq > best.seq) and session_eligible(pub, session):
-                    best = pub
-            if best is not None:
-                found.append(best)
-        found.sort(key=lambda p: p.seq)
-        return found
-
+def _packed_only(pub: StoredPublication) -> StoredPublication:
+    """``pub`` as a slot keeps it: its packed payload without the decoded arguments."""
+    slim = object.__new__(StoredPublication)
+    slim.__dict__.update(pub.__dict__)
+    slim.args = slim.kwargs = None
+    return slim

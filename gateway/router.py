@@ -85,7 +85,7 @@ class Realm:
         self.authenticator = Authenticator(config, decoy_key)
         self.authorizer = Authorizer(config)
         self.history = HistoryRules(config.history)
-        self.retention = Retention(self.limits)
+        self.retention = Retention(self.limits, config, lambda: self.sequence.next_seq)
         self.broker = Broker(self.name, self.authorizer, self.history, self.retention,
                              self.clock, self.sequence, self.limits, self.hits)
         self.dealer = Dealer(self.authorizer, self.limits, self.hits,
@@ -115,10 +115,12 @@ class Realm:
             if sub.kept and sub.id not in stored:
                 out.store(KeepSubscription(sub.id, self.name, sub.uri, sub.match, sub.created))
         ours = [pub for pub in restored.retained if pub.realm == self.name]
-        for pub in reversed(ours):  # newest first: the oldest go if the bounds were lowered
+        # drivers' slots first, then newest first: the others go if the bounds were lowered
+        standing = self.retention.standing
+        for pub in sorted(ours, key=lambda p: (standing(p), p.seq), reverse=True):
             if self.retention.holds(pub):  # newer: published while the store could not open
                 continue
-            if self.retention.put(pub) is not None:
+            if self.retention.put(pub, evict=False)[0] is not None:
                 out.store(ForgetRetained(pub))
         self.create_rule_subscriptions(out)
 

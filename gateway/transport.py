@@ -24,7 +24,8 @@ from autobahn.wamp.exception import ProtocolError
 
 from cairn.gateway.admission import Admission, Ticket
 from cairn.gateway.core import Session
-from cairn.gateway.flow_control import WriteBatcher
+from cairn.gateway.flow_control import Pacer, WriteBatcher
+from cairn.gateway.retention import RetainedStream
 from cairn.gateway.wire import CborWire, JsonWire, MsgPackWire, decode
 
 if TYPE_CHECKING:
@@ -72,6 +73,8 @@ class Connection:
         self._open = False
         self._sent = state.counters.sent
         self._ticket: Ticket | None = None  # until the session is established
+        self._pacer: Pacer | None = None  # once open: retained streams, what waits behind
+        self._waiting: Any = ()  # once open: its pacer's deque (empty: nothing is paced)
 
     # autobahn's ITransportHandler
     def onOpen(self, transport: Any) -> None:
@@ -85,8 +88,14 @@ class Connection:
             "peer": details.peer if details else None,
             "serializer": transport._serializer.SERIALIZER_ID,
         }
-        transport.transport = self.state.writes.cork(
-            transport.transport, self.state.config.router.send_buffer_limit, self._overflowed)
+        limit = self.state.config.router.send_buffer_limit
+        # resume_writing() each time the buffer is empty again: the Pacer's cue to go on
+        transport.transport.set_write_buffer_limits(high=0)
+        corked = transport.transport = self.state.writes.cork(
+            transport.transport, limit, self._overflowed, self.drained)
+        self._pacer = Pacer(corked.unsent, self._encode, self._write_payload, limit,
+                            self._overflowed)
+        self._waiting = self._pacer.waiting
         # The object serializer is shared by all sessions, and a message caches its bytes per
         # serializer: an EVENT is encoded once for all its subscribers. (This skips autobahn's
         # per-session statistics wrapper; /metrics counts messages.)
@@ -127,15 +136,53 @@ class Connection:
         if self._open:
             self.transport.transport.resume_reading()
 
-    def send(self, msg: m.Message) -> None:
+    def send(self, msg: m.Message | RetainedStream) -> None:
+        """Write ``msg``; a retained stream's events as the peer reads them, and what comes
+        after them behind them (gateway.flow_control.Pacer)."""
         if not self._open:
             return
+        if self._waiting or type(msg) is RetainedStream:
+            self._pace(msg)
+            return
+        # the hot path (every EVENT to every subscriber): _encode and _write_payload, inline
         self._sent[msg.MESSAGE_TYPE] += 1
         try:
             payload = msg.serialize(self._serializer)
         except Exception as e:
             log.error("session %s: cannot serialize %s: %s", self.session.id,
                       type(msg).__name__, e)
+            return
+        try:
+            self.transport.send_payload(payload, self._binary)
+        except Exception:  # costs this session, never the sender of what is being delivered
+            log.exception("session %s: cannot send; closing its transport", self.session.id)
+            self.abort()
+
+    def _pace(self, msg: m.Message | RetainedStream) -> None:
+        if type(msg) is RetainedStream:
+            self._pacer.stream(msg)
+        else:
+            payload = self._encode(msg)
+            if payload is not None:
+                self._pacer.queue(payload)
+
+    def drained(self) -> None:
+        """The peer may take more: its writes were flushed, or its transport's buffer
+        went down (resume_writing)."""
+        if self._open and self._waiting:
+            self._pacer.pump()
+
+    def _encode(self, msg: m.Message) -> bytes | None:
+        self._sent[msg.MESSAGE_TYPE] += 1
+        try:
+            return msg.serialize(self._serializer)
+        except Exception as e:
+            log.error("session %s: cannot serialize %s: %s", self.session.id,
+                      type(msg).__name__, e)
+            return None
+
+    def _write_payload(self, payload: bytes) -> None:
+        if not self._open:
             return
         try:
             self.transport.send_payload(payload, self._binary)
@@ -152,11 +199,15 @@ class Connection:
 
     def close(self) -> None:
         if self._open:
+            if self._waiting:
+                self._pacer.finish()
             self._open = False
             self.transport.close_transport()
 
     def abort(self) -> None:
         self._open = False
+        if self._waiting:
+            self._pacer.clear()
         if self.transport.transport is not None:
             self.transport.transport.abort()
         self.callbacks.lost(self.session)
@@ -177,6 +228,10 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
         if self._ticket is not None:
             self._ticket.release()
         super().connection_lost(exc)
+
+    def resume_writing(self) -> None:  # the transport's buffer is empty again
+        if getattr(self, "_session", None) is not None:
+            self._session.drained()
 
     def data_received(self, data: bytes) -> None:
         # Parsed right away, not queued for the next loop pass as autobahn's asyncio adapter
@@ -312,6 +367,10 @@ class RawSocketProtocol(WampRawSocketServerProtocol):
             self._ticket.release()
         if getattr(self, "_session", None) is not None:  # no session: closed before handshake
             super()._on_connection_lost(exc)
+
+    def resume_writing(self) -> None:  # the transport's buffer is empty again
+        if getattr(self, "_session", None) is not None:
+            self._session.drained()
 
     def data_received(self, data: bytes) -> None:
         if not self._closing:  # what a peer sends after our ABORT or GOODBYE is dropped

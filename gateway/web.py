@@ -123,6 +123,7 @@ class Web:
             "retained_topics": len(realm.retention),
             "retained_slots": realm.retention.count,
             "retained_bytes": realm.retention.bytes,
+            "retained_cache_bytes": realm.retention.cache.bytes,
             "clock": {"synchronized": reading.synced, "boot_id": self.router.clock.boot_id,
                       "now": rfc3339(reading.wall_ms)},
             "sync": read_sync_status(state.config.router.data_dir),

@@ -27,6 +27,13 @@ def history_rule(uri: str, match: str = "prefix", **settings: object) -> str:
     return "\n  [[realms.history]]\n" + "\n".join(lines) + "\n"
 
 
+def retention_rule(uri: str, match: str = "prefix", **settings: object) -> str:
+    """A ``[[realms.retention]]`` table, e.g. ``retention_rule("sensor", max_payload=2**20)``."""
+    lines = [f'  uri = "{uri}"', f'  match = "{match}"']
+    lines += [f"  {key} = {_value(value)}" for key, value in settings.items()]
+    return "\n  [[realms.retention]]\n" + "\n".join(lines) + "\n"
+
+
 def open_realm(name: str = "realm1", allow: Iterable[str] = EVERYTHING,
                history: Iterable[str] = (), extra: str = "") -> str:
     """A realm where anonymous sessions may ``allow`` on every URI, with ``history``

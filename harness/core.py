@@ -17,6 +17,7 @@ from cairn.gateway import config as cfg
 from cairn.gateway.core import Effect, Outbox, Persist, Read, Session, Timer
 from cairn.gateway.publication import Restored
 from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.gateway.retention import RetainedStream
 from cairn.gateway.router import Router
 
 CLIENT_ROLES = {"publisher": role.RolePublisherFeatures(), "subscriber":
@@ -87,7 +88,10 @@ class CoreRouter:
             elif isinstance(effect, Read):
                 self.reads.append(effect)
         for session, msg in out.messages:
-            session.link.inbox.append(msg)
+            if isinstance(msg, RetainedStream):  # a peer in memory reads as fast as it comes
+                session.link.inbox.extend(msg.drain())
+            else:
+                session.link.inbox.append(msg)
         for session in out.closes:
             session.link.close()
         self.timers += out.timers

@@ -164,12 +164,14 @@ class Dashboard:
 
 async def leaky_client(router: RouterProcess, stop: asyncio.Event, kept: list[Client]) -> None:
     """The self-check of the growth assertions (CAIRN_SOAK_INJECT_LEAK): every second a new
-    session that is never closed (fds), retaining 100 kB on a topic of its own (memory)."""
-    blob = "x" * 100_000
+    session that is never closed (fds), retaining 100 kB on topics of its own (memory; two
+    payloads of 50 kB, within router.limits.max_retained_payload)."""
+    blob = "x" * 50_000
     while not await sleep_or_stop(stop, 1.0):
         session = await connect(router, "rawsocket-tcp", "msgpack")
         kept.append(session)
-        session.publish(f"leak.t{len(kept)}", blob, options=PublishOptions(retain=True))
+        for half in "ab":
+            session.publish(f"leak.t{len(kept)}{half}", blob, options=PublishOptions(retain=True))
 
 
 # -- history queries -----------------------------------------------------------------------

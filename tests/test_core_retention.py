@@ -15,8 +15,11 @@ from typing import Any
 import pytest
 from autobahn.wamp import message as m
 
-from cairn.gateway.retention import RetainedEvent
-from harness.config import router_table
+from cairn.gateway.core import ForgetRetained, Outbox, Persist
+from cairn.gateway.publication import Restored
+from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.gateway.retention import RetainedEvent, RetainedStream
+from harness.config import permission, realm, retention_rule, role, router_table, user
 from harness.core import CoreRouter, Peer, of_type
 from tests.test_retention import REALM, login_of
 
@@ -364,3 +367,169 @@ def test_a_retained_event_for_admins_never_reaches_a_user_session(core):
     for topic, match in patterns:
         assert retained_args(connect(core, authid="alice"), topic, match) == [], topic
         assert retained_args(connect(core, authid="root"), topic, match) == [["admins only"]]
+
+
+# -- what the retained slots may hold (issue 31; replayed on sockets in test_retained_bounds) --
+
+DRIVER_SECRET = "driver-ticket"
+BOUNDED = router_table("unused", extra=(
+    "[router.limits]\nmax_retained = 6\nmax_retained_per_session = 4\n"
+    "max_retained_payload = 100\n")) + realm(
+    "realm1", role("user", permission("", ("publish", "subscribe", "call"))),
+    user("driver", "user", secret=DRIVER_SECRET),
+    retention_rule("sensor", max_payload=1000), retention_rule("gateway.device"),
+    anonymous_role="user")
+
+
+@pytest.fixture
+def bounded() -> CoreRouter:
+    """max_retained 6, 4 per session; payloads: 1000 bytes on sensor*, 100 elsewhere."""
+    return CoreRouter(BOUNDED)
+
+
+def driver(core: CoreRouter) -> Peer:
+    peer = core.connect(authmethods=["ticket"], authid="driver")
+    peer.send(m.Authenticate(DRIVER_SECRET))
+    return peer
+
+
+def on_unix_socket(peer: Peer) -> Peer:
+    peer.session.transport["peer"] = "unix:"
+    return peer
+
+
+def refusal(answer: m.Published | m.Error) -> str:
+    assert isinstance(answer, m.Error) and answer.error == "cairn.error.limit_reached", answer
+    return answer.args[0]
+
+
+def retained_topics(core: CoreRouter) -> list[str]:
+    return [r.topic for r in retained_events(core.connect(), "", "prefix") if r.retained]
+
+
+def test_a_retained_payload_over_its_rules_bound_is_delivered_but_not_retained(bounded):
+    publisher, live = bounded.connect(), bounded.connect()
+    subscribe(live, "sensor.a", get_retained=False)
+    why = refusal(publish(publisher, "sensor.a", "x" * 1000, retain=True))
+    assert why.startswith("publication ") and "was delivered but not retained: " \
+        "max_retained_payload: its payload is 1006 bytes, over the 1000 bytes a retained " \
+        "payload on 'sensor.a' may have (max_payload of the retention rule 'sensor')" in why
+    assert live_args(live) == [["x" * 1000]]
+    acked(publisher, "sensor.a", "x" * 900, retain=True)  # the rule's bound
+    assert "over the 100 bytes a retained payload on 'other' may have " \
+        "(router.limits.max_retained_payload)" in \
+        refusal(publish(publisher, "other", "x" * 200, retain=True))
+    assert retained_topics(bounded) == ["sensor.a"]
+
+
+def test_a_session_holds_its_share_of_the_slots_and_a_user_across_its_sessions(bounded):
+    anonymous = bounded.connect()
+    for i in range(4):
+        acked(anonymous, f"junk.{i}", i, retain=True)
+    assert "max_retained_per_session: " in refusal(publish(anonymous, "junk.4", 4, retain=True))
+    acked(anonymous, "junk.0", "newer", retain=True)  # a slot it holds takes a newer one
+    acked(bounded.connect(), "junk.4", 4, retain=True)  # another session has its own share
+    first, second = driver(bounded), driver(bounded)
+    for i in range(2):
+        acked(first, f"sensor.d{i}", i, retain=True)
+        acked(second, f"sensor.e{i}", i, retain=True)
+    assert "max_retained_per_session: 'driver' holds 4" in \
+        refusal(publish(second, "sensor.e2", 2, retain=True))
+
+
+def test_when_full_slots_of_lower_standing_make_room_oldest_first(bounded):
+    """Standing 0: anyone's on a topic no rule covers; 1: anonymous on a sensor topic;
+    2: a driver's (a configured user, or a session on the Unix socket) on a sensor topic."""
+    junk, other = bounded.connect(), bounded.connect()
+    acked(junk, "junk.a", 1, retain=True)
+    acked(other, "junk.b", 1, retain=True)
+    acked(junk, "junk.c", 1, retain=True)
+    acked(junk, "junk.a", 2, retain=True)  # published again: now the newest junk
+    sensor = bounded.connect()
+    acked(sensor, "sensor.s0", 1, retain=True)
+    acked(sensor, "sensor.s1", 1, retain=True)
+    assert retained_topics(bounded) == ["junk.b", "junk.c", "junk.a", "sensor.s0", "sensor.s1"]
+    acked(sensor, "sensor.s2", 1, retain=True)  # 6: full
+    assert "max_retained: 6 retained slots exist" in refusal(
+        publish(bounded.connect(), "junk.d", 1, retain=True))  # none of lower standing
+
+    acked(sensor, "sensor.s3", 1, retain=True)  # anonymous sensor: junk goes, oldest first
+    assert retained_topics(bounded)[:2] == ["junk.c", "junk.a"]
+    forgotten = [e.pub.topic for e in bounded.effects_of(ForgetRetained)]
+    assert forgotten == ["junk.b"]
+    local = on_unix_socket(bounded.connect())
+    acked(local, "sensor.u0", 1, retain=True)
+    acked(local, "sensor.u1", 1, retain=True)
+    acked(driver(bounded), "sensor.d0", 1, retain=True)  # junk gone: then the sensors'
+    assert retained_topics(bounded) == ["sensor.s1", "sensor.s2", "sensor.s3", "sensor.u0",
+                                        "sensor.u1", "sensor.d0"]
+    acked(on_unix_socket(bounded.connect()), "sensor.u2", 1, retain=True)
+    acked(driver(bounded), "gateway.device.d0.status", "ok", retain=True)
+    acked(driver(bounded), "sensor.d1", 1, retain=True)
+    assert "max_retained: " in refusal(publish(driver(bounded), "sensor.d2", 1, retain=True))
+    assert retained_topics(bounded) == ["sensor.u0", "sensor.u1", "sensor.d0", "sensor.u2",
+                                        "gateway.device.d0.status", "sensor.d1"]
+    assert [e.pub.topic for e in bounded.effects_of(ForgetRetained)] == [
+        "junk.b", "junk.c", "junk.a", "sensor.s0", "sensor.s1", "sensor.s2", "sensor.s3"]
+
+
+def test_a_restart_keeps_the_drivers_slots_first(bounded):
+    """Restored into lower bounds, a configured driver's slots are kept before the others,
+    however old; then the newest."""
+    acked(driver(bounded), "sensor.d0", 1, retain=True)
+    anonymous = bounded.connect()
+    for i in range(4):
+        acked(anonymous, f"sensor.a{i}", i, retain=True)
+    acked(bounded.connect(), "junk.0", 1, retain=True)
+    stored = [e.pub for e in bounded.effects_of(Persist)]
+    lowered = CoreRouter(BOUNDED.replace("max_retained = 6", "max_retained = 3"))
+    out = Outbox()
+    lowered.router.resume(Restored(stored[-1].seq + 1, PublicationIds(new_key()),
+                                   retained=stored), out)
+    lowered.flush(out)
+    assert retained_topics(lowered) == ["sensor.d0", "sensor.a2", "sensor.a3"]
+    assert sorted(e.pub.topic for e in lowered.effects_of(ForgetRetained)) == \
+        ["junk.0", "sensor.a0", "sensor.a1"]
+
+
+def test_a_retained_stream_ends_with_its_subscription_and_skips_what_came_live(bounded):
+    """The retained events are made one at a time as the connection has room: a slot
+    published again meanwhile comes as the live event only, and a stream of a
+    subscription its session left gives nothing more."""
+    publisher, subscriber = bounded.connect(), bounded.connect()
+    for i in range(3):
+        acked(publisher, f"sensor.{i}", i, retain=True)
+    out = Outbox()
+    bounded.router.receive(subscriber.session, m.Subscribe(1, "sensor.", match="prefix",
+                                                           get_retained=True), out)
+    [(_, subscribed), (_, stream)] = out.messages
+    assert isinstance(subscribed, m.Subscribed) and isinstance(stream, RetainedStream)
+    assert received(stream.next()).args == [0]
+    acked(publisher, "sensor.1", "newer", retain=True)
+    assert received(stream.next()).args == [2]
+    assert stream.next() is None
+    assert live_args(subscriber) == [["newer"]]
+
+    out = Outbox()
+    bounded.router.receive(subscriber.session, m.Subscribe(2, "sensor.", match="prefix",
+                                                           get_retained=True), out)
+    stream = out.messages[-1][1]
+    assert received(stream.next()).args == [0]
+    subscriber.send(m.Unsubscribe(3, subscribed.subscription))
+    assert stream.next() is None
+
+
+def test_a_sessions_share_of_the_retained_bytes_is_its_share_of_the_slots():
+    """max_retained 4, 2 per session: half of max_retained_bytes (400) each."""
+    core = CoreRouter(BOUNDED.replace("max_retained = 6", "max_retained = 4\n"
+                                      "max_retained_bytes = 400").replace(
+        "max_retained_per_session = 4", "max_retained_per_session = 2"))
+    session = core.connect()
+    acked(session, "sensor.a", "x" * 150, retain=True)
+    assert "max_retained_per_session: " in (why := refusal(
+        publish(session, "sensor.b", "x" * 100, retain=True)))
+    assert "bytes of retained payloads (its share: 200)" in why
+    assert "its share" in refusal(publish(session, "sensor.a", "x" * 250, retain=True))
+    acked(session, "sensor.a", "x" * 20, retain=True)  # smaller: room for another
+    acked(session, "sensor.b", "x" * 100, retain=True)
+    acked(core.connect(), "sensor.c", "x" * 150, retain=True)  # another session's share

@@ -79,6 +79,8 @@ class _Pending:
     publications: list[StoredPublication] = field(default_factory=list)
     subscriptions: list[tuple[int, str, str, str, str]] = field(default_factory=list)
     forgotten: list[tuple[Any, ...]] = field(default_factory=list)  # (sql, params)
+    # retained slots forgotten: up to which seq (a newer publication of the slot stays)
+    forgotten_slots: dict[tuple[str, str, str], int] = field(default_factory=dict)
     anchors: list[tuple[Anchor, int]] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
     waiters: list[asyncio.Future] = field(default_factory=list)
@@ -252,12 +254,17 @@ class StoreWriter:
         self._commit_within(self.record_window)
 
     def forget_retained(self, pub: StoredPublication) -> None:
-        """A retained slot no longer kept (a bound was lowered): committed with the next
-        batch."""
+        """A retained slot no longer kept (a bound was lowered, or it made room for another):
+        ``pub`` and anything older in it, not a newer publication of the slot (one in the
+        same batch included); committed with the next batch."""
         self._pending.forgotten.append((
-            "DELETE FROM retained WHERE realm = ? AND topic = ? AND audience_key = ?",
-            pub.slot))
-        self._state.retained.pop(pub.slot, None)
+            "DELETE FROM retained WHERE realm = ? AND topic = ? AND audience_key = ?"
+            " AND seq <= ?", (*pub.slot, pub.seq)))
+        forgotten = self._pending.forgotten_slots
+        forgotten[pub.slot] = max(pub.seq, forgotten.get(pub.slot, 0))
+        kept = self._state.retained.get(pub.slot)
+        if kept is not None and kept.seq <= pub.seq:
+            del self._state.retained[pub.slot]
         self._commit_within(self.record_window)
 
     def add_anchor(self, anchor: Anchor, after_seq: int | None = None) -> None:
@@ -376,6 +383,9 @@ class StoreWriter:
             self.queued_bytes += sum(p.size for p in again)
         self._pending.subscriptions.extend(batch.subscriptions)
         self._pending.forgotten.extend(batch.forgotten)
+        forgotten = self._pending.forgotten_slots
+        for key, seq in batch.forgotten_slots.items():
+            forgotten[key] = max(seq, forgotten.get(key, 0))
         self._pending.anchors.extend(batch.anchors)
         self._pending.gaps.extend(batch.gaps)
 
@@ -404,6 +414,9 @@ class StoreWriter:
         state = self._state
         new_topics: dict[tuple[str, str], int] = {}
         rows, slots = self._rows.batch(batch.publications, new_topics)
+        for key, seq in batch.forgotten_slots.items():  # forgotten after it was published
+            if key in slots and slots[key].seq <= seq:
+                del slots[key]
         counts = Counter((p.realm, p.history_rule) for p in batch.publications
                          if p.history_rule is not None)
         top = max(state.top, max((p.seq for p in batch.publications), default=0))
