@@ -479,6 +479,8 @@ def test_an_update_pulled_from_the_central_side_resumes_after_the_link_drops(dev
     installed, the device reboots into it on trial and keeps it, and, once there, finds
     itself up to date."""
     before = _booted_slot(device)
+    with device.tunnel() as port:
+        assert asyncio.run(_publish_and_read_retained(port, 4)) == 4
     pulled = bundles.make("9.3.0+pulled")
     central = Central(port=device.host_services[qemu_device.CENTRAL])
     try:
@@ -513,7 +515,7 @@ def test_an_update_pulled_from_the_central_side_resumes_after_the_link_drops(dev
         device.ssh("timeout 180 sh -c 'until journalctl -b 0 -u cairn-update-pull -o cat "
                    "| grep -q \"up to date (9.3.0+pulled)\"; do sleep 2; done'", timeout=240)
         with device.tunnel() as port:
-            assert asyncio.run(_publish_and_read_retained(port, None)) == 3   # data kept
+            assert asyncio.run(_publish_and_read_retained(port, None)) == 4   # data kept
     finally:
         central.close()
         device.ssh("sudo sed -i '/^\\[update\\]$/,$d' /etc/cairn/cairn.toml", check=False)
