@@ -147,8 +147,8 @@ def health_gate(directory: Path, slot: str | None, check: Callable[[], list[str]
 def _settle_cut_off_install(directory: Path, slot: str) -> str | None:
     """An install this boot found under way was cut off by a power cut or a crash. Its slot
     is on trial if RAUC had switched to it (the power went before the post-install
-    handler); otherwise the slot it was writing is marked bad, this one runs on, and the
-    reason is returned."""
+    handler); otherwise this slot runs on (RAUC marked the one it was writing bad before
+    writing it), and the reason is returned."""
     installing = Trial.read(directory, INSTALLING)
     if installing is None:
         (directory / INSTALLING).unlink(missing_ok=True)   # nothing, or a damaged record
