@@ -42,7 +42,7 @@ image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker,
 # build/. Two devices at a time made RAUC fail every install on the starved one
 # (images/README.md).
 appliance-test: setup-test setup-image
-	.venv/bin/pytest -m appliance -v -s \
+	.venv/bin/pytest -m appliance -v -s --durations=0 \
 		tests/test_device.py tests/test_device_update.py tests/test_device_clock.py
 
 setup:

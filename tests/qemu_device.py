@@ -362,7 +362,8 @@ class Guest:
                              + self.console_tail())
 
     def _systemd_froze(self) -> bool:
-        return SYSTEMD_FROZE in self.console.read_text(errors="replace")
+        # console_tail: QEMU may not have created this boot's console file yet
+        return SYSTEMD_FROZE in self.console_tail(chars=100_000)
 
     def _power_cycle_frozen_boot(self) -> None:
         self.freezes += 1
