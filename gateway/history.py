@@ -9,12 +9,8 @@ caller's eligibility (authid/authrole lists), never reordered by timestamps.
 from __future__ import annotations
 
 import functools
-import json
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
-
-import msgpack
 
 from cairn.gateway.clock import parse_rfc3339, rfc3339
 from cairn.gateway.core import Session, WampError, brief, limit_reached
@@ -45,7 +41,6 @@ class Realm(Protocol):
     limits: Limits
     hits: LimitHits
 
-log = logging.getLogger("cairn.history")
 
 DEFAULT_PAGE_CAP = 1000
 _TIME_ARGS = {"from_time": ">=", "after_time": ">", "before_time": "<", "until_time": "<="}
@@ -133,27 +128,17 @@ def history_query(realm: Realm, caller: Session, sub: Subscription, query: Event
                             f"get_events: the history could not be read: {rows}")
         if isinstance(rows, Exception):
             raise rows
-        events = [event for row in rows[:page] if (event := _readable(sub.id, row))]
+        # a row the store could not decode is None: the page goes out without it
+        events = [_event(sub.id, row) for row in rows[:page] if row is not None]
         return MetaResult(args=[events], kwargs={"is_limit_reached": len(rows) > page})
 
     return Query(read, result)
 
 
-def _readable(subscription: int, row: tuple[Any, ...]) -> dict[str, Any] | None:
-    """The row's event, or None for a damaged row (its page goes out without it)."""
-    try:
-        return _event(subscription, row)
-    except Exception as e:
-        log.warning("history row seq %s cannot be read (%s: %.100s): left out of get_events",
-                    row[0], type(e).__name__, e)
-        return None
-
-
 def _event(subscription: int, row: tuple[Any, ...]) -> dict[str, Any]:
-    _, publication, topic, wall_ms, details, payload = row
-    args, kwargs = msgpack.unpackb(payload, raw=False)
+    _, publication, wall_ms, details, args, kwargs = row
     event = {"timestamp": rfc3339(wall_ms), "subscription": subscription,
-             "publication": publication, "details": json.loads(details) if details else {}}
+             "publication": publication, "details": details}
     if args is not None:
         event["args"] = args
     if kwargs is not None:

@@ -1,4 +1,5 @@
-"""Operations on a device: ``cairn backup``, ``cairn restore`` and ``cairn doctor``."""
+"""Operations on a device: ``cairn backup``, ``cairn restore``, ``cairn doctor`` and
+``cairn repair``."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from cairn.gateway import clock, update_state, wear
 from cairn.gateway.config import Config, ConfigError, load, read_document
 from cairn.gateway.data_dir import DB_NAME, lock_path
-from cairn.gateway.store import SCHEMA_VERSION
+from cairn.gateway.store import SCHEMA_VERSION, Findings, inspect
+from cairn.gateway.store import repair as repair_store
 from cairn.gateway.urls import redact_url
 
 MIN_FREE_BYTES = 64 * 1024 * 1024
@@ -72,13 +74,16 @@ def backup(data_dir: Path, target: Path) -> dict[str, Any]:
     if check != "ok":
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"the backup failed its integrity check: {check}")
+    findings = inspect(partial)  # rows damaged in the store are copied as they are
     os.replace(partial, target)
     return {"file": str(target), "bytes": target.stat().st_size, "events": events[0],
-            "last_seq": events[1], "seconds": round(time.monotonic() - started, 2)}
+            "last_seq": events[1], "seconds": round(time.monotonic() - started, 2),
+            "damage": None if findings.clean else findings.summary()}
 
 
-def restore(data_dir: Path, source: Path) -> None:
-    """Put a backup in place of the store; refused while a router uses the directory."""
+def restore(data_dir: Path, source: Path, say: Callable[[str], None] = print) -> None:
+    """Put a backup in place of the store; refused while a router uses the directory. A
+    backup holding damaged rows is restored, after ``say`` has said so."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as db:
             check = db.execute("PRAGMA integrity_check").fetchone()[0]
@@ -90,12 +95,42 @@ def restore(data_dir: Path, source: Path) -> None:
     if version > SCHEMA_VERSION:
         raise RuntimeError(f"{source} has schema {version}, newer than this Cairn "
                            f"({SCHEMA_VERSION})")
+    findings = inspect(source)
+    if not findings.clean:
+        say(f"{source} holds {findings.summary()}: the router will leave them out; "
+            f"`cairn repair` (router stopped) writes a clean store from the rest")
     with data_dir_lock(data_dir):
         for suffix in ("-wal", "-shm"):
             (data_dir / f"{DB_NAME}{suffix}").unlink(missing_ok=True)
         partial = data_dir / f".{DB_NAME}.restore"
         shutil.copyfile(source, partial)
         os.replace(partial, data_dir / DB_NAME)
+
+
+def repair(data_dir: Path) -> dict[str, Any]:
+    """``cairn repair``, the router stopped: a clean store written from every row of the
+    store that can be read (seqs, publication and subscription ids kept; the history rows
+    left out recorded as gaps), the damaged file kept beside it. Nothing is written when
+    nothing is damaged."""
+    path = data_dir / DB_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"no store at {path}")
+    try:
+        with data_dir_lock(data_dir):
+            findings = inspect(path)
+            if findings.clean and _integrity(path) == "ok":
+                return {"file": str(path), "findings": findings, "aside": None}
+            done, aside = repair_store(path)
+    except DataDirBusy as e:
+        raise DataDirBusy(f"{e}: stop it first (systemctl stop cairn-router), repair, start "
+                          f"it again") from None
+    return {"file": str(path), "findings": done.findings, "aside": str(aside),
+            "kept": done.kept, "gaps": done.gaps}
+
+
+def _integrity(path: Path) -> str:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
 
 
 # -- doctor --------------------------------------------------------------------------------
@@ -191,8 +226,30 @@ def _check_store(report: Report, path: Path) -> None:
         report.add("FAIL", "store", f"{path}: integrity: {check}")
     elif version > SCHEMA_VERSION:
         report.add("FAIL", "store", f"{path}: schema {version} is newer than this Cairn")
+        return  # its rows are not this Cairn's to read
     else:
         report.add("ok", "store", f"{path}: integrity ok, schema {version}, {events} events")
+    try:
+        findings = inspect(path)
+    except sqlite3.DatabaseError as e:
+        report.add("FAIL", "store rows", f"{path}: {e}")
+        return
+    _check_rows(report, findings)
+
+
+def _check_rows(report: Report, findings: Findings) -> None:
+    """Every row read as the router reads it: the damaged ones, by table, a few named."""
+    if findings.clean:
+        report.add("ok", "store rows", f"{sum(findings.rows.values())} rows, all readable")
+        return
+    for table, n in findings.damaged.items():
+        report.add("FAIL", "store rows",
+                   f"{table}: {n} of {findings.rows[table]} damaged, left out by the router "
+                   f"({'; '.join(findings.examples[table])})")
+    for table, why in findings.stopped.items():
+        report.add("FAIL", "store rows", f"{table}: could be read only in part ({why})")
+    report.add("warn", "store rows", "`cairn repair` (router stopped) writes a clean store "
+                                     "from every readable row and keeps the damaged file")
 
 
 def _check_serial(report: Report, sensors: list[dict[str, Any]]) -> None:
@@ -303,9 +360,17 @@ def add_commands(commands: Any) -> None:
                                         "router uses the data directory.")
     r.add_argument("--config", metavar="FILE", help="TOML config (for router.data_dir)")
     r.add_argument("backup", metavar="FILE", help="a file made by cairn backup")
+    f = commands.add_parser("repair", help="rewrite a damaged store (router stopped)",
+                            description="Write a clean store from every row of the store "
+                                        "that can be read, keeping seqs and subscription ids "
+                                        "(history rows left out become gap records); the "
+                                        "damaged file is kept beside it. Refused while a "
+                                        "router uses the data directory.")
+    f.add_argument("--config", metavar="FILE", help="TOML config (for router.data_dir)")
     d = commands.add_parser("doctor", help="check the installation and report",
                             description="Check config, data directory, free space, store "
-                                        "integrity, serial devices, clock and sync sink; "
+                                        "integrity, every row of the store as the router "
+                                        "reads it, serial devices, clock and sync sink; "
                                         "exit 1 when something is wrong.")
     d.add_argument("--config", metavar="FILE", help="TOML config file")
 
@@ -325,10 +390,32 @@ def main(args: argparse.Namespace) -> int:
             result = backup(config.router.data_dir, Path(args.out))
             print(f"backup: {result['file']}: {result['events']} events up to seq "
                   f"{result['last_seq']}, {result['bytes']} bytes in {result['seconds']} s")
+            if result["damage"]:
+                print(f"cairn backup: the copy holds {result['damage']}, as the store does: "
+                      f"`cairn doctor` names them, `cairn repair` mends the store",
+                      file=sys.stderr)
+        elif args.command == "repair":
+            _print_repair(repair(config.router.data_dir))
         else:
-            restore(config.router.data_dir, Path(args.backup))
+            restore(config.router.data_dir, Path(args.backup),
+                    lambda line: print(f"cairn restore: {line}", file=sys.stderr))
             print(f"restored {args.backup} into {config.router.data_dir}")
-    except (OSError, RuntimeError, sqlite3.DatabaseError, DataDirBusy) as e:
+    except (OSError, RuntimeError, ValueError, sqlite3.DatabaseError, DataDirBusy) as e:
         print(f"cairn {args.command}: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_repair(result: dict[str, Any]) -> None:
+    findings = result["findings"]
+    if result["aside"] is None:
+        print(f"repair: {result['file']}: {findings.summary()}, integrity ok: nothing to do")
+        return
+    kept = result["kept"]
+    print(f"repair: {result['file']} held {findings.summary()}; wrote a clean store with "
+          f"{kept['publications']} history rows, {kept['retained']} retained events and "
+          f"{kept['subscriptions']} subscriptions ({result['gaps']} gap records for the "
+          f"history rows left out); the damaged file is kept as {result['aside']}")
+    for table, examples in findings.examples.items():
+        for example in examples:
+            print(f"  left out of {table}: {example}")

@@ -77,14 +77,34 @@ class StoredPublication:
 
     @classmethod
     def from_row(cls, row: tuple[Any, ...], **extra: Any) -> StoredPublication:
-        """From the columns of _STORED_ROW."""
+        """From the columns of _STORED_ROW; ValueError (or TypeError) for a row that does
+        not decode (:func:`decode_payload`, :func:`decode_object`)."""
         (seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, synced, authid,
          authrole, audience, details, payload) = row
-        args, kwargs = msgpack.unpackb(payload, raw=False)
+        args, kwargs = decode_payload(payload)
         return cls(seq, publication, realm, topic, args, kwargs, wall_ms, boot_id or "",
                    boottime_ns or 0, bool(synced), authid, authrole,
-                   json.loads(audience) if audience else None,
-                   json.loads(details) if details else {}, packed=payload, **extra)
+                   decode_object(audience) or None, decode_object(details), packed=payload,
+                   **extra)
+
+
+def decode_payload(payload: bytes) -> tuple[list[Any] | None, dict[str, Any] | None]:
+    """A stored payload, msgpack [args, kwargs]; ValueError (or TypeError) when it is not."""
+    args, kwargs = msgpack.unpackb(payload, raw=False)
+    if not (args is None or isinstance(args, list)) or \
+            not (kwargs is None or isinstance(kwargs, dict)):
+        raise ValueError("the payload is not [args, kwargs]")
+    return args, kwargs
+
+
+def decode_object(text: str | None) -> dict[str, Any]:
+    """A stored JSON object (details, audience), {} for none; ValueError when it is not."""
+    if not text:
+        return {}
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"{text[:40]!r} is not a JSON object")
+    return value
 
 
 @dataclass(eq=False)

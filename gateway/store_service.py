@@ -32,9 +32,9 @@ from cairn.gateway.core import (
 )
 from cairn.gateway.data_dir import db_path, read_sync_status
 from cairn.gateway.flow_control import StoreBackpressure
-from cairn.gateway.ops import data_dir_lock
+from cairn.gateway.ops import DataDirBusy, data_dir_lock
 from cairn.gateway.publication import Restored
-from cairn.gateway.store import PruneRule, Store, StorePort, UnavailableStore
+from cairn.gateway.store import PruneRule, SchemaTooNew, Store, StorePort, UnavailableStore
 from cairn.gateway.wear import WearMeter, disk_of
 
 log = logging.getLogger("cairn.server")  # the logger these lines had in gateway.server
@@ -133,7 +133,7 @@ class StoreService:
         router starts without it (and tries again, then ``resumed(restored, out)``)."""
         try:
             return await self._attach()
-        except (OSError, sqlite3.Error) as e:
+        except Exception as e:
             if not _storage_trouble(e):
                 raise  # a data_dir that cannot be: a configuration mistake, said at once
             self._unavailable(e)  # full, read-only, damaged: route without it
@@ -180,7 +180,8 @@ class StoreService:
             log.error("cannot open the store in %s (%s): routing without storing it (no "
                       "history; retained values in memory only; acknowledged publishes that "
                       "would be stored get cairn.error.storage_failed); trying again every %g s",
-                      self.config.router.data_dir, reason, self.retry_interval)
+                      self.config.router.data_dir, reason, self.retry_interval,
+                      exc_info=None if isinstance(error, OSError | sqlite3.Error) else error)
         self.store = UnavailableStore(reason)
 
     async def _reopen(self, resumed: Resumed) -> None:
@@ -188,7 +189,7 @@ class StoreService:
             await asyncio.sleep(self.retry_interval)
             try:
                 restored = await self._attach()
-            except (OSError, sqlite3.Error) as e:
+            except Exception as e:  # whatever it is, the router routes on and tries again
                 self._unavailable(e)
             else:
                 out = Outbox()
@@ -236,4 +237,10 @@ _MEDIUM_ERRNOS = {errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO}
 
 
 def _storage_trouble(error: Exception) -> bool:
-    return isinstance(error, sqlite3.Error) or error.errno in _MEDIUM_ERRNOS
+    """Trouble with the medium or the file, not the configuration: the router routes on.
+    Besides SQLite's errors, whatever reading the file raised that no read left out as a
+    damaged row (gateway.store.damage): a bug, logged with its traceback, must not keep
+    the router from routing. A newer schema and a second router are said at once."""
+    if isinstance(error, SchemaTooNew | DataDirBusy):
+        return False
+    return not isinstance(error, OSError) or error.errno in _MEDIUM_ERRNOS

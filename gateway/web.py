@@ -120,6 +120,7 @@ class Web:
             "realm": realm.name,
             "store": store,
             "store_error": stores.error,
+            "store_damaged_rows": stores.store.damaged_rows,
             "retained_topics": len(realm.retention),
             "retained_slots": realm.retention.count,
             "retained_bytes": realm.retention.bytes,

@@ -11,6 +11,9 @@ router and uploader lives in this package.
 - :mod:`.reader`: :class:`StoreReader`, history pages and the status summary
 - :mod:`.unavailable`: :class:`UnavailableStore`, the stand-in while it cannot be opened
 - :mod:`.export`: :class:`HistoryReader`, what ``cairn sync`` reads
+- :mod:`.damage`: reading rows a damaged card changed: left out and counted, never fatal
+- :mod:`.check`: every row read as the router reads it, for ``cairn doctor``, ``backup``,
+  ``restore`` and ``repair`` (:func:`inspect`, :func:`repair`)
 
 The names below are the package's interface; import them from here.
 """
@@ -18,6 +21,7 @@ The names below are the package's interface; import them from here.
 from __future__ import annotations
 
 from cairn.gateway.publication import StorageError, StoredPublication
+from cairn.gateway.store.check import Findings, inspect, repair
 from cairn.gateway.store.export import Damaged, HistoryReader
 from cairn.gateway.store.port import StorePort, StoreReads
 from cairn.gateway.store.pruning import VACUUM_STEP_SECONDS, Gap, PruneRule
@@ -37,8 +41,8 @@ from cairn.gateway.store.writer import Store, StoreWriter
 
 __all__ = [
     "MIGRATIONS", "PAGE_SIZE", "SCHEMA_VERSION", "VACUUM_STEP_SECONDS",
-    "_LEGACY_SEQ_OF_PUBLICATION", "Damaged", "Gap", "HistoryReader", "PruneRule", "SchemaTooNew",
-    "StorageError", "Store", "StorePort", "StoreReader", "StoreReads", "StoreWriter",
-    "StoredPublication", "Topics", "UnavailableStore", "discard_pre_migration_copies",
-    "eligible", "pre_migration_copy",
+    "_LEGACY_SEQ_OF_PUBLICATION", "Damaged", "Findings", "Gap", "HistoryReader", "PruneRule",
+    "SchemaTooNew", "StorageError", "Store", "StorePort", "StoreReader", "StoreReads",
+    "StoreWriter", "StoredPublication", "Topics", "UnavailableStore",
+    "discard_pre_migration_copies", "eligible", "inspect", "pre_migration_copy", "repair",
 ]

@@ -9,28 +9,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cairn.gateway.data_dir import read_sync_status
 from cairn.gateway.publication import StoredPublication
-from cairn.gateway.store.schema import _RAISE_META, _STORED_ROW
+from cairn.gateway.store.damage import Damage, Shape, Unreadable, decoded, readable_text, reading
+from cairn.gateway.store.schema import _RAISE_META, ANCHOR, GAP, STORED, _meta_int
 
 
 @dataclass(frozen=True)
 class Damaged:
-    """A history row that cannot be decoded (a damaged page or payload): what is left of it,
-    and why (``"ErrorType: message"``, at most 200 characters)."""
+    """A history row that cannot be decoded (a damaged page or payload): what is left of it
+    (None for a value that is damaged too), and why (at most 200 characters)."""
 
     seq: int
-    realm: str
-    topic: str
-    wall_ms: int
+    realm: str | None
+    topic: str | None
+    wall_ms: int | None
     why: str
 
 
 def _publication(row: tuple[Any, ...]) -> StoredPublication | Damaged:
     try:
-        return StoredPublication.from_row(row)
-    except Exception as e:  # whatever the damage, this one row is lost, not the history
+        return decoded(STORED, row, StoredPublication.from_row)
+    except Unreadable as e:  # whatever the damage, this one row is lost, not the history
         seq, _, realm, topic, wall_ms = row[:5]
-        return Damaged(seq, realm, topic, wall_ms, f"{type(e).__name__}: {e}"[:200])
+        return Damaged(seq, readable_text(realm), readable_text(topic),
+                       wall_ms if type(wall_ms) is int else None, str(e)[:200])
 
 
 class HistoryReader:
@@ -43,8 +46,9 @@ class HistoryReader:
             raise FileNotFoundError(f"no store at {path} (has the router run with this "
                                     f"data_dir?)")
         self.path = path
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self.db = reading(sqlite3.connect(path, timeout=30, isolation_level=None))
         self.db.execute("PRAGMA busy_timeout = 30000")
+        self.damage = Damage()  # anchors, gaps and meta values left out (history: Damaged)
 
     def close(self) -> None:
         self.db.close()
@@ -54,8 +58,12 @@ class HistoryReader:
         return row[0] or 0
 
     def synced_seq(self) -> int:
-        row = self.db.execute("SELECT value FROM meta WHERE key = 'synced_seq'").fetchone()
-        return int(row[0]) if row else 0
+        """The watermark; if it is damaged, the one the status file kept (else 0: batches
+        sent again are harmless, the central job dedupes them)."""
+        seq = _meta_int(self.db, "synced_seq", self.damage)
+        if seq is None:
+            seq = (read_sync_status(self.path.parent) or {}).get("synced_seq")
+        return seq if type(seq) is int else 0
 
     def set_synced_seq(self, seq: int) -> None:
         self.db.execute(_RAISE_META, ("synced_seq", seq))
@@ -67,21 +75,24 @@ class HistoryReader:
     def publications_after(self, seq: int, limit: int) -> list[StoredPublication | Damaged]:
         """Up to ``limit`` history rows after ``seq``, in seq order."""
         rows = self.db.execute(
-            f"SELECT {_STORED_ROW} FROM publications WHERE seq > ? ORDER BY seq LIMIT ?",
+            f"SELECT {STORED.select} FROM publications WHERE seq > ? ORDER BY seq LIMIT ?",
             (seq, limit)).fetchall()
         return [_publication(row) for row in rows]
 
     def anchors(self) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT id, reason, boot_id, boottime_ns, wall_ns, offset_before_ns, clock_synced,"
-            " after_seq FROM anchors ORDER BY id").fetchall()
-        keys = ("id", "reason", "boot_id", "boottime_ns", "wall_ns", "offset_before_ns",
-                "clock_synced", "after_seq")
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+        return self._records("anchors", ANCHOR)
 
     def gaps(self) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT id, realm, rule, first_seq, last_seq, count, reason, wall_ms FROM gaps "
-            "ORDER BY id").fetchall()
-        keys = ("id", "realm", "rule", "first_seq", "last_seq", "count", "reason", "wall_ms")
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+        return self._records("gaps", GAP)
+
+    def _records(self, table: str, shape: Shape) -> list[dict[str, Any]]:
+        """The rows of ``table`` (anchors, gaps) as dicts, in id order, the damaged ones left
+        out (logged once)."""
+        records = []
+        for row in self.db.execute(f"SELECT {shape.select} FROM {table} ORDER BY id"):
+            fault = shape.fault(row)
+            if fault is None:
+                records.append(dict(zip(shape.columns, row, strict=True)))
+            else:
+                self.damage.found(table, f"id {row[0]}", fault)
+        return records

@@ -50,6 +50,10 @@ class StorePort(Protocol):
     def failed_writes(self) -> int: ...
 
     @property
+    def damaged_rows(self) -> dict[str, int]:
+        """Rows its reads left out as damaged, by table (gateway.store.damage)."""
+
+    @property
     def commit_latencies(self) -> Sequence[float]: ...
 
     def append(self, pub: StoredPublication, within: float | None = None) -> asyncio.Future: ...

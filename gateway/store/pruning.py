@@ -82,7 +82,7 @@ class _Pruner:
                 where, params = f"s.rule = ? AND s.{_IN_TOPICS}", [rule.index, realms[rule.realm]]
                 if over[rule] > 0:
                     gaps += _drop(db, where, params, min(over[rule], budget), synced, rule,
-                                  "max_events", dropped)
+                                  "max_events", dropped, self.topics)
                     more = more or over[rule] > budget
                 if rule in aged:
                     young = aged[rule]
@@ -91,7 +91,7 @@ class _Pruner:
                     age_params = [*params, now_ms - rule.max_age_ms,
                                   *([young] if young is not None else [])]
                     aged_gaps = _drop(db, age_where, age_params, budget, synced, rule,
-                                      "max_age", dropped)
+                                      "max_age", dropped, self.topics)
                     more = more or sum(g.count for g in aged_gaps) == budget
                     gaps += aged_gaps
             while (used := _used_bytes(db)) > max_bytes:
@@ -100,7 +100,7 @@ class _Pruner:
                     break
                 rows = max(sum(state.counts.values()) - sum(dropped.values()), 1)
                 extra = _drop(db, "1", [], _rows_over(used, max_bytes, rows), synced, None,
-                              "max_store_bytes", dropped)
+                              "max_store_bytes", dropped, self.topics)
                 if not extra:
                     break
                 gaps += extra
@@ -147,7 +147,7 @@ def _has_old(db: sqlite3.Connection, topics: str, rule: PruneRule, cutoff_ms: in
     synchronized clock older than the cutoff? (The walk stops at the first such event.)"""
     row = db.execute(f"SELECT wall_ms FROM history_scan WHERE rule = ? AND {_IN_TOPICS} AND"
                      f" clock_synced = 1 ORDER BY seq LIMIT 1", (rule.index, topics)).fetchone()
-    return row is not None and row[0] < cutoff_ms
+    return row is not None and type(row[0]) is int and row[0] < cutoff_ms
 
 
 def _first_young(db: sqlite3.Connection, topics: str, rule: PruneRule,
@@ -166,21 +166,24 @@ VACUUM_STEP_SECONDS = 0.05  # how long one shrink step may hold the writer
 
 def _drop(db: sqlite3.Connection, where: str, params: list[Any], count: int | None,
           synced: int, rule: PruneRule | None, reason: str,
-          dropped: Counter[tuple[str, int]]) -> list[Gap]:
+          dropped: Counter[tuple[str, int]], topics: Topics) -> list[Gap]:
     """Delete the ``count`` (None: all) oldest rows matching ``where`` (on history_scan),
     synced ones first, in seq order; count them by (realm, rule) in ``dropped``."""
     seqs: list[int] = []
     for synced_part in (f"s.seq <= {int(synced)}", f"s.seq > {int(synced)}"):
         while count is None or len(seqs) < count:
             want = _DROP_CHUNK if count is None else min(_DROP_CHUNK, count - len(seqs))
-            victims = _fetch(db, f"SELECT s.seq, t.realm, s.rule FROM history_scan AS s"
-                                 f" JOIN topics AS t ON t.id = s.topic WHERE {synced_part}"
-                                 f" AND {where} ORDER BY s.seq LIMIT ?", [*params, want])
+            victims = _fetch(db, f"SELECT s.seq, s.topic, s.rule FROM history_scan AS s"
+                                 f" WHERE {synced_part} AND {where} ORDER BY s.seq LIMIT ?",
+                                 [*params, want])
             doomed = [(seq,) for seq, _, _ in victims]
             db.executemany("DELETE FROM publications WHERE seq = ?", doomed)
             db.executemany("DELETE FROM history_scan WHERE seq = ?", doomed)
             seqs += [seq for seq, _, _ in victims]
-            dropped.update((realm, index) for _, realm, index in victims)
+            # counted by the realm in memory (the stored name of a topic may be damaged), as
+            # _State.load counts them
+            dropped.update((realm, index) for _, topic, index in victims
+                           if (realm := topics.realm_of(topic)) is not None)
             if len(victims) < want:
                 break
     if not seqs:

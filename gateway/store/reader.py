@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import math
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -23,21 +22,48 @@ from cairn.gateway.publication import (
     StoredPublication,
     UnknownPublication,
     audience_allows,
+    decode_object,
+    decode_payload,
 )
 from cairn.gateway.publication_ids import PublicationIds
-from cairn.gateway.store.schema import _IN_TOPICS, _LEGACY_SEQ_OF_PUBLICATION
-from cairn.gateway.store.state import Topics, _State
+from cairn.gateway.store.damage import Damage, Shape, Unreadable, decoded
+from cairn.gateway.store.schema import (
+    _IN_TOPICS,
+    _LEGACY_SEQ_OF_PUBLICATION,
+    RETAINED,
+    SUBSCRIPTION,
+    _int_value,
+)
+from cairn.gateway.store.state import Topics, _retained, _State
 
-log = logging.getLogger("cairn.store")
+T = TypeVar("T")
 
 
 def _never() -> bool:
     return False
 
 
-def eligible(audience_json: str | None, authid: str | None, authrole: str | None) -> bool:
-    """audience_allows over the stored JSON: registered as an SQL function for history."""
-    return audience_allows(json.loads(audience_json) if audience_json else None, authid, authrole)
+def eligible(audience_json: bytes | str | None, authid: str | None,
+             authrole: str | None) -> bool:
+    """audience_allows over the stored JSON: registered as an SQL function for history.
+    An audience that cannot be decoded lets the row through, to be left out as damaged."""
+    try:
+        audience = decode_object(audience_json.decode() if isinstance(audience_json, bytes)
+                                 else audience_json)
+    except ValueError:
+        return True
+    return audience_allows(audience or None, authid, authrole)
+
+
+# a row of a history page: what get_events sends of it, the topic and audience to check them
+PAGE_ROW = Shape.of("s.seq, p.publication, s.wall_ms, p.details, p.payload, p.topic,"
+                    " p.audience", "iiiSbsS")
+
+
+def _page_row(row: Sequence[Any]) -> tuple[Any, ...]:
+    seq, publication, wall_ms, details, payload, _, audience = row
+    decode_object(audience)
+    return (seq, publication, wall_ms, decode_object(details), *decode_payload(payload))
 
 
 class StoreReader:
@@ -49,8 +75,10 @@ class StoreReader:
     query_timeout = 60.0  # s: any read on the reader connection is interrupted past it
 
     def __init__(self, reader: aiosqlite.Connection, state: _State, topics: Topics,
-                 publication_ids: PublicationIds, legacy_seq: int) -> None:
+                 publication_ids: PublicationIds, legacy_seq: int,
+                 damage: Damage | None = None) -> None:
         self._reader = reader
+        self.damage = damage or Damage()  # the rows left out, opening the store included
         self._state = state
         self.topics = topics
         self.publication_ids = publication_ids
@@ -65,7 +93,7 @@ class StoreReader:
 
     async def synced_seq(self) -> int:
         rows = await self.query("SELECT value FROM meta WHERE key = 'synced_seq'", ())
-        return int(rows[0][0]) if rows else 0
+        return _int_value("synced_seq", rows[0][0] if rows else None, self.damage) or 0
 
     async def gaps(self) -> list[tuple[Any, ...]]:
         return await self.query(
@@ -73,32 +101,38 @@ class StoreReader:
             "ORDER BY id", ())
 
     async def load_subscriptions(self) -> list[tuple[int, str, str, str, str]]:
-        async with self._reader.execute(
-                "SELECT id, realm, uri, match, created FROM subscriptions"
-                " ORDER BY created, id") as cur:
-            return [tuple(row) for row in await cur.fetchall()]
+        """The kept subscriptions (id, realm, uri, match, created), oldest first. A damaged
+        one is left out: the router makes its subscription anew, with a new id."""
+        rows = await self.query(f"SELECT {SUBSCRIPTION.select} FROM subscriptions"
+                                f" ORDER BY created, id", ())
+        return [row for row in rows if self._readable("subscriptions", f"id {row[0]}",
+                                                      SUBSCRIPTION, row, tuple) is not None]
 
     async def load_retained(self) -> list[StoredPublication]:
         """Every retained slot, from the retained table and the stored publications newer
-        than it, in receive order."""
-        async with self._reader.execute(
-                "SELECT seq, publication, realm, topic, wall_ms, NULL, NULL, NULL, authid,"
-                " authrole, audience, details, payload FROM retained ORDER BY seq") as cur:
-            rows = await cur.fetchall()
+        than it, in receive order. A damaged row is left out: the topic has none until its
+        next publication (or the older one history kept, not yet written back)."""
+        rows = await self.query(f"SELECT rowid, {RETAINED.select} FROM retained ORDER BY seq",
+                                ())
         slots = {}
-        for row in rows:
-            try:
-                pub = StoredPublication.from_row(row, retain=True)
-            except Exception as e:  # a damaged row must not keep the router from starting
-                log.error("the retained event of %s in realm %s (seq %s) cannot be read (%s: "
-                          "%s): left out; the topic has none until its next publication",
-                          row[3], row[2], row[0], type(e).__name__, e)
-                continue
-            slots[pub.slot] = pub
+        for rowid, *row in rows:
+            where = f"rowid {rowid}" + (f", topic {row[3]}" if type(row[3]) is str else "")
+            pub = self._readable("retained", where, RETAINED, row, _retained)
+            if pub is not None:
+                slots[pub.slot] = pub
         for key, pub in self._state.retained.items():
             if key not in slots or pub.seq > slots[key].seq:
                 slots[key] = pub
         return sorted(slots.values(), key=lambda p: p.seq)
+
+    def _readable(self, table: str, key: Hashable, shape: Shape, row: Sequence[Any],
+                  decode: Callable[[Sequence[Any]], T]) -> T | None:
+        """``decode(row)``, or None for a damaged row (counted in :attr:`damage`)."""
+        try:
+            return decoded(shape, row, decode)
+        except Unreadable as e:
+            self.damage.found(table, key, str(e))
+            return None
 
     async def query(self, sql: str, params: Iterable[Any], timeout: float | None = None,
                     abandoned: Callable[[], bool] | None = None) -> list[tuple[Any, ...]]:
@@ -144,9 +178,10 @@ class StoreReader:
                                  f" ORDER BY seq {order} LIMIT 1", (topics,))
                 if count else [] for order in ("ASC", "DESC")]
         (first, oldest), (last, newest) = [end[0] if end else (None, None) for end in ends]
+        oldest, newest = (ms if type(ms) is int else None for ms in (oldest, newest))
         (gaps, dropped), = await self.query(
-            "SELECT COUNT(*), COALESCE(SUM(count), 0) FROM gaps WHERE realm = ? OR realm IS NULL",
-            (realm,))
+            "SELECT COUNT(*), COALESCE(SUM(count), 0) FROM gaps WHERE (realm = ? OR realm IS"
+            " NULL) AND typeof(count) = 'integer'", (realm,))
         (anchors,), = await self.query(
             "SELECT COUNT(*) FROM anchors WHERE reason = 'step'", ())
         return {"bytes": await self.size_bytes(), "events": count,
@@ -189,8 +224,9 @@ class StoreReader:
         """Up to ``limit`` history rows of ``topics`` (ids) after seq ``beyond`` in receive
         order (before it, newest first, when ``reverse``) that meet every ``(column, op,
         value)`` of ``conditions`` (column seq or wall_ms) and the ``caller`` (authid,
-        authrole) was eligible to receive: (seq, publication, topic, wall_ms, details,
-        payload). Walks history_scan in seq order and reads only the rows that match."""
+        authrole) was eligible to receive, decoded: (seq, publication, wall_ms, details, args,
+        kwargs); None in the place of a row that cannot be decoded (counted in
+        :attr:`damage`). Walks history_scan in seq order and reads only the rows that match."""
         if not topics:
             return []
         where = [f"s.{_IN_TOPICS}" if len(topics) > 1 else "s.topic = ?"]
@@ -199,12 +235,15 @@ class StoreReader:
             assert column in ("seq", "wall_ms") and op in ("<", "<=", ">", ">="), (column, op)
             where.append(f"s.{column} {op} ?")
             params.append(value)
-        where.append("(p.audience IS NULL OR eligible(p.audience, ?, ?))")
-        return await self.query(
-            f"SELECT s.seq, p.publication, p.topic, s.wall_ms, p.details, p.payload"
+        # (as a blob: a function given text that is not UTF-8 fails the whole query)
+        where.append("(p.audience IS NULL OR eligible(CAST(p.audience AS BLOB), ?, ?))")
+        rows = await self.query(
+            f"SELECT {PAGE_ROW.select}"
             f" FROM history_scan AS s CROSS JOIN publications AS p ON p.seq = s.seq"
             f" WHERE {' AND '.join(where)} ORDER BY s.seq {'DESC' if reverse else 'ASC'}"
             f" LIMIT ?", [*params, *caller, limit], timeout, abandoned)
+        return [self._readable("publications", f"seq {row[0]}", PAGE_ROW, row, _page_row)
+                for row in rows]
 
     async def size_bytes(self) -> int:
         rows = await self.query("SELECT page_count * page_size FROM pragma_page_count(), "

@@ -24,7 +24,7 @@ _BATCH_SCHEMA = [
     f"CREATE TEMP VIEW publication_batch ({', '.join(_BATCH_COLUMNS)}) AS SELECT "
     + ", ".join(["NULL"] * len(_BATCH_COLUMNS)) + " WHERE 0",
     # slot: the newest publication of the batch for its retained slot; and a retried
-    # older row must never replace a newer one
+    # older row must never replace a newer one (a seq damaged past reading: any does)
     """CREATE TEMP TRIGGER publication_batch_insert INSTEAD OF INSERT ON publication_batch
     BEGIN
       INSERT INTO publications (seq, publication, realm, topic, rule, wall_ms, boot_id,
@@ -48,7 +48,7 @@ _BATCH_SCHEMA = [
           authid = excluded.authid, authrole = excluded.authrole,
           audience = excluded.audience, details = excluded.details,
           payload = excluded.payload
-        WHERE excluded.seq > retained.seq;
+        WHERE excluded.seq > retained.seq OR typeof(retained.seq) != 'integer';
     END""",
 ]
 # Statements are padded with rows of NULLs (filtered out) to a power of two, so a dozen

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from cairn.gateway.store.damage import Damage, Shape, describe
+
 log = logging.getLogger("cairn.store")
 
 
@@ -159,6 +161,20 @@ _LEGACY_SEQ_OF_PUBLICATION = (
     " AND p.seq <= {legacy} LIMIT 1")
 _STORED_ROW = ("seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, clock_synced,"
                " authid, authrole, audience, details, payload")
+# What each read selects, and the kinds of its values (gateway.store.damage.Shape): a row
+# that is not of its shape is damaged, left out and counted.
+STORED = Shape.of(_STORED_ROW, "iissisiiSSSSb")  # StoredPublication.from_row
+RETAINED = Shape.of("seq, publication, realm, topic, wall_ms, NULL, NULL, NULL, authid,"
+                    " authrole, audience, details, payload", "iissiSIISSSSb")
+PUBLICATION = Shape.of("seq, publication, realm, topic, rule, wall_ms, boot_id, boottime_ns,"
+                       " clock_synced, authid, authrole, audience, details, payload, retain",
+                       "iissIisiiSSSSbi")  # every column
+SUBSCRIPTION = Shape.of("id, realm, uri, match, created", "issss")
+TOPIC = Shape.of("id, realm, topic", "iss")
+SCAN = Shape.of("seq, topic, rule, wall_ms, clock_synced", "iiiii")
+ANCHOR = Shape.of("id, reason, boot_id, boottime_ns, wall_ns, offset_before_ns, clock_synced,"
+                  " after_seq", "issiiIii")
+GAP = Shape.of("id, realm, rule, first_seq, last_seq, count, reason, wall_ms", "iSIIIisi")
 
 
 class SchemaTooNew(Exception):
@@ -190,15 +206,34 @@ def _fetch(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> list
     return db.execute(sql, tuple(params)).fetchall()
 
 
-def _highest_seq(db: sqlite3.Connection) -> int:
-    values = []
-    for sql in ("SELECT value FROM meta WHERE key = 'highest_seq'",
-                "SELECT MAX(seq) FROM publications", "SELECT MAX(seq) FROM retained",
-                "SELECT MAX(last_seq) FROM gaps"):
-        row = db.execute(sql).fetchone()
-        if row and row[0] is not None:
-            values.append(int(row[0]))
-    return max(values, default=0)
+def _meta_int(db: sqlite3.Connection, key: str, damage: Damage | None = None) -> int | None:
+    """An integer meta value (None: not there, or damaged: then reported to ``damage``)."""
+    return _int_value(key, _meta(db, key), damage)
+
+
+def _int_value(key: str, value: Any, damage: Damage | None) -> int | None:
+    if value is None:
+        return None
+    if type(value) is str:
+        with contextlib.suppress(ValueError):
+            return int(value)
+    if damage is not None:
+        damage.found("meta", f"key {key}", f"value holds {describe(value)}, not an integer")
+    return None
+
+
+# Where the highest seq ever handed out shows: seqs are never reused, even after the newest
+# rows were pruned or the meta value is damaged (it is raised from the others then).
+# (publications.seq is its rowid, an integer: MAX is one seek; the others are small tables)
+_SEQ_BOUNDS = ("SELECT MAX(seq) FROM publications", *(
+    f"SELECT MAX({column}) FROM {table} WHERE typeof({column}) = 'integer'"
+    for table, column in (("retained", "seq"), ("gaps", "last_seq"), ("anchors", "after_seq"))))
+
+
+def _highest_seq(db: sqlite3.Connection, damage: Damage | None = None) -> int:
+    values = [_meta_int(db, key, damage) for key in ("highest_seq", "synced_seq")]
+    values += [db.execute(sql).fetchone()[0] for sql in _SEQ_BOUNDS]
+    return max((v for v in values if v is not None), default=0)
 
 
 _IN_TOPICS = "topic IN (SELECT value FROM json_each(?))"

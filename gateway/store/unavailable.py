@@ -33,6 +33,10 @@ class UnavailableStore(StorePort):
         return self._reason
 
     @property
+    def damaged_rows(self) -> dict[str, int]:
+        return {}  # nothing read
+
+    @property
     def reader(self) -> UnavailableStore:
         return self  # its reads fail, or find nothing, as its writes do
 

@@ -51,6 +51,7 @@ import aiosqlite
 from cairn.gateway.clock import Anchor
 from cairn.gateway.publication import Restored, StorageError, StoredPublication
 from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.gateway.store.damage import Damage, describe, reading
 from cairn.gateway.store.pruning import Gap, PruneRule, _insert_gaps, _Pruner, _used_bytes
 from cairn.gateway.store.reader import StoreReader, eligible
 from cairn.gateway.store.rows import _BATCH_SCHEMA, _MAX_BATCH_ROWS, _insert_batch, _Rows
@@ -61,6 +62,7 @@ from cairn.gateway.store.schema import (
     _fetch,
     _highest_seq,
     _meta,
+    _meta_int,
     _migrate,
     _put_meta,
     _refuse_newer_schema,
@@ -164,15 +166,16 @@ class StoreWriter:
         _refuse_newer_schema(path)  # before anything could touch the file
         writer = _WriterThread()
         try:
-            state, topics, key, legacy = await writer.run(_open_writer, writer, path, seq_floor)
-            reader = await aiosqlite.connect(path, isolation_level=None)
+            state, topics, key, legacy, damage = await writer.run(_open_writer, writer, path,
+                                                                  seq_floor)
+            reader = reading(await aiosqlite.connect(path, isolation_level=None))
         except BaseException:
             await writer.close()
             raise
         await reader.execute("PRAGMA query_only = ON")
         await reader.create_function("eligible", 3, eligible, deterministic=True)
         ids = PublicationIds(key)
-        reads = StoreReader(reader, state, topics, ids, legacy)
+        reads = StoreReader(reader, state, topics, ids, legacy, damage)
         await reader.set_progress_handler(reads._interrupt_read, 10_000)  # ~1 ms of work
         store = cls(path, writer, reads, state, topics, ids)
         store._task = store._loop.create_task(store._write_loop())
@@ -214,6 +217,11 @@ class StoreWriter:
         self._pending.publications.append(pub)
         self._commit_within(self.flush_interval if within is None else within)
         return self._waiter()
+
+    @property
+    def damaged_rows(self) -> dict[str, int]:
+        """Rows the store's reads left out since it opened, by table (gateway.store.damage)."""
+        return dict(self.reader.damage.rows)
 
     @property
     def congested(self) -> bool:
@@ -456,9 +464,8 @@ class StoreWriter:
         if _used_bytes(db) <= max_bytes and all(
                 counts[(r.realm, r.index)] - r.max_events < self.prune_budget for r in rules):
             return
-        synced = _fetch(db, "SELECT value FROM meta WHERE key = 'synced_seq'")
         gaps, _ = self._pruner.drop(db, rules, max_bytes, 0, False,
-                                    int(synced[0][0]) if synced else 0, self.prune_budget)
+                                    _meta_int(db, "synced_seq") or 0, self.prune_budget)
         for g in gaps:  # (what is left over goes with the next commit's check)
             log.warning("dropped %d events (seq %s..%s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.reason)
@@ -531,36 +538,52 @@ Store = StoreWriter  # the name the shell, tests and bench import
 # -- the writer thread's side: plain sqlite3 on the writing connection ------------------------
 
 
-def _open_writer(writer: _WriterThread, path: Path,
-                 seq_floor: int) -> tuple[_State, Topics, bytes, int]:
+def _open_writer(writer: _WriterThread, path: Path, seq_floor: int
+                 ) -> tuple[_State, Topics, bytes, int, Damage]:
     """Open, migrate, and read what the store keeps in memory: its state, the topics, the
-    publication id key (made with a new database) and the last seq with a random id."""
+    publication id key (made with a new database) and the last seq with a random id; and
+    the damaged rows these reads left out."""
     writer.connect(path)
-    db = writer.db
+    db = reading(writer.db)
     _configure(db)
     _migrate(db, path)
     for statement in _BATCH_SCHEMA:  # TEMP: this connection's, not the file's
         db.execute(statement)
-    state = _State.load(db)
-    state.top = _highest_seq(db)
+    damage = Damage()
+    topics = Topics.load(db, damage)
+    state = _State.load(db, topics, damage)
+    state.top = _highest_seq(db, damage)
     if state.top < seq_floor:
         log.warning("%s holds seqs up to %d only, but seqs up to %d were used (shipped "
                     "upstream): new ones start after %d", path, state.top, seq_floor, seq_floor)
         db.execute(_RAISE_META, ("highest_seq", seq_floor))
         state.top = seq_floor
-    topics = Topics(db.execute("SELECT id, realm, topic FROM topics"))
-    key = _meta(db, "publication_key")
-    if key is None:
-        key = new_key().hex()
-        _put_meta(db, "publication_key", key)
-    return state, topics, bytes.fromhex(key), int(_meta(db, "legacy_publication_seq") or 0)
+    key = _publication_key(db, damage)
+    return state, topics, key, _meta_int(db, "legacy_publication_seq", damage) or 0, damage
+
+
+def _publication_key(db: sqlite3.Connection, damage: Damage) -> bytes:
+    """The key of the publication ids (gateway.publication_ids), made with a new database.
+    A damaged one is made anew: stored rows keep the ids they were sent with, but those can
+    no longer be looked up (get_events with after_publication...)."""
+    stored = _meta(db, "publication_key")
+    if stored is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            if len(key := bytes.fromhex(stored)) == 16:
+                return key
+        damage.found("meta", "key publication_key", f"value holds {describe(stored)}, not a key:"
+                     f" a new one is made, and the stored publications' ids cannot be looked"
+                     f" up any more")
+    key = new_key()
+    _put_meta(db, "publication_key", key.hex())
+    return key
 
 
 def _write_records(db: sqlite3.Connection, batch: _Pending) -> None:
     """A batch's records besides publications: subscriptions, deletions, anchors, gaps."""
-    if batch.subscriptions:
-        db.executemany(
-            "INSERT OR IGNORE INTO subscriptions (id, realm, uri, match, created)"
+    if batch.subscriptions:  # replacing a stored row of the same (realm, uri, match):
+        db.executemany(  # one the router could not read (damaged) and made anew
+            "INSERT OR REPLACE INTO subscriptions (id, realm, uri, match, created)"
             " VALUES (?,?,?,?,?)", batch.subscriptions)
     for sql, params in batch.forgotten:
         db.execute(sql, params)
