@@ -398,13 +398,17 @@
     }
     const card = wear.endurance_tb + " TB card";
     if (wear.bytes_per_day == null) {
-      setStat("st-card", "measuring…", "", "", "writes per day are known after a few seconds");
+      setStat("st-card", "measuring…", formatDuration(wear.measured_s) + " of " +
+              formatDuration(wear.needs_s), "",
+              "writes per day are projected after " + formatDuration(wear.needs_s) +
+              " of measurement (the store's creation left out)");
       return;
     }
     const years = wear.life_years == null ? "" : "~" + wear.life_years.toLocaleString("en") +
       " years of a " + card;
     const kind = wear.life_years != null && wear.life_years < 5 ? "warn" : "";
-    setStat("st-card", formatBytes(wear.bytes_per_day) + "/day", years, kind,
+    setStat("st-card", formatBytes(wear.bytes_per_day) + "/day over " +
+            formatDuration(wear.measured_s), years, kind,
             "written to " + (wear.disk || "storage") + " over the last " +
             formatDuration(wear.measured_s));
   }
