@@ -127,6 +127,12 @@ class Retention:
             if matches(uri, match, topic):
                 yield topic
 
+    def newest(self, uri: str, match: str) -> list[StoredPublication]:
+        """Per topic matching (uri, match), its newest retained publication whatever its
+        audience: what the router itself reports on (gateway.health)."""
+        return [max(self._slots[t].values(), key=lambda p: p.seq)
+                for t in self._topics(uri, match)]
+
     def for_subscriber(self, uri: str, match: str, session: Session) -> list[StoredPublication]:
         """Per matching topic, the newest retained publication ``session`` may see,
         in receive order."""
