@@ -28,7 +28,7 @@ from cairn.gateway.console import installed_version
 from cairn.gateway.health import SCHEMA, HealthReporter
 from cairn.gateway.store import HistoryReader
 from cairn.sync.batch_format import encode_rows
-from cairn.sync.sinks import HttpSink
+from cairn.sync.sinks import DirectorySink, HttpSink
 from cairn.sync.uploader import Uploader
 from harness.config import history_rule, open_realm, router_table
 from harness.landing import landed
@@ -207,6 +207,28 @@ async def test_backlog_and_its_oldest_age_until_sync_ships_it(router, tmp_path):
 
 async def test_sync_is_none_until_the_uploader_reports(router):
     assert (await router.node.health.record())["sync"] is None
+
+
+def upload_once(data_dir: Path, daily_bytes: int) -> None:
+    uploader = Uploader("gw-health", HistoryReader(data_dir / "cairn.db"),
+                        DirectorySink(data_dir.parent / "landing"),
+                        data_dir / "sync-status.json", daily_bytes=daily_bytes)
+    try:
+        uploader.once()
+    finally:
+        uploader.reader.close()
+
+
+async def test_sync_state_bytes_sent_and_budget_as_the_uploader_reports_them(router, tmp_path):
+    session = await connect(router)
+    await session.publish("sensor.t1", temperature=20, options=ACK)  # commits the record too
+    await session.leave()
+    await asyncio.to_thread(upload_once, tmp_path / "data", 1)
+    sync = (await router.node.health.record())["sync"]
+    assert (sync["state"], sync["last_error"], sync["damaged_rows_shipped"]) == \
+        ("idle", None, 0)
+    assert sync["bytes_sent"] == sync["budget_used"] > 0
+    assert (sync["budget_bytes"], sync["health_only"]) == (1, True)
 
 
 async def test_card_wear_says_measuring_at_first(router):

@@ -386,8 +386,14 @@
     const last = sync.last_success
       ? "last upload " + formatDuration((gatewayNow() - Date.parse(sync.last_success)) / 1000) + " ago"
       : "no upload yet";
-    const kind = sync.state === "retrying" ? "warn" : sync.state === "ok" ? "good" : "";
-    setStat("st-sync", sync.state + " · " + backlog, last, kind, sync.last_error || "");
+    const kind = sync.state === "retrying" || sync.health_only ? "warn"
+      : sync.state === "ok" ? "good" : "";
+    const budget = sync.budget_bytes
+      ? " · " + formatBytes(sync.budget_used || 0) + " of " + formatBytes(sync.budget_bytes) +
+        " today" + (sync.health_only ? ", health records only" : "")
+      : "";
+    setStat("st-sync", sync.state + " · " + backlog, last + budget, kind,
+            sync.last_error || "");
   }
 
   /** What the gateway writes to its SD card a day, and how long a card lasts at that. */
