@@ -6,26 +6,23 @@ import argparse
 import asyncio
 import logging
 import sys
-from importlib import metadata
 
 from cairn.app import update
 from cairn.drivers import cli as sensor_cli
 from cairn.drivers import demo, mqtt_cli
 from cairn.gateway import config as cfg
 from cairn.gateway import ops
-from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
+from cairn.gateway.console import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    installed_version,
+    setup_logging,
+)
 from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
 COMPONENTS = (ops, demo, sensor_cli, mqtt_cli, sync_cli, update)
-
-
-def installed_version() -> str:
-    """The version of the installed distribution (the wheel's), which an upgrade changes."""
-    try:
-        return metadata.version("cairn")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:

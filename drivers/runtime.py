@@ -284,21 +284,25 @@ class ChangeFilter:
 
 @dataclass
 class DeviceStatus:
-    """ok / stale / error, published (retained) only when it changes."""
+    """ok / stale / error, published (retained) only when it changes, with the number of
+    times it went into error since the driver started (the gateway's health reports it)."""
 
     device_id: str
     link: RouterLink
     state: str | None = None
     reason: str | None = None
+    errors: int = 0
 
     def set(self, state: str, reason: str | None = None) -> None:
         if (state, reason) == (self.state, self.reason):
             return
         if state != self.state:
             log.info("device %s: %s%s", self.device_id, state, f" ({reason})" if reason else "")
+            self.errors += state == "error"
         self.state, self.reason = state, reason
         self.link.publish(status_topic(self.device_id),
-                          {"status": state, "reason": reason, "since": time.time()},
+                          {"status": state, "reason": reason, "since": time.time(),
+                           "errors": self.errors},
                           status=True)
 
 

@@ -23,7 +23,7 @@ from autobahn.wamp import message as m
 
 from cairn.gateway.auth import Authorizer
 from cairn.gateway.clock import StepDetector
-from cairn.gateway.config import Limits
+from cairn.gateway.config import HEALTH_TOPIC, Limits
 from cairn.gateway.core import (
     LIMIT_REACHED,
     ClockStep,
@@ -63,6 +63,10 @@ class Subscription:
     def details(self) -> dict[str, Any]:
         return {"id": self.id, "created": self.created, "uri": self.uri, "match": self.match}
 
+
+# who the router's own publications are from, in history (clients cannot publish there)
+OWN_AUTHID = "cairn.router"
+OWN_AUTHROLE = "cairn.router"
 
 # the black/white lists that survive a restart (authid/authrole; session ids do not)
 _AUDIENCE_OPTIONS = ("exclude_authid", "eligible_authid", "exclude_authrole", "eligible_authrole")
@@ -112,6 +116,7 @@ class Broker:
         self.by_id: dict[int, Subscription] = {}
         # kept subscriptions that are no history rule's own, oldest first: bounded
         self._kept: dict[int, Subscription] = {}
+        self._own = Session(authid=OWN_AUTHID, authrole=OWN_AUTHROLE)  # the router, publishing
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
 
@@ -216,9 +221,10 @@ class Broker:
     def publish(self, session: Session, msg: m.Publish, out: Outbox,
                 disclose_me: bool = False) -> None:
         try:
-            if msg.topic.startswith("wamp."):
+            if msg.topic.startswith("wamp.") or msg.topic == HEALTH_TOPIC:
                 raise WampError("wamp.error.not_authorized",
-                                f"topics under 'wamp.' are reserved for the router: {msg.topic!r}")
+                                f"{msg.topic!r} is reserved for the router: only it publishes "
+                                f"there")
             rule = self.authorizer.require(session, msg.topic, "publish")
         except WampError:
             if msg.acknowledge:
@@ -335,6 +341,15 @@ class Broker:
 
     def may_receive(self, session: Session, topic: str) -> bool:
         return self.authorizer.allowed(session.authrole, topic, "subscribe") is not None
+
+    def publish_own(self, topic: str, kwargs: dict[str, Any], out: Outbox) -> None:
+        """A publication of the router itself (its health records): retained, stored by the
+        realm's history rules and delivered like a client's, as ``OWN_AUTHID``."""
+        msg = m.Publish(0, topic, kwargs=kwargs, retain=True)
+        pub, refused = self._record(self._own, msg, False, out)
+        self.dispatch(msg, pub.publication if pub is not None else publication_id(), out)
+        if pub is not None and (pub.history_rule is not None or refused is None):
+            out.store(Persist(pub, self._commit_within(pub.history_rule, False)))
 
     def publish_internal(self, topic: str, args: list[Any], out: Outbox) -> None:
         """A publication from the router itself (meta events)."""

@@ -93,6 +93,12 @@ class StepDetector:
         self._offset: int | None = None
         self._synced: bool | None = None
         self._last_sync_check = 0
+        self.steps = 0  # steps seen by this process (the store keeps them all, as anchors)
+
+    def peek(self) -> Reading:
+        """The clocks now, for a display: unlike :meth:`read`, it takes no anchor, which
+        must go to the store with the publication that found it."""
+        return Reading(wall_ns(), boottime_ns(), clock_synchronized())
 
     def read(self) -> tuple[Reading, Anchor | None]:
         boot = boottime_ns()
@@ -108,6 +114,7 @@ class StepDetector:
             reason = "start"
         elif abs(offset - self._offset) > STEP_THRESHOLD_NS:
             reason = "step"
+            self.steps += 1
         elif self._synced and was_synced is False:
             reason = "synced"
         anchor = None

@@ -30,6 +30,9 @@ _DURATION_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 6
 # commit; beyond a minute a driver's readings in flight would time out first.
 MAX_COMMIT_WINDOW = 60.0
 EMBEDDED = "<embedded default>"
+# The router's own health records (gateway.health): only the router publishes there, and the
+# first realm keeps them in history so that they travel in the sync batches with the data.
+HEALTH_TOPIC = "cairn.gateway.health"
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,13 @@ class HistoryRule:
     max_events: int = 1_000_000
     max_age: float | None = None  # seconds
     commit_window: float = 0.0  # seconds a publication may wait for its group commit
+
+
+# ~100 days of records at the default interval; after the realm's own rules, since a rule's
+# index is stored with its rows. A record rides along with the next commit (within a minute)
+# rather than costing the card one of its own or cutting another rule's window short.
+HEALTH_RULE = HistoryRule(HEALTH_TOPIC, "exact", max_events=10_000, max_age=90 * 86400.0,
+                          commit_window=MAX_COMMIT_WINDOW)
 
 
 @dataclass(frozen=True)
@@ -144,6 +154,7 @@ class RouterConfig:
     log_level: str = "info"
     tls: TlsConfig | None = None
     card_endurance_tb: float = 10.0  # a 32 GB consumer card: ~300 program/erase cycles
+    health_interval: float = 900.0  # s between health records (and at once on a change)
     limits: Limits = field(default_factory=Limits)
     allowed_hosts: tuple[str, ...] = ()    # names of the gateway beyond its IPs and host name
     allowed_origins: tuple[str, ...] = ()  # web pages elsewhere that may open WAMP sessions
@@ -163,6 +174,13 @@ class Config:
 
     def realm(self, name: str) -> RealmConfig | None:
         return next((r for r in self.realms if r.name == name), None)
+
+    def history_rules(self, realm: RealmConfig) -> tuple[HistoryRule, ...]:
+        """The rules a realm stores history by: its own, and in the first realm the
+        router's health records (:data:`HEALTH_RULE`)."""
+        if self.realms and realm is self.realms[0]:
+            return (*realm.history, HEALTH_RULE)
+        return realm.history
 
 
 EMBEDDED_TOML = """
@@ -237,7 +255,7 @@ def parse_router(v: Validator, t: dict[str, Any], at: str) -> RouterConfig:
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
                    "history_page_cap", "max_store_bytes", "log_level", "tls",
                    "card_endurance_tb", "limits", "allowed_hosts", "allowed_origins",
-                   "status_token_file"})
+                   "status_token_file", "health_interval"})
     d = RouterConfig()
     listen = v.endpoint(v.get(t, at, "listen", str, None), f"{at}.listen", tcp_only=True)
     rawsocket = tuple(
@@ -264,6 +282,7 @@ def parse_router(v: Validator, t: dict[str, Any], at: str) -> RouterConfig:
         max_store_bytes=v.positive(t, at, "max_store_bytes", d.max_store_bytes),
         log_level=level,
         card_endurance_tb=v.positive_number(t, at, "card_endurance_tb", d.card_endurance_tb),
+        health_interval=_health_interval(v, t, at, d.health_interval),
         limits=_limits(v, v.get(t, at, "limits", dict, {}), f"{at}.limits"),
         status_token=_token(v, v.get(t, at, "status_token_file", str, None),
                             f"{at}.status_token_file"),
@@ -271,6 +290,17 @@ def parse_router(v: Validator, t: dict[str, Any], at: str) -> RouterConfig:
         allowed_origins=tuple(_origin(v, item, f"{at}.allowed_origins[{i}]")
                               for i, item in enumerate(v.strings(t, at, "allowed_origins"))),
     )
+
+
+def _health_interval(v: Validator, t: dict[str, Any], at: str, default: float) -> float:
+    text = v.get(t, at, "health_interval", str, None)
+    if text is None:
+        return default
+    seconds = parse_duration(text, v.source, f"{at}.health_interval")
+    if seconds < 1:
+        raise ConfigError(v.source, f"{at}.health_interval",
+                          f"must be at least 1s, not {text!r}")
+    return seconds
 
 
 def _token(v: Validator, path: str | None, at: str) -> str | None:

@@ -1,9 +1,11 @@
-"""What every ``cairn`` command shares: its exit codes and the shape of its log lines."""
+"""What every ``cairn`` command shares: its exit codes, the shape of its log lines and the
+version it reports (``cairn --version``, the router's health records)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from importlib import metadata
 
 import txaio
 
@@ -22,3 +24,11 @@ def setup_logging(level: str) -> None:
     txaio.set_global_log_level("warn")
     for noisy in ("autobahn", "txaio", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def installed_version() -> str:
+    """The version of the installed distribution (the wheel's), which an upgrade changes."""
+    try:
+        return metadata.version("cairn")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"

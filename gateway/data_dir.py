@@ -56,9 +56,19 @@ class SyncStatus:
     events: int = 0
     damaged_rows: int = 0  # history rows that could not be read, shipped as gaps
     last_damaged: dict[str, Any] | None = None
+    bytes_sent: int = 0  # batch and manifest bodies the sink confirmed, since the first run
+    budget_bytes: int = 0  # [sync] daily_bytes; 0: no limit
+    budget_used: int = 0  # sent in the budget's current window (a day of CLOCK_BOOTTIME)
+    budget_since: str | None = None  # when that window began (wall clock, to read)
+    budget_window: list[Any] | None = None  # [boot_id, CLOCK_BOOTTIME ns] of its start
+    health_only: bool = False  # the budget is spent: only health records go until it ends
+    health_seq: int = 0  # the last health record shipped ahead of the watermark
 
 
 AGING = ("last_success", "last_attempt", "rate_events_per_s")  # what changes when idle
+# what a run of the uploader takes over from the last one (``cairn sync --once`` from cron)
+CARRIED = {"bytes_sent": int, "budget_used": int, "budget_since": str, "budget_window": list,
+           "health_seq": int}
 
 
 def write_sync_status(path: Path, status: SyncStatus) -> None:
@@ -71,8 +81,12 @@ def write_sync_status(path: Path, status: SyncStatus) -> None:
 def read_sync_status(data_dir: Path) -> dict[str, Any] | None:
     """What ``cairn sync`` last wrote, or None (not there, unreadable, not an object). A
     mapping rather than a SyncStatus: an older or newer uploader may write other fields."""
+    return read_sync_status_file(sync_status_path(data_dir))
+
+
+def read_sync_status_file(path: Path) -> dict[str, Any] | None:
     try:
-        status = json.loads(sync_status_path(data_dir).read_text())
+        status = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None

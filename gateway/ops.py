@@ -315,11 +315,15 @@ def _check_wear(report: Report, config: Config) -> None:
         return
     per_day = metrics.get("cairn_card_written_bytes_per_day")
     years = metrics.get("cairn_card_life_years")
+    window = metrics.get("cairn_card_wear_window_seconds", 0)
     endurance = config.router.card_endurance_tb
     if per_day is None:
-        report.add("ok", "card wear", "no rate yet (the router has just started)")
+        report.add("ok", "card wear", f"measuring ({window / 60:.0f} of "
+                                      f"{wear.MIN_SPAN_S / 60:.0f} min): a rate is projected "
+                                      f"after an hour of the router running")
         return
-    detail = f"{per_day / 1e9:.2f} GB/day written to the card"
+    detail = (f"{per_day / 1e9:.2f} GB/day written to the card (over the last "
+              f"{window / 3600:.1f} h)")
     if years is None:
         report.add("ok", "card wear", detail)
     elif years < wear.WARN_YEARS:

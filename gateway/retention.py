@@ -421,6 +421,19 @@ class Retention:
         stream.after = before
         return None
 
+    def newest(self, uri: str, match: str) -> list[StoredPublication]:
+        """Per topic matching (uri, match), its newest retained publication whatever its
+        audience, with its arguments: what the router itself reports on (its health)."""
+        found = []
+        for topic, audiences in self._slots.items():
+            if matches(uri, match, topic):
+                slim = max((slot.pub for slot in audiences.values()), key=lambda p: p.seq)
+                full = object.__new__(StoredPublication)
+                full.__dict__.update(slim.__dict__)
+                full.args, full.kwargs = msgpack.unpackb(slim.payload(), raw=False)
+                found.append(full)
+        return found
+
 
 def _packed_only(pub: StoredPublication) -> StoredPublication:
     """``pub`` as a slot keeps it: its packed payload without the decoded arguments."""

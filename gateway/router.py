@@ -19,7 +19,7 @@ from autobahn.wamp import role
 from cairn.gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, Peer
 from cairn.gateway.broker import Broker
 from cairn.gateway.clock import StepDetector
-from cairn.gateway.config import Config, Limits, RealmConfig
+from cairn.gateway.config import HEALTH_TOPIC, Config, HistoryRule, Limits, RealmConfig
 from cairn.gateway.core import (
     ForgetRetained,
     ForgetSubscription,
@@ -73,7 +73,8 @@ class Realm:
                  clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP,
                  limits: Limits | None = None, hits: LimitHits | None = None,
                  procedures: Mapping[str, ProcedureFactory] | None = None,
-                 decoy_key: bytes | None = None) -> None:
+                 decoy_key: bytes | None = None,
+                 history: tuple[HistoryRule, ...] | None = None) -> None:
         self.config = config
         self.name = config.name
         self.sequence = sequence or Sequence()
@@ -84,7 +85,7 @@ class Realm:
         self.decoy_key = decoy_key or secrets.token_bytes(32)  # the same across reloads
         self.authenticator = Authenticator(config, decoy_key)
         self.authorizer = Authorizer(config)
-        self.history = HistoryRules(config.history)
+        self.history = HistoryRules(config.history if history is None else history)
         self.retention = Retention(self.limits, config, lambda: self.sequence.next_seq)
         self.broker = Broker(self.name, self.authorizer, self.history, self.retention,
                              self.clock, self.sequence, self.limits, self.hits)
@@ -126,7 +127,7 @@ class Realm:
 
     def create_rule_subscriptions(self, out: Outbox) -> None:
         """Each history rule's own subscription exists from the start, so its id is stable."""
-        for rule in self.config.history:
+        for rule in self.history.rules:
             if self.broker.subscriptions.get(rule.uri, rule.match) is None:
                 self.broker.create_subscription(rule.uri, rule.match, out)
 
@@ -184,7 +185,8 @@ class Router:
         self.sequence = Sequence(restored.next_seq, restored.ids)
         self.realms = {rc.name: Realm(rc, self.sequence, self.clock,
                                       config.router.history_page_cap, config.router.limits,
-                                      self.hits, procedures, decoy_key)
+                                      self.hits, procedures, decoy_key,
+                                      config.history_rules(rc))
                        for rc in config.realms}
         self.sessions: dict[int, Session] = {}
         self.stopping = False  # after shutdown(): no new sessions
@@ -198,6 +200,11 @@ class Router:
         self.sequence.resume(restored.next_seq, restored.ids)
         for realm in self.realms.values():
             realm.restore(restored, out)
+
+    def publish_health(self, record: dict[str, Any], out: Outbox) -> None:
+        """The gateway's health record (gateway.health), in the first realm: its history
+        keeps it (Config.history_rules) and sync ships it with the data."""
+        next(iter(self.realms.values())).broker.publish_own(HEALTH_TOPIC, record, out)
 
     # -- the entry points ----------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from cairn.gateway.core import (
 )
 from cairn.gateway.data_dir import cra_decoy_key
 from cairn.gateway.flow_control import StoreBackpressure
+from cairn.gateway.health import HealthReporter
 from cairn.gateway.http_front import HttpFront
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.notify import keep_watchdog_fed, notify
@@ -64,8 +65,10 @@ class Node:
         self.router: Router  # built in start(), once the store is open
         self.web: Web  # built in start(), with the router
         self.guard: BrowserGuard  # built in start(), renewed on SIGHUP
+        self.health: HealthReporter  # started once listening
         self._servers: list[asyncio.AbstractServer] = []
         self._tasks: set[asyncio.Task] = set()
+        self._health: asyncio.Task | None = None
         self.rawsocket_ports: list[int] = []
         self.backpressure = StoreBackpressure(self.limit_hits, UnavailableStore("not open yet"))
         self.stores = StoreService(config, self.backpressure, self.flush)
@@ -161,6 +164,14 @@ class Node:
         except BaseException:
             await self.stop()
             raise
+        self.health = HealthReporter(self.web, self.publish_health,
+                                     self.config.router.health_interval)
+        self._health = asyncio.get_running_loop().create_task(self.health.run())
+
+    def publish_health(self, record: dict[str, Any]) -> None:
+        out = Outbox()
+        self.router.publish_health(record, out)
+        self.flush(out)
 
     async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
@@ -242,6 +253,8 @@ class Node:
         self.guard = BrowserGuard(router.allowed_hosts, router.allowed_origins)
 
     async def stop(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
         out = Outbox()
         self.router.shutdown(out)
         for connection in list(self.state.connections):

@@ -201,7 +201,8 @@ class StoreService:
     def prune_rules(self) -> list[PruneRule]:
         return [PruneRule(realm.name, i, rule.max_events,
                           int(rule.max_age * 1000) if rule.max_age else None)
-                for realm in self.config.realms for i, rule in enumerate(realm.history)]
+                for realm in self.config.realms
+                for i, rule in enumerate(self.config.history_rules(realm))]
 
     async def prune(self) -> None:
         """Keep history within its bounds (per rule and overall); drops become gap records."""

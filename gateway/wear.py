@@ -11,6 +11,11 @@ Two counters, sampled now and then (each maintenance pass) and on request:
 The rate is taken over the samples of the last :data:`WINDOW_S` (a day), from the disk when
 it is known, else from the router's own counter; years of life = ``card_endurance_tb`` over
 a year at that rate, for a fresh card (how much an old card has already taken is not known).
+
+A rate is projected only once it means something: measured over at least
+:data:`MIN_SPAN_S` (an hour), from a first sample taken :data:`SETTLE_S` after the store
+opened, so that its creation (and the page cache writing it back to the card a while later)
+is not taken for a day's wear. Until then the report says ``measuring``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Any
 SECTOR = 512
 DAY_S = 86400
 WINDOW_S = DAY_S
-MIN_SPAN_S = 10.0  # a rate over less than this is mostly noise
+MIN_SPAN_S = 3600.0  # a rate over less than an hour is start-up and noise, not a day's wear
+SETTLE_S = 60.0  # the store's creation reaches the card within this (dirty write-back ~30 s)
 WARN_YEARS = 5.0  # cairn doctor warns below this
 _SYS_DEV_BLOCK = Path("/sys/dev/block")
 
@@ -75,12 +81,17 @@ class Sample:
 
 
 class WearMeter:
-    """Made once the store is open, so that start-up's writes are not taken for a rate."""
+    """Made once the store is open; its first sample is the first taken :attr:`settle_s`
+    later, so that start-up's writes are not taken for a rate."""
+
+    min_span_s = MIN_SPAN_S
+    settle_s = SETTLE_S
 
     def __init__(self, disk: Path | None, endurance_tb: float) -> None:
         self.disk = disk  # disk_of(the data directory)
         self.endurance_bytes = endurance_tb * 1e12
-        self.samples: deque[Sample] = deque([self._read()])
+        self.opened = time.monotonic()
+        self.samples: deque[Sample] = deque()
 
     def _read(self) -> Sample:
         return Sample(time.monotonic(), process_write_bytes(), disk_write_bytes(self.disk))
@@ -88,6 +99,8 @@ class WearMeter:
     def sample(self) -> Sample:
         """Take a sample (each maintenance pass); keep a day of them."""
         now = self._read()
+        if now.at - self.opened < self.settle_s:
+            return now
         self.samples.append(now)
         while self.samples and now.at - self.samples[0].at > WINDOW_S:
             self.samples.popleft()
@@ -95,19 +108,22 @@ class WearMeter:
 
     def report(self) -> dict[str, Any]:
         """Totals (the disk's since boot, the router's since it started), and the rate and
-        card life over the last day."""
+        card life over the last day: None (``measuring``) until :attr:`min_span_s` of it."""
         now = self._read()
-        oldest = self.samples[0]
+        oldest = self.samples[0] if self.samples else now
         span = now.at - oldest.at
         source = "disk" if now.disk is not None and oldest.disk is not None else "process"
         written = _delta(getattr(oldest, source), getattr(now, source))
-        per_day = written / span * DAY_S if written is not None and span >= MIN_SPAN_S else None
+        measuring = span < self.min_span_s or written is None
+        per_day = None if measuring else written / span * DAY_S
         return {
             "disk": self.disk.name if self.disk else None,
             "disk_written_bytes": now.disk,
             "process_written_bytes": now.process,
             "bytes_per_day": round(per_day) if per_day is not None else None,
-            "measured_s": round(span),
+            "measuring": measuring,
+            "measured_s": round(span),  # the window the rate is taken over
+            "needs_s": round(self.min_span_s),  # before a rate is projected
             "rate_from": source,
             "endurance_tb": self.endurance_bytes / 1e12,
             "life_years": round(self.endurance_bytes / (per_day * 365), 1) if per_day else None,

@@ -112,7 +112,7 @@ class Web:
     async def status(self, realm: Realm) -> dict[str, Any]:
         """What the dashboard's status strip and ``cairn doctor`` show."""
         state, stores = self.state, self.stores
-        reading, _ = self.router.clock.read()
+        reading = self.router.clock.peek()
         store = await stores.store.reader.summary(realm.name)
         return {
             "uptime_s": round(time.monotonic() - state.started, 1),

@@ -13,6 +13,7 @@ timeout = 30                    # seconds a whole HTTP request may take
 redirect_hosts = []             # hosts a redirect may hand a batch to (WebHDFS datanodes)
 max_backoff = 600               # seconds, the longest wait between retries
 bandwidth = 0                   # bytes/s cap, 0 = none
+daily_bytes = 0                 # bytes a day; past it only health records go; 0 = no limit
 verify_tls = true
 ```
 """
@@ -56,6 +57,7 @@ class SyncConfig:
     timeout: float = 30.0
     max_backoff: float = 600.0
     bandwidth: int = 0
+    daily_bytes: int = 0  # 0: no limit (sync.budget)
     verify_tls: bool = True
     redirect_hosts: tuple[str, ...] = ()
 
@@ -77,7 +79,7 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     v.keys(t, at, {"sink", "gateway_id", "token", "token_file", "token_env", "username",
                    "password", "password_file", "password_env", "batch_events", "batch_bytes",
                    "interval", "timeout", "max_backoff", "bandwidth", "verify_tls",
-                   "redirect_hosts"})
+                   "redirect_hosts", "daily_bytes"})
     sink = v.get(t, at, "sink", str, None)
     if not sink:
         raise ConfigError(source, f"{at}.sink", "missing: a directory (dir:/path) or an "
@@ -101,6 +103,10 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     bandwidth = v.get(t, at, "bandwidth", int, 0)
     if bandwidth < 0:
         raise ConfigError(source, f"{at}.bandwidth", "must be 0 (no cap) or bytes per second")
+    daily_bytes = v.get(t, at, "daily_bytes", int, 0)
+    if daily_bytes < 0:
+        raise ConfigError(source, f"{at}.daily_bytes",
+                          f"must be 0 (no limit) or bytes a day, not {daily_bytes}")
     redirect_hosts = v.get(t, at, "redirect_hosts", list, [])
     if not all(isinstance(h, str) and h and "/" not in h for h in redirect_hosts):
         raise ConfigError(source, f"{at}.redirect_hosts",
@@ -113,7 +119,8 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
         password=optional_secret(v, t, at, "password"),
         batch_events=v.positive(t, at, "batch_events", 10_000),
         batch_bytes=v.positive(t, at, "batch_bytes", 8 * 1024 * 1024),
-        bandwidth=bandwidth, verify_tls=v.get(t, at, "verify_tls", bool, True),
+        bandwidth=bandwidth, daily_bytes=daily_bytes,
+        verify_tls=v.get(t, at, "verify_tls", bool, True),
         redirect_hosts=tuple(h.lower() for h in redirect_hosts), **numbers)
 
 
@@ -209,7 +216,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     uploader = Uploader(config.gateway_id, reader, make_sink(config),
                         sync_status_path(config.data_dir), config.batch_events,
-                        config.batch_bytes)
+                        config.batch_bytes, config.daily_bytes)
     log.info("syncing %s (gateway %s) to %s from seq %d", config.data_dir, config.gateway_id,
              uploader.sink.describe(), uploader.status.synced_seq)
     try:

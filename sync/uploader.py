@@ -30,8 +30,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cairn.gateway.clock import rfc3339
-from cairn.gateway.data_dir import AGING, SyncStatus, write_sync_status
+from cairn.gateway.config import HEALTH_TOPIC
+from cairn.gateway.data_dir import (
+    AGING,
+    CARRIED,
+    SyncStatus,
+    read_sync_status_file,
+    write_sync_status,
+)
 from cairn.gateway.store import Damaged, HistoryReader
+from cairn.sync import budget
 from cairn.sync.batch_format import (
     SCHEMA_VERSION,
     data_name,
@@ -59,6 +67,15 @@ class Batch:
     @property
     def name(self) -> str:
         return self.manifest["file"]
+
+    @property
+    def manifest_bytes(self) -> bytes:
+        return json.dumps(self.manifest, indent=1).encode()
+
+    @property
+    def size(self) -> int:
+        """Bytes on the wire: the data and the manifest (HTTP headers not counted)."""
+        return len(self.data) + len(self.manifest_bytes)
 
 
 def _damaged_gap(row: Damaged) -> dict[str, Any]:
@@ -110,28 +127,45 @@ class Uploader:
     status_file: Path
     batch_events: int = 10_000
     batch_bytes: int = 8 * 1024 * 1024
+    daily_bytes: int = 0  # [sync] daily_bytes: past it only health records go (sync.budget)
     status: SyncStatus = field(init=False)
     progress_interval: float = 5.0  # seconds between progress lines while draining
     status_interval: float = 600.0  # seconds between rewrites of a status that only aged
 
     def __post_init__(self) -> None:
         self.status = SyncStatus(self.gateway_id, self.sink.describe(),
-                                 synced_seq=self.reader.synced_seq())
+                                 synced_seq=self.reader.synced_seq(),
+                                 budget_bytes=self.daily_bytes)
+        last = read_sync_status_file(self.status_file) or {}
+        for key, kind in CARRIED.items():  # bytes sent, the budget's window, health ahead
+            if isinstance(last.get(key), kind):
+                setattr(self.status, key, last[key])
         self._written: tuple[dict[str, Any], float] | None = None
+        self._said_over_budget = False  # logged once per spell, not every interval
 
     # -- one batch -----------------------------------------------------------------------
 
     def next_batch(self) -> Batch | None:
+        """The next batch of the backlog within ``batch_bytes`` and what the day's budget
+        has left; None when nothing waits, or when the budget cannot carry even one row
+        (``status.health_only``: then only health records go, see :meth:`ship_health`)."""
         rows, damaged = self._readable_rows()
+        self.status.health_only = False
         if not rows:
             return None
-        data = encode_rows(self.gateway_id, rows)
-        while len(data) > self.batch_bytes and len(rows) > 1:
-            rows = rows[: max(1, len(rows) * self.batch_bytes // len(data) * 9 // 10)]
-            data = encode_rows(self.gateway_id, rows)
+        room = budget.room(self.status)
+        limit = min(self.batch_bytes, room)
+        batch = self._batch(rows, damaged)
+        while batch.size > limit and len(rows) > 1:
+            rows = rows[: max(1, int(len(rows) * limit // batch.size * 9 // 10))]
+            batch = self._batch(rows, damaged)
+        self.status.health_only = batch.size > room
+        return None if self.status.health_only else batch
+
+    def _batch(self, rows: list[dict[str, Any]], damaged: list[Damaged]) -> Batch:
         lost = [_damaged_gap(r) for r in damaged if r.seq < rows[-1]["seq"]]
         return build_batch(self.gateway_id, rows, self.status.synced_seq,
-                           self.reader.anchors(), self.reader.gaps() + lost, data)
+                           self.reader.anchors(), self.reader.gaps() + lost)
 
     def _readable_rows(self) -> tuple[list[dict[str, Any]], list[Damaged]]:
         """The next rows that can be shipped, and the damaged ones before and among them.
@@ -146,10 +180,31 @@ class Uploader:
                 return good, damaged
             after = window[-1].seq  # a whole window of damage: look past it
 
+    def _put(self, batch: Batch) -> None:
+        """Data first, manifest last; its bytes counted (and against the budget)."""
+        self.sink.put(batch.name, batch.data)
+        self.sink.put(manifest_name(batch.name), batch.manifest_bytes)
+        self.status.bytes_sent += batch.size
+        self.status.budget_used += batch.size if self.status.budget_bytes else 0
+
+    def ship_health(self) -> int:
+        """The budget is spent: ship the health records not shipped yet, each as a batch of
+        its own (it covers its seq alone), without moving the watermark; the backlog sends
+        them again, once the budget allows (the central table keeps one of each)."""
+        after = max(self.status.synced_seq, self.status.health_seq)
+        shipped = 0
+        for pub in self.reader.topic_after(after, HEALTH_TOPIC, 100):
+            if not isinstance(pub, Damaged):
+                row = row_of(pub)
+                self._put(build_batch(self.gateway_id, [row], row["seq"] - 1,
+                                      self.reader.anchors(), self.reader.gaps()))
+                shipped += 1
+            self.status.health_seq = pub.seq
+        return shipped
+
     def ship(self, batch: Batch) -> None:
         """Data first, manifest last; then (and only then) the watermark."""
-        self.sink.put(batch.name, batch.data)
-        self.sink.put(manifest_name(batch.name), json.dumps(batch.manifest, indent=1).encode())
+        self._put(batch)
         self.reader.set_synced_seq(batch.last_seq)
         self.status.synced_seq = batch.last_seq
         self.status.batches += 1
@@ -184,8 +239,24 @@ class Uploader:
                 log.info("synced %d/%d events (%.0f events/s, %s left)", shipped, total,
                          shipped / elapsed, _duration(eta))
             self._mark_success()
-        self.status.backlog = 0
+        if self.status.health_only:
+            self._over_budget(shipped)
+        else:
+            self.status.backlog = 0
+            self._said_over_budget = False
         return shipped
+
+    def _over_budget(self, shipped: int) -> None:
+        self.status.backlog = self.reader.backlog(self.status.synced_seq)
+        health = self.ship_health()
+        if not self._said_over_budget:
+            log.warning("daily budget spent (%d of %d bytes): only health records go; %d "
+                        "events wait for the next window, in %s", self.status.budget_used,
+                        self.status.budget_bytes, self.status.backlog,
+                        _duration(budget.ends_in_s(self.status)))
+        self._said_over_budget = True
+        if health or shipped:
+            self._mark_success()
 
     def once(self) -> int:
         """``cairn sync --once``: drain the backlog, or raise SinkError."""

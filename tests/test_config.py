@@ -22,6 +22,7 @@ send_buffer_limit = 2097152
 history_page_cap = 500
 max_store_bytes = 1073741824
 card_endurance_tb = 100
+health_interval = "5m"
 allowed_hosts = ["gateway.farm.lan"]
 allowed_origins = ["https://grafana.farm.lan:3000"]
 log_level = "debug"
@@ -149,6 +150,7 @@ def test_full_example_with_every_key(tmp_path, monkeypatch):
     assert (r.max_message_size, r.send_buffer_limit) == (262144, 2097152)
     assert (r.history_page_cap, r.max_store_bytes) == (500, 1073741824)
     assert r.card_endurance_tb == 100.0
+    assert r.health_interval == 300.0
     assert (r.allowed_hosts, r.allowed_origins) == (("gateway.farm.lan",),
                                                     ("https://grafana.farm.lan:3000",))
     assert r.log_level == "debug"
@@ -325,6 +327,12 @@ MISTAKES = [
      "router.card_endurance_tb", [r"positive number", r"0"]),
     ("card-endurance-a-string", _replace('[router]\n', '[router]\ncard_endurance_tb = "10TB"\n'),
      "router.card_endurance_tb", [r"positive number", r"'10TB'"]),
+    ("health-interval-not-a-duration",
+     _replace('[router]\n', '[router]\nhealth_interval = "often"\n'),
+     "router.health_interval", [r"duration like", r"'often'"]),
+    ("health-interval-under-a-second",
+     _replace('[router]\n', '[router]\nhealth_interval = "100ms"\n'),
+     "router.health_interval", [r"at least 1s", r"'100ms'"]),
     ("commit-window-not-a-duration",
      BASE + '  [[realms.history]]\n  uri = "sensor"\n  commit_window = "soon"\n',
      "realms[0].history[0].commit_window", [r"duration like", r"'soon'"]),

@@ -8,6 +8,7 @@ import pytest
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
+from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.core import (
     ClockStep,
     IllegalTransition,
@@ -32,8 +33,8 @@ def published(peer, topic: str, value: object, **options: object) -> list:
 
 def test_a_history_rules_subscription_is_kept_from_the_start():
     core = CoreRouter(CONFIG)
-    [kept] = core.effects_of(KeepSubscription)
-    assert (kept.uri, kept.match) == ("sensor", "prefix")
+    kept = core.effects_of(KeepSubscription)  # the realm's rule, then the health records'
+    assert [(k.uri, k.match) for k in kept] == [("sensor", "prefix"), (HEALTH_TOPIC, "exact")]
 
 
 def test_a_stored_publish_is_acknowledged_only_once_it_is_durable():

@@ -202,7 +202,7 @@ def test_subscription_get_returns_id_created_uri_and_match():
 
 def test_subscription_list_groups_subscription_ids_by_match_policy():
     core = CoreRouter(CONFIG)
-    me = core.connect()
+    me = core.connect("realm2")  # (realm1, the first, holds the health records' subscription)
     assert value(me, "wamp.subscription.list") == {"exact": [], "prefix": [], "wildcard": []}
     e1, e2 = subscribe(me, "com.l.one"), subscribe(me, "com.l.two")
     p = subscribe(me, "com.l", "prefix")
@@ -531,7 +531,8 @@ def test_sessions_of_another_realm_are_invisible_to_the_session_meta_api():
 
 def test_subscriptions_and_registrations_of_another_realm_are_not_visible():
     core = CoreRouter(CONFIG)
-    one, two = core.connect("realm1"), core.connect("realm2")
+    # realm2 looks at realm1's: it holds no subscription of the router's own (health records)
+    one, two = core.connect("realm2"), core.connect("realm1")
     sub = subscribe(two, "com.realm.topic")
     reg = register(two, "com.realm.proc")
     nothing = {"exact": [], "prefix": [], "wildcard": []}

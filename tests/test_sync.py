@@ -31,6 +31,7 @@ from autobahn.wamp.types import PublishOptions
 
 from cairn.app import cli
 from cairn.gateway.clock import Anchor
+from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from cairn.sync.batch_format import ROW_FIELDS, row_of
@@ -38,6 +39,7 @@ from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
 from cairn.sync.uploader import Uploader
 from harness.config import history_rule, open_realm, router_table
 from harness.landing import landed
+from harness.waiting import until
 from harness.wamp_client import connect
 from tests.conftest import RunningRouter, start_router
 
@@ -272,6 +274,8 @@ async def test_router_history_lands_while_the_router_runs(tmp_path):
     node = await start_router(router_config(unix_path=tmp_path / "wamp.sock",
                                                   data_dir=data_dir))
     router = RunningRouter(node, str(tmp_path / "wamp.sock"))
+    await until(lambda: node.router.realms["realm1"].retention.newest(HEALTH_TOPIC, "exact"),
+                what="the router's health record made at start (seq 1; it ships too)")
     session = await connect(router, "rawsocket-tcp", "msgpack")
     try:
         acked = PublishOptions(acknowledge=True)
@@ -287,7 +291,7 @@ async def test_router_history_lands_while_the_router_runs(tmp_path):
             sink = RecordingSink(landing)
             uploader = await loop.run_in_executor(
                 thread, lambda: uploader_for(data_dir, sink, batch_events=25))
-            assert await loop.run_in_executor(thread, uploader.once) == 40
+            assert await loop.run_in_executor(thread, uploader.once) == 1 + 40
             for i in range(5):
                 await session.publish("sensor.greenhouse", temperature=30 + i, options=acked)
             sink.names.clear()
@@ -299,7 +303,9 @@ async def test_router_history_lands_while_the_router_runs(tmp_path):
         await node.stop()
 
     manifests, rows = landed(landing)
-    assert [m["count"] for m in manifests] == [25, 15, 5]
+    assert [m["count"] for m in manifests] == [25, 16, 5]
+    assert rows[0]["topic"] == HEALTH_TOPIC
+    rows = rows[1:]
     assert [r["kwargs"]["temperature"] for r in rows] == (
         [20 + i / 10 for i in range(40)] + [30 + i for i in range(5)])
     seqs = [r["seq"] for r in rows]

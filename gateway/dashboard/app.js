@@ -386,8 +386,14 @@
     const last = sync.last_success
       ? "last upload " + formatDuration((gatewayNow() - Date.parse(sync.last_success)) / 1000) + " ago"
       : "no upload yet";
-    const kind = sync.state === "retrying" ? "warn" : sync.state === "ok" ? "good" : "";
-    setStat("st-sync", sync.state + " · " + backlog, last, kind, sync.last_error || "");
+    const kind = sync.state === "retrying" || sync.health_only ? "warn"
+      : sync.state === "ok" ? "good" : "";
+    const budget = sync.budget_bytes
+      ? " · " + formatBytes(sync.budget_used || 0) + " of " + formatBytes(sync.budget_bytes) +
+        " today" + (sync.health_only ? ", health records only" : "")
+      : "";
+    setStat("st-sync", sync.state + " · " + backlog, last + budget, kind,
+            sync.last_error || "");
   }
 
   /** What the gateway writes to its SD card a day, and how long a card lasts at that. */
@@ -398,13 +404,17 @@
     }
     const card = wear.endurance_tb + " TB card";
     if (wear.bytes_per_day == null) {
-      setStat("st-card", "measuring…", "", "", "writes per day are known after a few seconds");
+      setStat("st-card", "measuring…", formatDuration(wear.measured_s) + " of " +
+              formatDuration(wear.needs_s), "",
+              "writes per day are projected after " + formatDuration(wear.needs_s) +
+              " of measurement (the store's creation left out)");
       return;
     }
     const years = wear.life_years == null ? "" : "~" + wear.life_years.toLocaleString("en") +
       " years of a " + card;
     const kind = wear.life_years != null && wear.life_years < 5 ? "warn" : "";
-    setStat("st-card", formatBytes(wear.bytes_per_day) + "/day", years, kind,
+    setStat("st-card", formatBytes(wear.bytes_per_day) + "/day over " +
+            formatDuration(wear.measured_s), years, kind,
             "written to " + (wear.disk || "storage") + " over the last " +
             formatDuration(wear.measured_s));
   }

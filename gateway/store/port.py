@@ -15,11 +15,14 @@ from cairn.gateway.store.pruning import Gap, PruneRule
 
 @runtime_checkable
 class StoreReads(Protocol):
-    """The reads the shell makes: history pages (the core's requests) and the status summary."""
+    """The reads the shell makes: history pages (the core's requests), the status summary
+    and what the health records add to it."""
 
     async def read_history(self, read: HistoryRead) -> list[tuple[Any, ...]]: ...
 
     async def summary(self, realm: str) -> dict[str, Any]: ...
+
+    async def health_figures(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable

@@ -190,6 +190,25 @@ class StoreReader:
                 "newest": rfc3339(newest) if newest is not None else None,
                 "gaps": gaps, "dropped_events": dropped, "clock_steps": anchors}
 
+    async def health_figures(self) -> dict[str, Any]:
+        """What the router's health records add to :meth:`summary`: history not yet synced
+        (how many rows, the wall clock of the oldest) and the last step of the clock."""
+        synced = await self.synced_seq()
+        (unsynced, oldest), = await self.query(
+            "SELECT COUNT(*), (SELECT wall_ms FROM history_scan WHERE seq > ? ORDER BY seq"
+            " LIMIT 1) FROM history_scan WHERE seq > ?", (synced, synced))
+        step = await self.query(
+            "SELECT wall_ns, boottime_ns, offset_before_ns FROM anchors WHERE reason = 'step'"
+            " ORDER BY id DESC LIMIT 1", ())
+        last_step = None
+        if step:
+            wall_ns, boottime_ns, before_ns = step[0]
+            last_step = {"at": rfc3339(wall_ns // 1_000_000),
+                         "by_s": round((wall_ns - boottime_ns - before_ns) / 1e9, 3)
+                         if before_ns is not None else None}
+        return {"unsynced_events": unsynced, "oldest_unsynced_ms": oldest,
+                "last_clock_step": last_step}
+
     async def read_history(self, read: HistoryRead) -> list[tuple[Any, ...]]:
         """The rows of a history page (see :meth:`history`); UnknownPublication when it names
         a publication the store does not hold."""

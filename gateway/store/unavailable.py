@@ -75,5 +75,8 @@ class UnavailableStore(StorePort):
     async def summary(self, realm: str) -> dict[str, Any]:
         return {}
 
+    async def health_figures(self) -> dict[str, Any]:
+        return {}
+
     async def close(self) -> None:
         pass
