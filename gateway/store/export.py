@@ -83,7 +83,7 @@ class HistoryReader:
         """Up to ``limit`` history rows of ``topic`` after ``seq``, in seq order (walks the
         narrow history_scan, not the rows)."""
         rows = self.db.execute(
-            f"SELECT {_STORED_ROW} FROM publications WHERE seq IN (SELECT seq FROM history_scan"
+            f"SELECT {STORED.select} FROM publications WHERE seq IN (SELECT seq FROM history_scan"
             f" WHERE seq > ? AND topic IN (SELECT id FROM topics WHERE topic = ?)"
             f" ORDER BY seq LIMIT ?) ORDER BY seq", (seq, topic, limit)).fetchall()
         return [_publication(row) for row in rows]
