@@ -43,7 +43,7 @@ from cairn.gateway.history_rules import HistoryRules
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.patterns import PatternMap
 from cairn.gateway.publication import StoredPublication
-from cairn.gateway.retention import RetainedStream, Retention
+from cairn.gateway.retention import OWN_AUTHID, OWN_AUTHROLE, RetainedStream, Retention
 
 
 def utc_now() -> str:
@@ -65,8 +65,6 @@ class Subscription:
 
 
 # who the router's own publications are from, in history (clients cannot publish there)
-OWN_AUTHID = "cairn.router"
-OWN_AUTHROLE = "cairn.router"
 
 # the black/white lists that survive a restart (authid/authrole; session ids do not)
 _AUDIENCE_OPTIONS = ("exclude_authid", "eligible_authid", "exclude_authrole", "eligible_authrole")

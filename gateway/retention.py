@@ -26,6 +26,9 @@ What the slots may hold, so that no client can turn them against the others
   2          a driver's on a rule's topic: never evicted
   =========  ===================================================================
 
+  The router's own records (its health, one slot per realm, on a topic no client may
+  publish to) are outside these bounds and their counts, and never evicted.
+
   A driver is a configured user (an authid of ``[[realms.users]]`` with its role, which
   anonymous sessions cannot claim), or a session that came over a Unix socket (the
   device's own services: the socket is the router's user's and group's). What the store
@@ -55,12 +58,15 @@ from typing import Any
 import msgpack
 from autobahn.wamp import message as m
 
-from cairn.gateway.config import Limits, RealmConfig
+from cairn.gateway.config import HEALTH_TOPIC, Limits, RealmConfig
 from cairn.gateway.core import Session
 from cairn.gateway.patterns import FirstMatch, matches
 from cairn.gateway.publication import StoredPublication, audience_allows
 
 DRIVER = 2  # the standing of a driver's slot on a rule's topic: never evicted
+OWN = 3  # the router's own slot: outside the bounds
+OWN_AUTHID = "cairn.router"  # whom the router's own publications name as their publisher
+OWN_AUTHROLE = "cairn.router"
 
 
 def session_eligible(pub: StoredPublication, session: Session) -> bool:
@@ -253,6 +259,9 @@ class Retention:
         session's share bounds) its slot's retained publication. Returns the bound that
         refused it (the limit's name, ": ", why), or None; and the slots that made room for
         it (gone: forget them in the store), which only a new slot of ``evict`` may take."""
+        if pub.authid == OWN_AUTHID and pub.topic == HEALTH_TOPIC:
+            self._put_own(pub)
+            return None, []
         size = pub.size
         limits = self.limits
         rule = self.rule_for(pub.topic)
@@ -304,6 +313,14 @@ class Retention:
         self._add(_Slot(_packed_only(pub), size, owner, standing))
         return None, evicted
 
+    def _put_own(self, pub: StoredPublication) -> None:
+        size = pub.size  # packs the payload, before _packed_only drops the arguments
+        old = self._slots.get(pub.topic, {}).get(pub.audience_key)
+        if old is not None:
+            self._replace(old, _packed_only(pub), size)
+        else:
+            self._add(_Slot(_packed_only(pub), size, OWN_AUTHID, OWN))
+
     def _victims(self, standing: int, slots_short: bool, bytes_short: int,
                  keep: _Slot | None) -> list[_Slot] | None:
         """The slots that go for a new one of ``standing``: of lower standings, the lowest
@@ -335,8 +352,9 @@ class Retention:
         self._held[slot.owner] += 1
         self._held_bytes[slot.owner] += slot.size
         self._index(slot)
-        self.count += 1
-        self.bytes += slot.size
+        if slot.standing != OWN:
+            self.count += 1
+            self.bytes += slot.size
 
     def _replace(self, slot: _Slot, pub: StoredPublication, size: int) -> None:
         """A newer publication in the same slot, by the same owner."""
@@ -350,7 +368,8 @@ class Retention:
             evictable[slot] = None  # now the most recently published
             self._evictable_bytes[slot.standing] += grows
         self._index(slot)
-        self.bytes += grows
+        if slot.standing != OWN:
+            self.bytes += grows
 
     def _remove(self, slot: _Slot) -> None:
         pub = slot.pub
@@ -366,8 +385,9 @@ class Retention:
         if not self._held[slot.owner]:
             del self._held[slot.owner], self._held_bytes[slot.owner]
         self._unindex(slot)
-        self.count -= 1
-        self.bytes -= slot.size
+        if slot.standing != OWN:
+            self.count -= 1
+            self.bytes -= slot.size
 
     def _index(self, slot: _Slot) -> None:
         seq = slot.pub.seq

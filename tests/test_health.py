@@ -21,11 +21,11 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from cairn.drivers.runtime import DeviceStatus, RouterLink
 from cairn.gateway import clock, update_state
-from cairn.gateway.broker import OWN_AUTHID
 from cairn.gateway.clock import Anchor
 from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.console import installed_version
 from cairn.gateway.health import SCHEMA, HealthReporter
+from cairn.gateway.retention import OWN_AUTHID
 from cairn.gateway.store import HistoryReader
 from cairn.sync.batch_format import encode_rows
 from cairn.sync.sinks import DirectorySink, HttpSink
