@@ -3,9 +3,9 @@ under U-Boot (tests/qemu_device.py), RAUC bundles built here from the image's ow
 system (signed by the test CA the image trusts, or changed to fail in a chosen way), copied
 in over SSH and installed with ``cairn update install``, or pulled from a central side on
 this host. The device is the one tests/test_device.py checked (one first boot for both); in
-order: power cuts at three points of an install, a good update A→B, a bad one and one that
-never boots (each back on B by itself), refused bundles, a pulled update B→A over a link
-that drops, and a clean shutdown at the end. Run with ``make appliance-test``.
+order: power cuts at three points of an install, a good update A→B pulled over a link that
+drops, a bad one and one that never boots (each back on B by itself), refused bundles, and a
+clean shutdown at the end. Run with ``make appliance-test``.
 
 The boot chooser itself is tested in U-Boot alone (tests/test_boot_chooser.py), the health
 gate's and the pull's logic on this host (tests/test_update.py, tests/test_update_pull.py)."""
@@ -321,44 +321,70 @@ def test_power_cuts_during_an_install_keep_the_running_slot_and_every_reading(de
           f"ready after each {boots} s; {len(all_acked)} acknowledged readings, all kept")
 
 
-def test_a_good_update_boots_the_other_slot_on_trial_and_keeps_data_and_config(device,
+def test_a_good_update_pulled_from_the_central_side_resumes_after_the_link_drops(device,
                                                                                  bundles):
-    """A→B: the bundle is written into the slot that is not running, boots on trial, is
-    marked good by the health gate; the store, /etc/cairn and the configured sensor come
-    along. (The tests below install into A from B.)"""
+    """A→B the way an online device updates: [update] source names the central side (a
+    server on this host, reached through QEMU's guestfwd). Halfway through the bundle the
+    network cable is pulled (QEMU's set_link) for longer than [update] timeout, then put
+    back: the next check resumes the download where it stopped; the bundle is checked and
+    written into the slot that is not running, the device reboots into it on trial, the
+    health gate marks it good; the store, /etc/cairn and the configured sensor come along,
+    and the device finds itself up to date. (The tests below install into A from B.)"""
     assert _booted_slot(device) == "A"
     with device.tunnel() as port:
         assert asyncio.run(_publish_and_read_retained(port, 1)) == 1
     device.ssh("echo kept | sudo tee /etc/cairn/site-note > /dev/null && "
                f"printf '%s' '{qemu_device.SERIAL_SENSOR_CONFIG}' | "
                "sudo tee /etc/cairn/sensors/uart.toml > /dev/null")
-    newer = bundles.make("9.0.0+newer", files={"marker": "the newer build\n"},
-                         edits=["write {files}/marker /etc/cairn-build-marker"])
-    print(f"\n[appliance] bundle: {newer.stat().st_size / 2**20:.0f} MiB")
-    started = time.monotonic()
-    done = _install(device, newer)
-    assert done.returncode == 0, done.stdout + done.stderr
-    print(f"[appliance] install (copy and rauc install): {time.monotonic() - started:.0f} s")
-    status = _update_status(device)
-    assert status["primary"] == "rootfs.1" and status["trial"]["slot"] == "B", status
-
-    took = _reboot(device)
-    print(f"[appliance] reboot into the new slot, router ready: {took:.0f} s")
-    assert _booted_slot(device) == "B"
-    status = _settled(device)
-    assert status["last"]["result"] == "ok" and status["last"]["version"] == "9.0.0+newer", status
-    assert status["slots"]["B"]["boot_status"] == "good", status
-    assert device.ssh("cat /etc/cairn-build-marker").stdout == "the newer build\n"
-    assert device.ssh("cat /etc/cairn/site-note").stdout == "kept\n"
-    # the sensor configured before the update runs in the new slot: its config is kept
-    assert device.ssh("systemctl is-active cairn-sensor@uart").stdout.strip() == "active"
-    with device.tunnel() as port:
-        assert asyncio.run(_publish_and_read_retained(port, None)) == 1   # the data came along
-        assert asyncio.run(_publish_and_read_retained(port, 2)) == 2
-        metrics = qemu_device.http_get(port, "/metrics")[1]
-    assert 'cairn_system_slot_info{slot="B"} 1' in metrics, metrics[-800:]
-    assert 'cairn_update_last_failed{version="9.0.0+newer"} 0' in metrics, metrics[-800:]
-
+    pulled = bundles.make("9.3.0+pulled", files={"marker": "the newer build\n"},
+                          edits=["write {files}/marker /etc/cairn-build-marker"])
+    central = Central(port=device.host_services[qemu_device.CENTRAL])
+    try:
+        name = central.offer("9.3.0+pulled", pulled.read_bytes())
+        size = pulled.stat().st_size
+        print(f"\n[appliance] bundle: {size / 2**20:.0f} MiB")
+        boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        config = (f'\n[update]\nsource = "http://{qemu_device.CENTRAL}/{{gateway_id}}/"\n'
+                  "timeout = 10\ninterval = 20\n")
+        device.ssh(f"printf '%s' '{config}' | sudo tee -a /etc/cairn/cairn.toml > /dev/null "
+                   "&& sudo systemctl restart cairn-update-pull")
+        deadline = time.monotonic() + 600
+        while central.sent < size // 2:
+            assert time.monotonic() < deadline, f"{central.sent} of {size} bytes in 600 s"
+            time.sleep(0.2)
+        device.monitor("set_link nic off")
+        time.sleep(25)   # [update] timeout is 10 s: the download gives up
+        device.monitor("set_link nic on")
+        took = _wait_for_reboot(device, boot_id)
+        print(f"[appliance] pulled update: from the cable back to the new slot ready: "
+              f"{took:.0f} s")
+        assert _booted_slot(device) == "B"
+        status = _settled(device)
+        assert status["last"]["result"] == "ok", status
+        assert status["last"]["version"] == "9.3.0+pulled", status
+        assert status["slots"]["B"]["boot_status"] == "good", status
+        downloads = [wanted for file, wanted, _ in central.requests if file == name]
+        # the first GET from the start, a later one from where the first stopped
+        assert downloads[0] is None and len(downloads) >= 2, central.requests
+        resumed_at = int(downloads[-1].removeprefix("bytes=").split("-")[0])
+        assert 0 < resumed_at < size, downloads
+        print(f"[appliance] the download resumed at {resumed_at / 2**20:.0f} of "
+              f"{size / 2**20:.0f} MiB")
+        assert device.ssh("cat /etc/cairn-build-marker").stdout == "the newer build\n"
+        assert device.ssh("cat /etc/cairn/site-note").stdout == "kept\n"
+        # the sensor configured before the update runs in the new slot: its config is kept
+        assert device.ssh("systemctl is-active cairn-sensor@uart").stdout.strip() == "active"
+        with device.tunnel() as port:
+            assert asyncio.run(_publish_and_read_retained(port, None)) == 1  # the data came
+            assert asyncio.run(_publish_and_read_retained(port, 2)) == 2
+            metrics = qemu_device.http_get(port, "/metrics")[1]
+        assert 'cairn_system_slot_info{slot="B"} 1' in metrics, metrics[-800:]
+        assert 'cairn_update_last_failed{version="9.3.0+pulled"} 0' in metrics, metrics[-800:]
+        device.ssh("timeout 180 sh -c 'until journalctl -b 0 -u cairn-update-pull -o cat "
+                   "| grep -q \"up to date (9.3.0+pulled)\"; do sleep 2; done'", timeout=240)
+    finally:
+        central.close()
+        device.ssh("sudo sed -i '/^\\[update\\]$/,$d' /etc/cairn/cairn.toml", check=False)
 
 
 def _newer_schema_module(rootfs: Path, out: Path) -> str:
@@ -469,56 +495,6 @@ def test_a_tampered_bundle_and_one_signed_by_another_key_are_refused(device, bun
         assert after["last"]["result"] == "failed", after
         assert after["last"]["version"] == "incoming.raucb", after   # the file it was given
         assert "not installed" in after["last"]["reason"], after
-
-
-def test_an_update_pulled_from_the_central_side_resumes_after_the_link_drops(device, bundles):
-    """B→A the way an online device updates: [update] source names the central side (a
-    server on this host, reached through QEMU's guestfwd). Halfway through the bundle the
-    network cable is pulled (QEMU's set_link) for longer than [update] timeout, then put
-    back: the next check resumes the download where it stopped; the bundle is checked and
-    installed, the device reboots into it on trial and keeps it, and, once there, finds
-    itself up to date."""
-    before = _booted_slot(device)
-    with device.tunnel() as port:
-        assert asyncio.run(_publish_and_read_retained(port, 4)) == 4
-    pulled = bundles.make("9.3.0+pulled")
-    central = Central(port=device.host_services[qemu_device.CENTRAL])
-    try:
-        name = central.offer("9.3.0+pulled", pulled.read_bytes())
-        size = pulled.stat().st_size
-        boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
-        config = (f'\n[update]\nsource = "http://{qemu_device.CENTRAL}/{{gateway_id}}/"\n'
-                  "timeout = 10\ninterval = 20\n")
-        device.ssh(f"printf '%s' '{config}' | sudo tee -a /etc/cairn/cairn.toml > /dev/null "
-                   "&& sudo systemctl restart cairn-update-pull")
-        deadline = time.monotonic() + 600
-        while central.sent < size // 2:
-            assert time.monotonic() < deadline, f"{central.sent} of {size} bytes in 600 s"
-            time.sleep(0.2)
-        device.monitor("set_link nic off")
-        time.sleep(25)   # [update] timeout is 10 s: the download gives up
-        device.monitor("set_link nic on")
-        took = _wait_for_reboot(device, boot_id)
-        print(f"\n[appliance] pulled update: from the cable back to the new slot ready: "
-              f"{took:.0f} s")
-        assert _booted_slot(device) != before
-        status = _settled(device)
-        assert status["last"]["result"] == "ok", status
-        assert status["last"]["version"] == "9.3.0+pulled", status
-        downloads = [wanted for file, wanted, _ in central.requests if file == name]
-        # the first GET from the start, a later one from where the first stopped
-        assert downloads[0] is None and len(downloads) >= 2, central.requests
-        resumed_at = int(downloads[-1].removeprefix("bytes=").split("-")[0])
-        assert 0 < resumed_at < size, downloads
-        print(f"[appliance] the download resumed at {resumed_at / 2**20:.0f} of "
-              f"{size / 2**20:.0f} MiB")
-        device.ssh("timeout 180 sh -c 'until journalctl -b 0 -u cairn-update-pull -o cat "
-                   "| grep -q \"up to date (9.3.0+pulled)\"; do sleep 2; done'", timeout=240)
-        with device.tunnel() as port:
-            assert asyncio.run(_publish_and_read_retained(port, None)) == 4   # data kept
-    finally:
-        central.close()
-        device.ssh("sudo sed -i '/^\\[update\\]$/,$d' /etc/cairn/cairn.toml", check=False)
 
 
 def test_after_all_this_a_clean_shutdown_leaves_the_data_partition_clean(device):

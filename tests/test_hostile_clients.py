@@ -22,6 +22,7 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 
+from cairn.gateway.config import HEALTH_TOPIC
 from harness.config import history_rule, permission, realm, role, user
 from harness.process import RouterProcess
 from harness.waiting import until
@@ -364,7 +365,8 @@ async def test_subscriptions_with_history_a_client_left_behind_are_bounded(tmp_p
         await other.leave()
         router.stop()
         kept = kept_subscriptions(router)
-        assert set(kept) == {"sensor", *[f"sensor.s{i}" for i in range(1, 20)], "sensor.new"}
+        assert set(kept) == {"sensor", *[f"sensor.s{i}" for i in range(1, 20)], "sensor.new",
+                             HEALTH_TOPIC}  # the rules' own subscriptions, outside the bound
         router.start()
         session = await connect(router)
         with pytest.raises(ApplicationError) as forgotten:  # its id names nothing now
@@ -431,7 +433,8 @@ async def test_a_restart_after_a_flood_loads_only_what_the_bounds_allow(tmp_path
     finally:
         router.stop()
     with contextlib.closing(sqlite3.connect(router.db_path)) as db:
-        assert db.execute("SELECT COUNT(*) FROM subscriptions").fetchone()[0] == 1000 + 1
+        # and the two rules' own subscriptions (the sensors' and the router's health records)
+        assert db.execute("SELECT COUNT(*) FROM subscriptions").fetchone()[0] == 1000 + 2
         assert db.execute("SELECT COUNT(*) FROM retained").fetchone()[0] == 10_000
 
 

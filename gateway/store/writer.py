@@ -191,9 +191,11 @@ class StoreWriter:
         with contextlib.suppress(sqlite3.Error):  # every seq handed out, stored or not
             async with self._transaction:
                 await self._writer.run(self._write_back_at_close)
+        # the reader first: a read left open (a query whose caller was cancelled, say the
+        # health record's at a stop) would hold the checkpoint for the whole busy timeout
+        await self.reader.close()
         with contextlib.suppress(sqlite3.Error):
             await self._writer.run(_fetch, self._writer.db, "PRAGMA wal_checkpoint(TRUNCATE)")
-        await self.reader.close()
         await self._writer.close()
 
     # -- writing -------------------------------------------------------------------------
