@@ -448,9 +448,9 @@ def test_a_bad_update_that_migrated_the_store_goes_back_with_every_reading(devic
 def test_a_slot_whose_kernel_never_reaches_user_space_is_given_up_by_boot_counting(device,
                                                                                     bundles):
     """The new slot's initramfs is garbage: its kernel finds no root (its disk driver is in
-    the initramfs), gives up after rootwait=30, panics and restarts the board (panic=10) at
-    every try; after its three tries U-Boot boots the old slot, where the health gate
-    records the failure. Nothing on the device ran the new slot's user space."""
+    the initramfs), gives up after rootwait (10 s here), panics and restarts the board
+    (panic=1 here) at every try; after its three tries U-Boot boots the old slot, where the
+    health gate records the failure. Nothing on the device ran the new slot's user space."""
     before = _booted_slot(device)
     bad = bundles.make("9.2.0+no-boot", files={"garbage": "not an initramfs\n" * 1000},
                        edits=["rm /boot/initrd.img", "write {files}/garbage /boot/initrd.img"])
