@@ -182,7 +182,7 @@ class Guest:
         HDMI. TCG on a shared 2-core host: udev's coldplug alone took over 90 s (systemd's
         default wait for a device) in some boots. A kernel that finds no root gives up after
         10 s and restarts at once (the board's 30 s and 10 s: emulated, each of the three
-        tries of a slot that never boots cost a minute); the boot counting is the same."""
+        tries of a slot that never boots waited 40 s); the boot counting is the same."""
         words = ("console=ttyAMA0 systemd.default_device_timeout_sec=600 rootwait=10 panic=1")
         self.write_boot_file("cairn/bootargs.env", f"cairn_cmdline={words}\n".encode())
 
