@@ -128,7 +128,9 @@ class Sensors:
 async def sensors(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dashboard")
     offset_file = workdir / "clock-offset"
-    offset_file.write_text("0")
+    # the router starts as of the oldest seeded reading: its health record at start is
+    # history's first row, and would otherwise be the newest time before the older readings
+    offset_file.write_text(str(min(SEEDED) * MINUTE))
     env = {"CAIRN_FAKE_CLOCK_FILE": str(offset_file),
            "PYTHONPATH": f"{ROOT / 'tests' / 'fakeclock'}:{ROOT}"}
     router = RouterProcess(workdir, REALMS, env=env).start()
