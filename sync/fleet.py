@@ -326,23 +326,29 @@ def _hours(seconds: float | None) -> float | None:
     return None if seconds is None else seconds / 3600
 
 
+def _wear(life_years: float | None) -> float | None:
+    """The share of the card's endurance written in a year: larger is worse, as on the
+    other plots."""
+    return 1 / life_years if life_years else None
+
+
 def _share(used: float | None, budget: float | None) -> float | None:
     return used / budget if used is not None and budget else None
 
 
 FLAGS: tuple[Rule, ...] = (
     Rule("store_unavailable", "store unavailable", _store),
-    Rule("offline", f"nothing for over {duration(OFFLINE_S)}", _offline,
+    Rule("offline", f"nothing for over {OFFLINE_S / 3600:g} h", _offline,
          lambda r: _days(r["last_seen_age_s"]), "days", _days(OFFLINE_S)),
-    Rule("card_worn", f"card life under {CARD_LIFE_YEARS:g} year", _card,
-         lambda r: r["card_life_years"], "years", CARD_LIFE_YEARS),
+    Rule("card_worn", f"card life under {CARD_LIFE_YEARS:g} year (wear a year)", _card,
+         lambda r: _wear(r["card_life_years"]), "of the card a year", 1 / CARD_LIFE_YEARS),
     Rule("damaged_rows", "damaged rows skipped", _damaged,
          lambda r: r["damaged_rows"], "rows", 0),
     Rule("update_failed", "last update failed or interrupted", _update),
     Rule("clock_unsynced", "clock not synchronized", _clock),
-    Rule("silent_devices", f"devices not ok or silent for {duration(SILENT_DEVICE_S)}",
+    Rule("silent_devices", f"devices not ok or silent for {SILENT_DEVICE_S / 3600:g} h",
          _devices_silent, lambda r: r["silent_devices"], "devices", 0),
-    Rule("backlog", f"backlog older than {duration(BACKLOG_AGE_S)}", _backlog,
+    Rule("backlog", f"backlog older than {BACKLOG_AGE_S / 3600:g} h", _backlog,
          lambda r: _days(r["backlog_oldest_age_s"]), "days", _days(BACKLOG_AGE_S)),
     Rule("data_lost", "events lost", _lost, lambda r: r["lost_events"], "events", 0),
     Rule("no_health", f"no health record for {duration(HEALTH_LATE_S)}", _no_health,

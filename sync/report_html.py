@@ -37,7 +37,9 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 2em; }
 table { border-collapse: collapse; } td, th { padding: 2px 8px; text-align: right; }
 th { border-bottom: 1px solid #999; } td:first-child, th:first-child { text-align: left; }
 svg text { font-size: 10px; } .note { color: #666; }
-tr.flagged td { background: #fdecea; } td.reasons { text-align: left; max-width: 36em; }
+tr.flagged td { background: #fdecea; } td.gateway_id { text-align: left; }
+td.reasons { text-align: left; min-width: 20em; max-width: 30em; }
+td.last_seen, td.last_health { white-space: nowrap; }
 .panels { display: flex; flex-wrap: wrap; gap: 8px 24px; }
 .panel h3 { font-size: 0.85em; font-weight: normal; margin: 4px 0; }
 """
@@ -201,7 +203,7 @@ FLEET_COLUMNS = [
     ("urgency", "#"), ("gateway_id", "gateway"), ("reasons", "needs attention"),
     ("last_seen", "last seen"), ("last_health", "last health"), ("version", "version"),
     ("slot", "slot"), ("card_life_years", "card years"), ("clock_synchronized", "clock ok"),
-    ("clock_steps", "steps"), ("backlog_events", "backlog"),
+    ("backlog_events", "backlog"),
     ("silent_devices", "silent devices"), ("last_update_result", "last update"),
     ("damaged_rows", "damaged rows"), ("lost_events", "lost"), ("budget_used", "budget used")]
 
