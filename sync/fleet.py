@@ -240,11 +240,16 @@ def _store(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
     return None
 
 
+def _over(r: dict[str, Any], key: str, limit: float) -> float | None:
+    """``r[key]`` if it is over ``limit``."""
+    value = r[key]
+    return value if value is not None and value > limit else None
+
+
 def _offline(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
-    age = r["last_seen_age_s"]
-    if age is not None and age > OFFLINE_S:
-        return f"nothing for {duration(age)} (newest event {r['last_seen']:%Y-%m-%d %H:%M})"
-    return None
+    if (age := _over(r, "last_seen_age_s", OFFLINE_S)) is None:
+        return None
+    return f"nothing for {duration(age)} (newest event {r['last_seen']:%Y-%m-%d %H:%M})"
 
 
 def _card(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
@@ -285,10 +290,9 @@ def _devices_silent(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str
 
 
 def _backlog(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
-    age = r["backlog_oldest_age_s"]
-    if age is not None and age > BACKLOG_AGE_S:
-        return f"backlog of {r['backlog_events'] or 0:,} events, the oldest {duration(age)} old"
-    return None
+    if (age := _over(r, "backlog_oldest_age_s", BACKLOG_AGE_S)) is None:
+        return None
+    return f"backlog of {r['backlog_events'] or 0:,} events, the oldest {duration(age)} old"
 
 
 def _lost(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
@@ -301,10 +305,9 @@ def _lost(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
 def _no_health(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
     if f.last_health_s is None:
         return "no health record (a version before them, or none landed yet)"
-    lag = r["health_lag_s"]
-    if lag is not None and lag > HEALTH_LATE_S:
-        return f"no health record for {duration(lag)} before the newest event"
-    return None
+    if (lag := _over(r, "health_lag_s", HEALTH_LATE_S)) is None:
+        return None
+    return f"no health record for {duration(lag)} before the newest event"
 
 
 def _malformed(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
