@@ -134,6 +134,8 @@ def fleet(facts: list[Facts], now: datetime) -> list[dict[str, Any]]:
 def row(facts: Facts, now_s: float) -> dict[str, Any]:
     """One gateway's row: the fields, then its flags and their reasons."""
     record = Record(facts.health)
+    if facts.health is None and facts.last_health_s is not None:
+        record.problems.append("no fields")  # the event's kwargs were null
     r = _fields(record, facts, now_s)
     silent = _silent(record)
     r.update(devices=len(_devices(record)), silent_devices=len(silent),

@@ -5,6 +5,7 @@ The Spark side (tests/test_spark_fleet.py) builds the same rows from landed batc
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -203,6 +204,11 @@ def test_a_record_that_is_not_a_json_object_makes_the_row_say_so(text, problem):
                                           f"health record malformed: {problem}")
 
 
+def test_a_record_without_fields_makes_the_row_say_so():
+    r = row_of(fleet.Facts("gw", NOW.timestamp() - 60, NOW.timestamp() - 60, None))
+    assert (r["flags"], r["health_problem"]) == ("health_malformed", "no fields")
+
+
 def test_fields_of_the_wrong_type_are_named_and_the_rest_is_used():
     bad = record(card="worn", clock__synchronized="yes", devices={"t1": "ok"},
                  backlog__events=float("inf"), uptime_s=True)
@@ -228,7 +234,18 @@ def test_gateways_are_ordered_by_their_most_urgent_flag_then_the_next_then_name(
         (6, "healthy-b")]
 
 
-def test_a_naive_now_is_utc_as_spark_hands_it():
+@pytest.fixture
+def local_zone_utc_minus_5(monkeypatch):
+    """The process's local time zone five hours behind UTC (a naive time read as local
+    would be five hours off)."""
+    monkeypatch.setenv("TZ", "Etc/GMT+5")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_a_naive_now_is_utc_as_spark_hands_it(local_zone_utc_minus_5):
     naive = fleet.fleet([facts()], NOW.replace(tzinfo=None))
     assert naive == fleet.fleet([facts()], NOW)
 
