@@ -182,7 +182,7 @@ def add_commands(commands: Any) -> None:
                     "seq, gaps, re-based rows, last batch ingested, batches quarantined), "
                     "daily (rows per gateway per day), hourly (per-sensor min/mean/max "
                     "temperature and humidity by corrected hour), clock_steps (each step of "
-                    "a gateway clock and its size) and unsynced (spans of events recorded "
+                    "a gateway clock and its size), unsynced (spans of events recorded "
                     "before the clock was synchronized, and how far they were re-based) and "
                     "fleet (one line per gateway from its newest health record, flagged "
                     "with reasons, most urgent first); plus report.html, a page with the "
