@@ -333,8 +333,8 @@ def _hours(seconds: float | None) -> float | None:
 
 def _wear(life_years: float | None) -> float | None:
     """The share of the card's endurance written in a year: larger is worse, as on the
-    other plots."""
-    return 1 / life_years if life_years else None
+    other plots. The gateway rounds life to 0.1 year: 0.0 is drawn as 0.05."""
+    return None if life_years is None else 1 / max(life_years, 0.05)
 
 
 def _share(used: float | None, budget: float | None) -> float | None:

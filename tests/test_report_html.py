@@ -109,3 +109,9 @@ def test_fleet_names_and_reasons_are_escaped():
                                                             "reason": "<i>why"}))], NOW)
     page = report_html.page([], [], [], [], "now", rows)
     assert "<b>x" not in page and "<i>why" not in page and "&lt;i&gt;why" in page
+
+
+def test_a_card_whose_life_rounds_to_nothing_is_drawn_as_the_most_worn():
+    rows = fleet.fleet([facts("gw-gone", record(card__life_years=0.0))], NOW)
+    card = next(rule for rule in fleet.FLAGS if rule.name == "card_worn")
+    assert "gw-gone: 20.00 of the card a year" in report_html.flag_panel(card, rows)
