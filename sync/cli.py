@@ -175,17 +175,19 @@ def add_commands(commands: Any) -> None:
                         help="batches per step: per micro-batch when streaming (default "
                              "1000), per chunk in batch mode (default 20000)")
     report = jobs.add_parser(
-        "report", help="gap, hourly sensor and clock reports from the table",
+        "report", help="gap, hourly sensor, clock and fleet reports from the table",
         description="Write reports from the table under --out, each as Parquet (<name>/) "
                     "and as one CSV file (<name>.csv): gaps (missing seq ranges that are "
                     "data loss, per gateway), gateways (one line each: rows, first/last "
                     "seq, gaps, re-based rows, last batch ingested, batches quarantined), "
                     "daily (rows per gateway per day), hourly (per-sensor min/mean/max "
                     "temperature and humidity by corrected hour), clock_steps (each step of "
-                    "a gateway clock and its size) and unsynced (spans of events recorded "
-                    "before the clock was synchronized, and how far they were re-based); "
-                    "plus report.html, a page with plots that opens without a server. "
-                    "Prints a short summary.")
+                    "a gateway clock and its size), unsynced (spans of events recorded "
+                    "before the clock was synchronized, and how far they were re-based) and "
+                    "fleet (one line per gateway from its newest health record, flagged "
+                    "with reasons, most urgent first); plus report.html, a page with the "
+                    "fleet and plots that opens without a server. Prints a short summary "
+                    "ending with the gateways that need attention.")
     report.add_argument("--table", required=True, metavar="DIR", help="the Parquet table")
     report.add_argument("--out", required=True, metavar="DIR", help="where reports go")
     for job in (ingest, report):

@@ -1,6 +1,8 @@
 """``report.html``: one static page a fleet operator opens from the report directory (no
-server, no script, no network: inline SVG and CSS only). Three plots, from the reports the
-job already computed:
+server, no script, no network: inline SVG and CSS only). First the fleet (:mod:`sync.fleet`):
+the gateways that need attention, most urgent first, and a small multiple per flag (a bar per
+gateway in the table's order, red where flagged, the threshold dashed). Then three plots,
+from the reports the job already computed:
 
 - rows per gateway per day (a heat map of the last :data:`DAYS` days),
 - the gap map (each gateway's seq range, its gaps coloured by cause),
@@ -18,12 +20,16 @@ from collections.abc import Iterable
 from datetime import date, datetime
 from typing import Any
 
+from cairn.sync import fleet as fleet_rules
+
 DAYS = 60
 MAX_GATEWAYS = 300
 ROW_H = 12          # px per gateway row
 LABEL_W = 140       # px for the gateway names
 PLOT_W = 720        # px of plot area
 NOT_LANDED = "not landed"
+PANEL_W, PANEL_H = 240, 48  # px of one flag's small multiple
+PANEL_BARS = 120    # gateways drawn per small multiple: the most urgent
 
 STYLE = """
 body { font: 14px system-ui, sans-serif; margin: 2em; color: #222; }
@@ -31,6 +37,11 @@ h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 2em; }
 table { border-collapse: collapse; } td, th { padding: 2px 8px; text-align: right; }
 th { border-bottom: 1px solid #999; } td:first-child, th:first-child { text-align: left; }
 svg text { font-size: 10px; } .note { color: #666; }
+tr.flagged td { background: #fdecea; } td.gateway_id { text-align: left; }
+td.reasons { text-align: left; min-width: 20em; max-width: 30em; }
+td.last_seen, td.last_health { white-space: nowrap; }
+.panels { display: flex; flex-wrap: wrap; gap: 8px 24px; }
+.panel h3 { font-size: 0.85em; font-weight: normal; margin: 4px 0; }
 """
 
 
@@ -154,32 +165,108 @@ def _when(spans: list[dict[str, Any]], key: str, pick: Any) -> str:
     return moment.strftime("%Y-%m-%d %H:%M") if isinstance(moment, datetime) else str(moment)
 
 
-def _summary_table(gateways: list[dict[str, Any]]) -> str:
-    cols = [("gateway_id", "gateway"), ("events", "rows"), ("min_seq", "first seq"),
-            ("max_seq", "last seq"), ("gaps", "gaps"), ("not_landed", "not landed"),
-            ("dropped_on_gateway", "dropped"), ("estimated", "re-based"),
-            ("last_batch_ingested", "last batch")]
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:,.1f}"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M")
+    return "" if value is None else str(value)
+
+
+def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]],
+           flagged: str | None = None) -> str:
+    """A table of ``cols`` (key, heading); rows with ``flagged`` set get that class."""
     head = "".join(f"<th>{_esc(t)}</th>" for _, t in cols)
-    rows = []
-    for g in gateways[:MAX_GATEWAYS]:
-        cells = []
-        for key, _ in cols:
-            v = g.get(key)
-            cells.append(f"<td>{_esc(f'{v:,}' if isinstance(v, int) else v or '')}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    lines = []
+    for r in rows[:MAX_GATEWAYS]:
+        cells = "".join(f'<td class="{key}">{_esc(_cell(r.get(key)))}</td>' for key, _ in cols)
+        mark = ' class="flagged"' if flagged and r.get(flagged) else ""
+        lines.append(f"<tr{mark}>{cells}</tr>")
+    more = (f'<p class="note">{len(rows) - MAX_GATEWAYS} more gateways: see the CSV '
+            "files.</p>" if len(rows) > MAX_GATEWAYS else "")
+    return f"<table><tr>{head}</tr>{''.join(lines)}</table>{more}"
+
+
+def _summary_table(gateways: list[dict[str, Any]]) -> str:
+    return _table(gateways, [
+        ("gateway_id", "gateway"), ("events", "rows"), ("min_seq", "first seq"),
+        ("max_seq", "last seq"), ("gaps", "gaps"), ("not_landed", "not landed"),
+        ("dropped_on_gateway", "dropped"), ("estimated", "re-based"),
+        ("last_batch_ingested", "last batch")])
+
+
+FLEET_COLUMNS = [
+    ("urgency", "#"), ("gateway_id", "gateway"), ("reasons", "needs attention"),
+    ("last_seen", "last seen"), ("last_health", "last health"), ("version", "version"),
+    ("slot", "slot"), ("card_life_years", "card years"), ("clock_synchronized", "clock ok"),
+    ("backlog_events", "backlog"),
+    ("silent_devices", "silent devices"), ("last_update_result", "last update"),
+    ("damaged_rows", "damaged rows"), ("lost_events", "lost"), ("budget_used", "budget used")]
+
+
+def fleet_table(fleet: list[dict[str, Any]]) -> str:
+    """The gateways in urgency order, flagged ones shaded, each flag's reason spelt out."""
+    if not fleet:
+        return '<p class="note">No gateways.</p>'
+    return _table(sorted(fleet, key=lambda r: r["urgency"]), FLEET_COLUMNS, "flags")
+
+
+def flag_panel(rule: fleet_rules.Rule, fleet: list[dict[str, Any]]) -> str:
+    """One flag's small multiple: a bar per gateway (urgency order) of the value behind the
+    flag (or 1 where flagged), red where flagged; the threshold dashed."""
+    rows = sorted(fleet, key=lambda r: r["urgency"])
+    hit = [rule.name in fleet_rules.flag_names(r) for r in rows]
+    drawn = [(r, h, rule.metric(r) if rule.metric else float(h))
+             for r, h in zip(rows[:PANEL_BARS], hit[:PANEL_BARS], strict=True)]
+    top = max([v for _, _, v in drawn if v is not None] + [rule.threshold or 0, 1e-9])
+    width = max(1.0, PANEL_W / max(1, len(drawn)))
+    body = [f'<line x1="0" y1="{PANEL_H}" x2="{PANEL_W}" y2="{PANEL_H}" stroke="#999"/>']
+    for i, (r, h, v) in enumerate(drawn):
+        if v is None:
+            continue
+        tall = max(1.0, v / top * (PANEL_H - 2))
+        body.append(f'<rect x="{i * width:.1f}" y="{PANEL_H - tall:.1f}" width="{width:.1f}" '
+                    f'height="{tall:.1f}" fill="{"#d62728" if h else "#b8c4d6"}"><title>'
+                    f'{_esc(r["gateway_id"])}: {_esc(_value(rule, v))}</title></rect>')
+    if rule.threshold:
+        y = PANEL_H - rule.threshold / top * (PANEL_H - 2)
+        body.append(f'<line x1="0" y1="{y:.1f}" x2="{PANEL_W}" y2="{y:.1f}" stroke="#333" '
+                    'stroke-dasharray="3,2"/>')
+    return (f'<div class="panel"><h3>{_esc(rule.title)}: {sum(hit)} of {len(fleet)}</h3>'
+            + _svg(PANEL_W, PANEL_H + 1, body, f"flag {rule.name}") + "</div>")
+
+
+def _value(rule: fleet_rules.Rule, value: float) -> str:
+    if rule.metric is None:
+        return "flagged" if value else "not flagged"
+    return f"{value:,.2f} {rule.unit}"
+
+
+def fleet_section(fleet: list[dict[str, Any]]) -> str:
+    flagged = sum(1 for r in fleet if r.get("flags"))
+    return "\n".join([
+        f'<p class="note">{flagged} of {len(fleet)} gateways need attention, most urgent '
+        "first (fleet.csv has every column; the README lists the thresholds).</p>",
+        fleet_table(fleet),
+        '<div class="panels">' + "".join(flag_panel(rule, fleet)
+                                         for rule in fleet_rules.FLAGS) + "</div>"])
 
 
 def page(gateways: list[dict[str, Any]], gaps: list[dict[str, Any]],
          daily: list[dict[str, Any]], spans: list[dict[str, Any]],
-         generated: datetime | date | str) -> str:
-    """The whole page (UTF-8 HTML5)."""
+         generated: datetime | date | str, fleet: list[dict[str, Any]] | None = None) -> str:
+    """The whole page (UTF-8 HTML5); ``fleet``: the fleet report's rows."""
     return "\n".join([
         "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
         "<title>Cairn fleet report</title>", f"<style>{STYLE}</style></head><body>",
         "<h1>Cairn fleet report</h1>",
         f'<p class="note">{len(gateways)} gateways; generated {_esc(generated)}. The '
         "numbers behind every plot are in the CSV and Parquet files beside this page.</p>",
+        "<h2>Fleet: what needs attention</h2>", fleet_section(fleet or []),
         "<h2>Rows per gateway per day</h2>", daily_plot(daily),
         "<h2>Gap map</h2>", gap_plot(gateways, gaps),
         "<h2>Unsynchronized clock spans (corrected time)</h2>", clock_plot(spans),

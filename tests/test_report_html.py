@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 from html.parser import HTMLParser
 
-from cairn.sync import report_html
+from cairn.sync import fleet, report_html
+from tests.test_fleet import NOW, facts, record
 
 GATEWAYS = [
     {"gateway_id": "gw-1", "events": 900, "min_seq": 1, "max_seq": 1000, "gaps": 2,
@@ -25,6 +26,8 @@ DAILY = [{"gateway_id": "gw-1", "date": date(2026, 11, 24), "rows": 400},
 SPANS = [{"gateway_id": "gw-1", "first_seq": 1, "last_seq": 300, "events": 300,
           "start": datetime(2026, 11, 24, 0, 0), "end": datetime(2026, 11, 24, 3, 0),
           "estimated": True, "rebased_by_s": 1_795_000_000.0}]
+FLEET = fleet.fleet([facts("gw-ok"), facts("gw-worn", record(card__life_years=0.5)),
+                     facts("gw-lost", gaps=1, not_landed=90)], NOW)
 
 
 class Elements(HTMLParser):
@@ -47,7 +50,8 @@ class Elements(HTMLParser):
 
 
 def parsed() -> Elements:
-    page = report_html.page(GATEWAYS, GAPS, DAILY, SPANS, datetime(2026, 11, 25, tzinfo=UTC))
+    page = report_html.page(GATEWAYS, GAPS, DAILY, SPANS, datetime(2026, 11, 25, tzinfo=UTC),
+                            FLEET)
     elements = Elements()
     elements.feed(page)
     return elements
@@ -77,3 +81,37 @@ def test_the_clock_plot_says_how_far_a_span_was_rebased():
 def test_names_are_escaped():
     page = report_html.page([dict(GATEWAYS[1], gateway_id="<b>x")], [], [], [], "now")
     assert "<b>x" not in page and "&lt;b&gt;x" in page
+
+
+def test_the_fleet_table_lists_the_gateways_most_urgent_first_flagged_ones_shaded():
+    tags = parsed().tags
+    rows = [attrs.get("class") for t, attrs in tags if t == "tr"]
+    table = report_html.fleet_table(list(reversed(FLEET)))
+    assert table.index("gw-worn") < table.index("gw-lost") < table.index("gw-ok")
+    assert rows[1:4] == ["flagged", "flagged", None]  # after the heading's row
+    assert "card life 0.5 years at 2.0 GB a day" in table
+
+
+def test_each_flag_has_a_small_multiple_its_flagged_gateways_in_red():
+    elements = parsed()
+    panels = [attrs["aria-label"] for t, attrs in elements.tags
+              if t == "svg" and attrs["aria-label"].startswith("flag ")]
+    assert panels == [f"flag {rule.name}" for rule in fleet.FLAGS]
+    red = {attrs["fill"] for t, attrs in elements.tags if t == "rect"}
+    assert "#d62728" in red
+    assert "gw-worn: 2.00 of the card a year" in elements.titles
+    assert "gw-lost: 90.00 events" in elements.titles
+    assert "gw-ok: not flagged" in elements.titles and "gw-worn: flagged" not in elements.titles
+
+
+def test_fleet_names_and_reasons_are_escaped():
+    rows = fleet.fleet([facts("<b>x", record(last_update={"result": "failed",
+                                                            "reason": "<i>why"}))], NOW)
+    page = report_html.page([], [], [], [], "now", rows)
+    assert "<b>x" not in page and "<i>why" not in page and "&lt;i&gt;why" in page
+
+
+def test_a_card_whose_life_rounds_to_nothing_is_drawn_as_the_most_worn():
+    rows = fleet.fleet([facts("gw-gone", record(card__life_years=0.0))], NOW)
+    card = next(rule for rule in fleet.FLAGS if rule.name == "card_worn")
+    assert "gw-gone: 20.00 of the card a year" in report_html.flag_panel(card, rows)

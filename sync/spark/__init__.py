@@ -17,7 +17,8 @@ the reports. The modules, in the order an ingest goes through them:
     write     staging a run's rows (in one pass, or checked and deduped)
     stats     the counts and timings of an ingest
     ingest    ingest, ingest_stream and IngestRun, the steps of one run
-    reports   the loss, gateway, hourly, clock and unsynchronized-time reports
+    reports   the loss, gateway, hourly, clock, unsynchronized-time and fleet reports (the
+              fleet's rules are plain Python in sync.fleet)
     cli       ``cairn spark ingest|report``
 
 This package re-exports what callers import from ``cairn.sync.spark``, the module it was."""
@@ -41,6 +42,7 @@ from cairn.sync.spark.reports import (
     Report,
     SparkReport,
     clock_steps_report,
+    fleet_report,
     gap_report,
     hourly_report,
     loss_intervals,
@@ -71,7 +73,7 @@ __all__ = [
     "REF_SCHEMA", "REQUIRED", "SHIPPED_PACKAGES", "TABLE_COLUMNS", "TABLE_SCHEMA",
     "Files", "IngestRun", "IngestStats", "LandedManifest", "LandingError", "Report",
     "SparkReport", "Table", "TableDir",
-    "clock_steps_report", "code_zip", "gap_report", "hourly_report", "ingest",
+    "clock_steps_report", "code_zip", "fleet_report", "gap_report", "hourly_report", "ingest",
     "ingest_manifests", "ingest_stream", "loss_intervals", "main", "reference_anchors",
     "report", "session", "ship_code", "unsynced_report",
     # private helpers that tests and bench/ reach for

@@ -9,11 +9,15 @@ import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from cairn.gateway.config import HEALTH_TOPIC
+from cairn.gateway.retention import OWN_AUTHID
+from cairn.sync import fleet
 from cairn.sync.spark.files import Files, _now
 from cairn.sync.spark.session import _prepare
 from cairn.sync.spark.table import LOCK_WAIT_S, Table
@@ -22,6 +26,7 @@ from cairn.sync.table_lock import locked
 log = logging.getLogger("cairn.spark")
 
 NOT_LANDED = "not landed"
+FLEET_LINES = 20  # the most urgent gateways the summary names (all are in fleet.csv)
 
 
 def _table_losses(table: Table) -> list[tuple[str, int, int, str]]:
@@ -187,6 +192,29 @@ def unsynced_report(events: DataFrame) -> DataFrame:
         .drop("run").orderBy("gateway_id", "first_seq"))
 
 
+def fleet_report(spark: SparkSession, events: DataFrame, gateways: DataFrame,
+                 now: datetime) -> DataFrame:
+    """One row per gateway (:mod:`sync.fleet`): its newest health record, when it was last
+    seen and its losses (``gateways``, of :func:`gap_report`), flagged and in urgency order.
+    One aggregate here; the rules run on the driver over a row per gateway."""
+    own = (F.col("topic") == HEALTH_TOPIC) & (F.col("authid") == OWN_AUTHID)
+    health = events.groupBy("gateway_id").agg(
+        F.max_by("kwargs", F.when(own, F.col("seq"))).alias("health"),
+        F.max_by(F.unix_micros("event_time"), F.when(own, F.col("seq"))).alias("health_us"),
+        F.bool_or("clock_synced").alias("ever_synced"))
+    facts = [fleet.Facts(r.gateway_id, _seconds(r.last_us), _seconds(r.health_us), r.health,
+                         bool(r.ever_synced), r.gaps, r.not_landed, r.dropped_on_gateway)
+             for r in gateways.join(health, "gateway_id", "left")
+             .select("gateway_id", F.unix_micros("last_time").alias("last_us"), "health",
+                     "health_us", "ever_synced", "gaps", "not_landed", "dropped_on_gateway")
+             .collect()]
+    return spark.createDataFrame(fleet.fleet(facts, now), fleet.COLUMNS).orderBy("urgency")
+
+
+def _seconds(micros: int | None) -> float | None:
+    return None if micros is None else micros / 1e6
+
+
 @dataclass
 class SparkReport:
     """What :func:`report` wrote: where, the rows of each report, a summary's lines."""
@@ -195,20 +223,22 @@ class SparkReport:
     lines: list[str]
 
 
-def report(spark: SparkSession, table: str, out: str, wait: float = LOCK_WAIT_S) -> SparkReport:
-    """Write the gap, gateway, daily, hourly and clock reports under ``out`` (each as
+def report(spark: SparkSession, table: str, out: str, wait: float = LOCK_WAIT_S,
+           now: datetime | None = None) -> SparkReport:
+    """Write the gap, gateway, daily, hourly, clock and fleet reports under ``out`` (each as
     Parquet ``out/<name>/`` and as one CSV file ``out/<name>.csv``) and ``report.html``
-    (plots, :mod:`sync.report_html`), and summarize them. Holds the
+    (plots, :mod:`sync.report_html`), and summarize them. ``now``: what the fleet report
+    measures silence against (default: the time of the run). Holds the
     table's shared lock: no ingest changes the table while the report reads it."""
     _prepare(spark)
     files = Files(spark)
     table, out = files.qualify(table), files.qualify(out)
     with locked(table, files, exclusive=False, wait=wait, what="a report"):
-        return _report_locked(spark, files, table, out)
+        return _report_locked(spark, files, table, out, now or _now())
 
 
 def _report_locked(spark: SparkSession, files: Files, table_path: str,
-                   out: str) -> SparkReport:
+                   out: str, now: datetime) -> SparkReport:
     table = Table(spark, files, table_path)
     if any(files.exists(f"{stage}/_SWAP") for stage in files.children(table.staging)):
         log.warning("an interrupted partition rewrite is pending in %s: the next ingest "
@@ -222,7 +252,8 @@ def _report_locked(spark: SparkSession, files: Files, table_path: str,
     frames = {"gaps": gaps, "gateways": gateways, "hourly": hourly_report(events),
               "clock_steps": clock_steps_report(table), "unsynced": unsynced_report(events),
               "daily": events.groupBy("gateway_id", "date").agg(F.count(F.lit(1)).alias("rows"))
-              .orderBy("gateway_id", "date")}
+              .orderBy("gateway_id", "date"),
+              "fleet": fleet_report(spark, events, gateways, now)}
     counts = {}
     for name, frame in frames.items():
         frame = frame.cache()
@@ -240,6 +271,10 @@ def _report_locked(spark: SparkSession, files: Files, table_path: str,
     lines.append(f"{counts['hourly']} sensor-hours; {counts['clock_steps']} clock steps"
                  + (f" (largest {steps.largest:,.0f} s)" if counts["clock_steps"] else "")
                  + f"; {counts['unsynced']} spans of unsynchronized time")
+    flagged = frames["fleet"].where(F.col("flags").isNotNull())
+    lines.append(f"fleet: {flagged.count()} of {counts['fleet']} gateways need attention"
+                 + "".join(f"\n  {g.urgency}. {g.gateway_id}: {g.reasons}"
+                           for g in flagged.limit(FLEET_LINES).collect()))
     _write_html(files, frames, f"{out}/report.html")
     events.unpersist()
     return SparkReport(out, counts, lines)
@@ -266,7 +301,7 @@ def _write_html(files: Files, frames: dict[str, DataFrame], path: str) -> None:
 
     files.write_text(path, report_html.page(rows("gateways"), rows("gaps"), rows("daily"),
                                             rows("unsynced"), _now().isoformat(" ", "seconds")
-                                            + " UTC"))
+                                            + " UTC", rows("fleet")))
 
 
 def _write_csv(files: Files, frame: DataFrame, path: str) -> None:
