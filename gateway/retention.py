@@ -58,14 +58,14 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from autobahn.wamp import message as m
 
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock import StepDetector, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC, Limits, RealmConfig
 from cairn.gateway.core import Session, WampError
 from cairn.gateway.patterns import FirstMatch, matches
 from cairn.gateway.publication import StoredPublication, audience_allows
 
 if TYPE_CHECKING:
-    from cairn.gateway.router import Realm
+    from cairn.gateway.auth import Authorizer
 
 DRIVER = 2  # the standing of a driver's slot on a rule's topic: never evicted
 OWN = 3  # the router's own slot: outside the bounds
@@ -460,7 +460,7 @@ class Retention:
         return found
 
 
-def received_procedure(realm: Realm):
+def received_procedure(retention: Retention, authorizer: Authorizer, clock: StepDetector):
     """``cairn.retained.received(topic)``: when the retained event the caller gets for
     ``topic`` was received, for a display of its age (a retained EVENT carries no time).
     ``age_s`` is by CLOCK_BOOTTIME, right whatever the wall clock did, and None when the
@@ -472,16 +472,16 @@ def received_procedure(realm: Realm):
             raise WampError("wamp.error.invalid_argument",
                             "cairn.retained.received: the first argument must be a topic")
         topic = args[0]
-        if realm.authorizer.allowed(caller.authrole, topic, "subscribe") is None:
+        if authorizer.allowed(caller.authrole, topic, "subscribe") is None:
             raise WampError("wamp.error.not_authorized",
                             f"session {caller.id} (authrole {caller.authrole!r}) may not "
                             f"subscribe to {topic!r}")
-        pub = realm.retention.newest_for(topic, caller)
+        pub = retention.newest_for(topic, caller)
         if pub is None:
             return None
         return {"publication": pub.publication, "timestamp": rfc3339(pub.wall_ms),
                 "synchronized": pub.clock_synced,
-                "age_s": realm.clock.age_s(pub.boot_id, pub.boottime_ns)}
+                "age_s": clock.age_s(pub.boot_id, pub.boottime_ns)}
 
     return procedure
 

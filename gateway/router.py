@@ -94,7 +94,8 @@ class Realm:
         self.dealer.meta_procedures.update(meta_procedures(self))
         self.dealer.meta_procedures["wamp.subscription.get_events"] = \
             get_events_procedure(self, page_cap)
-        self.dealer.meta_procedures["cairn.retained.received"] = received_procedure(self)
+        self.dealer.meta_procedures["cairn.retained.received"] = received_procedure(
+            self.retention, self.authorizer, self.clock)
         for uri, make in (procedures or {}).items():
             self.dealer.meta_procedures[uri] = make(self)
 
