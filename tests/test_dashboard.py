@@ -301,7 +301,7 @@ async def test_a_tile_shows_the_age_by_boottime_while_the_wall_clock_is_unsynchr
         watched = await open_page(sensors.url)
         age = watched.page.locator("[data-device=shed] .age")
         await watched.page.wait_for_function(
-            "() => document.querySelector('[data-device=shed] .age').textContent.endsWith('ago')",
+            "() => document.querySelector('[data-device=shed] .age')?.textContent.endsWith('ago')",
             timeout=3000)
         assert re.fullmatch(r"4\d s ago", await age.text_content())
         await watched.page.wait_for_selector("#clock-banner", state="visible", timeout=3000)
