@@ -9,6 +9,7 @@ so the store can record an anchor, from which Spark re-bases earlier timestamps.
 
 from __future__ import annotations
 
+import ctypes
 import re
 import time
 from dataclasses import dataclass
@@ -17,7 +18,33 @@ from pathlib import Path
 
 STEP_THRESHOLD_NS = 2_000_000_000  # 2 s: NTP slews smaller errors; bigger moves are steps
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
-_SYNCED_PATHS = (Path("/run/systemd/timesync/synchronized"),)
+_SYNCED_PATHS = (Path("/run/systemd/timesync/synchronized"),)  # timesyncd's flag file
+STA_UNSYNC = 0x0040  # adjtimex(2) status bit: the clock is not synchronized
+TIME_ERROR = 5       # adjtimex(2) return value: the clock is not synchronized
+
+
+class Timex(ctypes.Structure):
+    """``struct timex`` of adjtimex(2) as glibc declares it on Linux: ``long`` fields and a
+    ``struct timeval``, so ctypes' native sizes and alignment give the kernel's layout on
+    x86_64 and aarch64 (LP64: 208 bytes, status at offset 40) and on 32-bit ARM alike."""
+
+    _fields_ = [("modes", ctypes.c_uint), ("offset", ctypes.c_long), ("freq", ctypes.c_long),
+                ("maxerror", ctypes.c_long), ("esterror", ctypes.c_long),
+                ("status", ctypes.c_int), ("constant", ctypes.c_long),
+                ("precision", ctypes.c_long), ("tolerance", ctypes.c_long),
+                ("time_sec", ctypes.c_long), ("time_usec", ctypes.c_long),
+                ("tick", ctypes.c_long), ("ppsfreq", ctypes.c_long), ("jitter", ctypes.c_long),
+                ("shift", ctypes.c_int), ("stabil", ctypes.c_long), ("jitcnt", ctypes.c_long),
+                ("calcnt", ctypes.c_long), ("errcnt", ctypes.c_long),
+                ("stbcnt", ctypes.c_long), ("tai", ctypes.c_int),
+                ("_reserved", ctypes.c_int * 11)]
+
+
+# libc's adjtimex (Linux); None elsewhere, where only the flag file counts
+_adjtimex = getattr(ctypes.CDLL(None, use_errno=True), "adjtimex", None)
+if _adjtimex is not None:
+    _adjtimex.argtypes = [ctypes.POINTER(Timex)]
+    _adjtimex.restype = ctypes.c_int
 
 
 def wall_ns() -> int:
@@ -35,9 +62,30 @@ def boot_id() -> str:
         return "unknown"
 
 
+def adjtimex() -> tuple[int, Timex] | None:
+    """The kernel's clock state: adjtimex(2) with modes 0 (reads only, needs no privilege)
+    returns the clock state and fills the struct; None where it cannot be read."""
+    if _adjtimex is None:
+        return None
+    timex = Timex()
+    state = _adjtimex(ctypes.byref(timex))
+    return None if state < 0 else (state, timex)
+
+
+def kernel_synchronized() -> bool:
+    """True when the kernel's clock is synchronized: any NTP daemon that disciplines it
+    (chrony, ntpd, systemd-timesyncd, ...) clears STA_UNSYNC."""
+    read = adjtimex()
+    if read is None:
+        return False
+    state, timex = read
+    return state != TIME_ERROR and not timex.status & STA_UNSYNC
+
+
 def clock_synchronized() -> bool:
-    """True when systemd-timesyncd (or chrony via the same flag file) says the clock is set."""
-    return any(p.exists() for p in _SYNCED_PATHS)
+    """True when the kernel says the clock is synchronized, or systemd-timesyncd's flag
+    file does (timesyncd sets both; the file also covers a kernel that cannot be read)."""
+    return kernel_synchronized() or any(p.exists() for p in _SYNCED_PATHS)
 
 
 def rfc3339(ms: int) -> str:
@@ -94,6 +142,13 @@ class StepDetector:
         self._synced: bool | None = None
         self._last_sync_check = 0
         self.steps = 0  # steps seen by this process (the store keeps them all, as anchors)
+
+    def age_s(self, boot: str, boot_ns: int) -> float | None:
+        """Seconds since ``boot_ns`` (CLOCK_BOOTTIME) of boot ``boot``, which no step of the
+        wall clock moves; None for another boot's time."""
+        if boot != self.boot_id or not boot_ns:
+            return None
+        return round((boottime_ns() - boot_ns) / 1e9, 1)
 
     def peek(self) -> Reading:
         """The clocks now, for a display: unlike :meth:`read`, it takes no anchor, which

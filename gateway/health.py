@@ -137,8 +137,9 @@ class HealthReporter:
     def _age_s(self, pub: StoredPublication) -> float:
         """By CLOCK_BOOTTIME within this boot (a clock step does not make it lie), else by
         the wall clock."""
-        if pub.boot_id == self.web.router.clock.boot_id and pub.boottime_ns:
-            return round((clock.boottime_ns() - pub.boottime_ns) / 1e9, 1)
+        age = self.web.router.clock.age_s(pub.boot_id, pub.boottime_ns)
+        if age is not None:
+            return age
         return round((clock.wall_ns() // 1_000_000 - pub.wall_ms) / 1000, 1)
 
 

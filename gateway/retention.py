@@ -53,15 +53,19 @@ from bisect import bisect_right, insort
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 from autobahn.wamp import message as m
 
+from cairn.gateway.clock import StepDetector, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC, Limits, RealmConfig
-from cairn.gateway.core import Session
+from cairn.gateway.core import Session, WampError
 from cairn.gateway.patterns import FirstMatch, matches
 from cairn.gateway.publication import StoredPublication, audience_allows
+
+if TYPE_CHECKING:
+    from cairn.gateway.auth import Authorizer
 
 DRIVER = 2  # the standing of a driver's slot on a rule's topic: never evicted
 OWN = 3  # the router's own slot: outside the bounds
@@ -404,7 +408,8 @@ class Retention:
 
     # -- delivering ------------------------------------------------------------------------
 
-    def _newest_for(self, topic: str, session: Session) -> StoredPublication | None:
+    def newest_for(self, topic: str, session: Session) -> StoredPublication | None:
+        """The retained publication of ``topic`` that ``session`` gets (None: none)."""
         best = None
         for slot in self._slots.get(topic, {}).values():
             pub = slot.pub
@@ -416,7 +421,7 @@ class Retention:
         """The next retained publication of ``stream`` (advancing its cursor), or None."""
         session, before = stream.session, stream.before
         if stream.match == "exact":
-            best = self._newest_for(stream.uri, session)
+            best = self.newest_for(stream.uri, session)
             if best is None or not stream.after < best.seq < before:
                 return None
             stream.after = best.seq
@@ -436,7 +441,7 @@ class Retention:
             topic = slot.pub.topic
             if not matches(uri, match, topic) or (visible is not None and not visible(topic)):
                 continue
-            if self._newest_for(topic, session) is slot.pub:
+            if self.newest_for(topic, session) is slot.pub:
                 return slot.pub
         stream.after = before
         return None
@@ -453,6 +458,32 @@ class Retention:
                 full.args, full.kwargs = msgpack.unpackb(slim.payload(), raw=False)
                 found.append(full)
         return found
+
+
+def received_procedure(retention: Retention, authorizer: Authorizer, clock: StepDetector):
+    """``cairn.retained.received(topic)``: when the retained event the caller gets for
+    ``topic`` was received, for a display of its age (a retained EVENT carries no time).
+    ``age_s`` is by CLOCK_BOOTTIME, right whatever the wall clock did, and None when the
+    event is from an earlier boot; then only ``timestamp`` (the wall clock, ``synchronized``
+    or not at the time) tells. None when there is no retained event."""
+
+    def procedure(caller: Session, args: list[Any], kwargs: dict[str, Any]):
+        if not args or not isinstance(args[0], str):
+            raise WampError("wamp.error.invalid_argument",
+                            "cairn.retained.received: the first argument must be a topic")
+        topic = args[0]
+        if authorizer.allowed(caller.authrole, topic, "subscribe") is None:
+            raise WampError("wamp.error.not_authorized",
+                            f"session {caller.id} (authrole {caller.authrole!r}) may not "
+                            f"subscribe to {topic!r}")
+        pub = retention.newest_for(topic, caller)
+        if pub is None:
+            return None
+        return {"publication": pub.publication, "timestamp": rfc3339(pub.wall_ms),
+                "synchronized": pub.clock_synced,
+                "age_s": clock.age_s(pub.boot_id, pub.boottime_ns)}
+
+    return procedure
 
 
 def _packed_only(pub: StoredPublication) -> StoredPublication:

@@ -38,7 +38,7 @@ from cairn.gateway.history_rules import HistoryRules
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.meta import meta_procedures
 from cairn.gateway.publication import Restored
-from cairn.gateway.retention import Retention
+from cairn.gateway.retention import Retention, received_procedure
 
 log = logging.getLogger("cairn.router")
 
@@ -94,6 +94,8 @@ class Realm:
         self.dealer.meta_procedures.update(meta_procedures(self))
         self.dealer.meta_procedures["wamp.subscription.get_events"] = \
             get_events_procedure(self, page_cap)
+        self.dealer.meta_procedures["cairn.retained.received"] = received_procedure(
+            self.retention, self.authorizer, self.clock)
         for uri, make in (procedures or {}).items():
             self.dealer.meta_procedures[uri] = make(self)
 

@@ -1,9 +1,10 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright)
 against a real router process fed by simulated sensors.
 
-The router runs with a wall clock the test can move (tests/fakeclock), so six hours of
-history are seeded in a second: the chart's time ranges and get_events paging are exercised
-on real stored timestamps. Every page load collects console messages, page errors and the
+The router runs with clocks the test can move (tests/fakeclock), so six hours of history
+are seeded in a second: the chart's time ranges and get_events paging are exercised on real
+stored timestamps. Its wall clock is not synchronized (the kernel's state stands in): ages
+still show, from CLOCK_BOOTTIME. Every page load collects console messages, page errors and the
 WebSocket frames: the page must speak JSON only and log no error.
 """
 
@@ -51,6 +52,7 @@ REALMS = (realm("realm1", role("anonymous", permission("", EVERYTHING)), history
                   user("olga", "operator", secret="granite-7"), history_rule("sensor")))
 
 MINUTE = 60
+DAY = 24 * 60 * MINUTE  # CLOCK_BOOTTIME's head start: readings "hours ago" stay in this boot
 SEEDED = range(-355, 0, 10)  # minutes before now: a reading every 10 min for 6 h
 PAGE = 7                     # ?history_page: small, so the chart pages through get_events
 
@@ -86,12 +88,17 @@ BY_ID = {d.id: d for d in DEVICES}
 
 
 class Sensors:
-    """The router process with a movable clock, and a publishing WAMP session."""
+    """The router process with movable clocks, and a publishing WAMP session."""
 
-    def __init__(self, router: RouterProcess, offset_file: Path) -> None:
+    def __init__(self, router: RouterProcess, workdir: Path) -> None:
         self.router = router
-        self.offset_file = offset_file
+        self.workdir = workdir
         self.session = None
+
+    def set_clocks(self, wall_s: float = 0, boot_s: float = 0) -> None:
+        """Moves the router's wall clock and CLOCK_BOOTTIME by so many seconds."""
+        (self.workdir / "clock-offset").write_text(str(wall_s))
+        (self.workdir / "boottime-offset").write_text(str(DAY + boot_s))
 
     @property
     def url(self) -> str:
@@ -104,11 +111,11 @@ class Sensors:
         device.published.append({"minutes_ago": minutes_ago, **kwargs})
 
     async def seed(self) -> None:
-        for minutes in SEEDED:  # the router's clock is moved back to stamp the old readings
-            self.offset_file.write_text(str(minutes * MINUTE))
+        for minutes in SEEDED:  # the router's clocks are moved back to make the old readings
+            self.set_clocks(minutes * MINUTE, minutes * MINUTE)
             await asyncio.gather(*(self.publish(d, minutes) for d in DEVICES
                                    if minutes <= -d.last_minutes))
-        self.offset_file.write_text("0")
+        self.set_clocks()
         await asyncio.gather(*(self.publish(d, 0) for d in DEVICES if d.last_minutes == 0))
         for d in DEVICES:
             await self.session.publish(
@@ -127,15 +134,17 @@ class Sensors:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def sensors(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("dashboard")
-    offset_file = workdir / "clock-offset"
-    # the router starts as of the oldest seeded reading: its health record at start is
-    # history's first row, and would otherwise be the newest time before the older readings
-    offset_file.write_text(str(min(SEEDED) * MINUTE))
-    env = {"CAIRN_FAKE_CLOCK_FILE": str(offset_file),
+    env = {"CAIRN_FAKE_CLOCK_FILE": str(workdir / "clock-offset"),
+           "CAIRN_FAKE_BOOTTIME_FILE": str(workdir / "boottime-offset"),
+           "CAIRN_FAKE_CLOCK_SYNCED": "0",
            "PYTHONPATH": f"{ROOT / 'tests' / 'fakeclock'}:{ROOT}"}
-    router = RouterProcess(workdir, REALMS, env=env).start()
+    router = RouterProcess(workdir, REALMS, env=env)
+    sensors = Sensors(router, workdir)
+    # the router starts as of the oldest seeded reading: its health record at start is
+    # history's first row, and would otherwise be newer than the readings after it
+    sensors.set_clocks(min(SEEDED) * MINUTE, min(SEEDED) * MINUTE)
+    router.start()
     try:
-        sensors = Sensors(router, offset_file)
         sensors.session = await connect(router)
         await sensors.seed()
         locked = await connect(router, realm="locked", authmethods=["ticket"], authid="olga",
@@ -275,7 +284,7 @@ async def test_tiles_show_the_retained_values_within_a_second_of_load(sensors, o
         assert (tile["temperature"], tile["humidity"]) == shown(device.published[-1])
         assert tile["status"] == device.status
         assert tile["reason"] == (device.reason or "")
-    # ages by receive time, found in the history for retained readings
+    # ages by receive time, which the router tells for retained readings
     await watched.page.wait_for_function(
         "() => document.querySelector('[data-device=attic] .age').textContent.endsWith('ago')",
         timeout=3000)
@@ -283,6 +292,24 @@ async def test_tiles_show_the_retained_values_within_a_second_of_load(sensors, o
     assert shown_tiles["pantry"]["age"] == "25 min ago"
     assert shown_tiles["attic"]["age"] == "1 h 5 min ago"
     assert shown_tiles["greenhouse"]["age"] in ("just now", *(f"{s} s ago" for s in range(60)))
+
+
+async def test_a_tile_shows_the_age_by_boottime_while_the_wall_clock_is_unsynchronized(
+        sensors, open_page):
+    sensors.set_clocks(wall_s=-40, boot_s=-40)  # a reading 40 s ago
+    try:
+        await sensors.publish(Device("shed", 8.0, 70), 0)
+        sensors.set_clocks(wall_s=5 * 3600)  # then the wall clock is set 5 h ahead
+        watched = await open_page(sensors.url)
+        age = watched.page.locator("[data-device=shed] .age")
+        await watched.page.wait_for_function(
+            "() => document.querySelector('[data-device=shed] .age')?.textContent.endsWith('ago')",
+            timeout=3000)
+        assert re.fullmatch(r"4\d s ago", await age.text_content())
+        await watched.page.wait_for_selector("#clock-banner", state="visible", timeout=3000)
+        assert (await age.get_attribute("title")).endswith("(gateway clock not synchronized)")
+    finally:
+        sensors.set_clocks()
 
 
 async def test_a_tile_updates_when_a_new_reading_is_published(sensors, open_page):

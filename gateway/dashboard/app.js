@@ -2,8 +2,12 @@
  * history chart paged with wamp.subscription.get_events, and the router's status.
  *
  * Everything comes from the router that served this page: no other host is ever contacted.
- * Ages are measured on the gateway's clock (its offset from this browser's clock is taken from
- * cairn.router.status), so a screen with a wrong clock still shows the right ages.
+ * Ages of readings are measured on monotonic clocks, never on a wall clock: a live reading's
+ * from its arrival (performance.now()), a retained one's from the router's CLOCK_BOOTTIME age
+ * (cairn.retained.received), so neither a wrong or stepping gateway clock nor this screen's
+ * clock changes them. Only a reading from an earlier boot of the gateway has just its wall
+ * time, shown as such (with a note when the gateway clock is not synchronized). Times on the
+ * page are the gateway's (its offset from this browser's clock comes from cairn.router.status).
  *
  * URL: ?realm=NAME (default realm1), #DEVICE opens that device's chart, ?history_page=N sets
  * the get_events page size (default 500; the tests use a small one to exercise paging).
@@ -34,7 +38,7 @@
     session: null,
     generation: 0,          // one per joined session: late answers of an old one are dropped
     credentials: loadCredentials(),
-    devices: new Map(),     // device id -> {id, el, reading, receivedAt, status}
+    devices: new Map(),     // device id -> {id, el, reading, receivedAt, receivedWall, status}
     historyLookup: null,    // promise of the id of the history subscription on "sensor"
     clockOffset: 0,         // gateway wall clock minus this browser's clock, ms
     clockSynced: null,
@@ -194,14 +198,15 @@
     if (!topic.startsWith(SENSOR_PREFIX) || topic.length === SENSOR_PREFIX.length) return;
     const device = deviceFor(topic.slice(SENSOR_PREFIX.length));
     device.reading = readingOf(args, kwargs);
+    device.receivedWall = null;
     if (event.retained) {
       device.receivedAt = null;
-      findReceiveTime(device, event.publication);
+      findReceiveTime(device, topic, event.publication);
     } else {
-      device.receivedAt = gatewayNow();
+      device.receivedAt = performance.now();
       flash(device.el);
       if (state.chart && state.chart.device === device.id) {
-        state.chart.points.push(pointOf(device.receivedAt, device.reading));
+        state.chart.points.push(pointOf(gatewayNow(), device.reading));
         drawCharts();
       }
     }
@@ -221,22 +226,21 @@
     renderTile(device);
   }
 
-  /** A retained reading carries no time: the newest stored event of its topic does. */
-  function findReceiveTime(device, publication) {
-    const session = state.session;
+  /** A retained reading carries no time: the router tells its age (by CLOCK_BOOTTIME) or,
+   * for a reading of an earlier boot, its wall time. */
+  function findReceiveTime(device, topic, publication) {
     const generation = state.generation;
-    historySubscription().then((sub) => {
-      if (sub == null || generation !== state.generation) return null;
-      return session.call("wamp.subscription.get_events", [sub],
-                          { topic: SENSOR_PREFIX + device.id, reverse: true, limit: 1 });
-    }).then((result) => {
-      if (!result || generation !== state.generation || device.receivedAt !== null) return;
-      const events = pageOf(result).events;
-      if (events.length && events[0].publication === publication) {
-        device.receivedAt = Date.parse(events[0].timestamp);
-        renderTile(device);
+    state.session.call("cairn.retained.received", [topic]).then((received) => {
+      if (!received || generation !== state.generation || device.receivedAt !== null
+          || received.publication !== publication) return;
+      if (typeof received.age_s === "number") {
+        device.receivedAt = performance.now() - received.age_s * 1000;
+      } else {
+        device.receivedWall = { t: Date.parse(received.timestamp),
+                                synced: received.synchronized === true };
       }
-    }).catch(() => { /* no history for it: the age stays unknown */ });
+      renderTile(device);
+    }).catch(() => { /* an older router: the age stays unknown */ });
   }
 
   function historySubscription() {
@@ -251,7 +255,8 @@
   function deviceFor(id) {
     let device = state.devices.get(id);
     if (device) return device;
-    device = { id, el: createTile(id), reading: null, receivedAt: null, status: null };
+    device = { id, el: createTile(id), reading: null, receivedAt: null, receivedWall: null,
+               status: null };
     state.devices.set(id, device);
     const tiles = $("tiles");
     const after = [...tiles.children].find((el) => el.dataset.device > id);
@@ -305,17 +310,33 @@
 
   function renderAge(device) {
     const age = device.el.querySelector(".age");
+    const wall = device.receivedWall;
+    const unsynced = " (gateway clock not synchronized)";
+    age.title = "";
+    age.classList.remove("unsynced");
     if (!device.reading) {
       age.textContent = "no reading yet";
-    } else if (device.receivedAt === null) {
-      age.textContent = "received earlier";
+    } else if (device.receivedAt !== null) { // by a monotonic clock: right whatever the time
+      const ms = performance.now() - device.receivedAt;
+      showAge(age, ms);
+      age.title = "received " + formatDate(gatewayNow() - ms)
+        + (state.clockSynced === false ? unsynced : "");
+    } else if (wall && wall.synced && state.clockSynced === true) {
+      showAge(age, gatewayNow() - wall.t);
+      age.title = "received " + formatDate(wall.t);
+    } else if (wall) { // an earlier boot's wall time, from a clock that was or is not set
+      age.textContent = formatDate(wall.t) + ", clock not synchronized";
+      age.classList.add("unsynced");
+      age.title = "received before the gateway restarted, by its wall clock, which was not "
+        + "synchronized then or now: the time may be wrong";
     } else {
-      const ms = gatewayNow() - device.receivedAt;
-      age.textContent = ms < 5000 ? "just now" : formatDuration(ms / 1000) + " ago";
-      age.classList.toggle("old", ms > OLD_AFTER_MS);
-      age.title = "received " + formatDate(device.receivedAt)
-        + (state.clockSynced === false ? " (gateway clock not synchronized)" : "");
+      age.textContent = "received earlier";
     }
+  }
+
+  function showAge(age, ms) {
+    age.textContent = ms < 5000 ? "just now" : formatDuration(ms / 1000) + " ago";
+    age.classList.toggle("old", ms > OLD_AFTER_MS);
   }
 
   function flash(el) {

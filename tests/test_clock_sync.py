@@ -1,0 +1,129 @@
+"""Whether the clock is synchronized: the kernel's state (adjtimex(2), which chrony, ntpd
+and systemd-timesyncd all set) or timesyncd's flag file; and ages of retained events by
+CLOCK_BOOTTIME, which no step of the wall clock moves."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+
+import pytest
+from autobahn.wamp.types import PublishOptions
+
+from cairn.gateway import clock
+from harness.config import history_rule, open_realm
+from harness.process import ROOT, RouterProcess
+from harness.wamp_client import connect
+
+REALM = open_realm(history=[history_rule("sensor")])
+
+# adjtimex(2) through the raw system call, reading struct timex at the offsets of the
+# kernel's LP64 ABI: a path that shares nothing with gateway.clock's ctypes.Structure
+RAW_ADJTIMEX = """
+import ctypes, json, platform, struct
+number = {"x86_64": 159, "aarch64": 171}[platform.machine()]
+timex = ctypes.create_string_buffer(208)  # modes 0: only reads
+state = ctypes.CDLL(None).syscall(number, timex)
+(status,) = struct.unpack_from("i", timex, 40)
+sec, _, tick = struct.unpack_from("qqq", timex, 72)
+print(json.dumps({"state": state, "status": status, "sec": sec, "tick": tick}))
+"""
+
+needs_lp64_linux = pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() not in ("x86_64", "aarch64"),
+    reason="the raw adjtimex system call is checked on Linux x86_64 and aarch64")
+
+
+def raw_adjtimex() -> dict[str, int]:
+    done = subprocess.run([sys.executable, "-c", RAW_ADJTIMEX], capture_output=True,
+                          text=True, check=True, timeout=30)
+    return json.loads(done.stdout)
+
+
+@needs_lp64_linux
+def test_the_kernel_reader_reads_what_the_raw_system_call_returns():
+    raw = raw_adjtimex()
+    state, timex = clock.adjtimex()
+    assert (state, timex.status, timex.tick) == (raw["state"], raw["status"], raw["tick"])
+    assert abs(timex.time_sec - raw["sec"]) <= 2  # the kernel's time, so the layout holds
+    assert abs(timex.time_sec - time.time()) <= 2
+
+
+@needs_lp64_linux
+def test_the_kernel_counts_as_synchronized_unless_sta_unsync_or_time_error():
+    raw = raw_adjtimex()
+    expected = raw["state"] != 5 and not raw["status"] & 0x0040  # TIME_ERROR, STA_UNSYNC
+    assert clock.kernel_synchronized() is expected
+
+
+def test_timesyncds_flag_file_counts_when_the_kernel_says_unsynchronized(tmp_path,
+                                                                         monkeypatch):
+    flag = tmp_path / "synchronized"
+    monkeypatch.setattr(clock, "kernel_synchronized", lambda: False)
+    monkeypatch.setattr(clock, "_SYNCED_PATHS", (flag,))
+    assert clock.clock_synchronized() is False
+    flag.touch()
+    assert clock.clock_synchronized() is True
+
+
+def test_the_kernels_state_counts_without_the_flag_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(clock, "kernel_synchronized", lambda: True)
+    monkeypatch.setattr(clock, "_SYNCED_PATHS", (tmp_path / "absent",))
+    assert clock.clock_synchronized() is True
+
+
+def test_reading_the_clock_state_is_cheap():
+    clock.clock_synchronized()
+    n = 2000
+    started = time.perf_counter()
+    for _ in range(n):
+        clock.clock_synchronized()
+    assert (time.perf_counter() - started) / n < 100e-6  # measured: about 5 µs
+
+
+def test_an_age_from_another_boot_is_unknown():
+    detector = clock.StepDetector()
+    assert detector.age_s("another-boot", clock.boottime_ns()) is None
+    assert detector.age_s(detector.boot_id, clock.boottime_ns() - 3_000_000_000) >= 3.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kernel", "synchronized"), [("1", True), ("0", False)])
+async def test_the_router_reports_the_kernels_state_without_the_flag_file(
+        tmp_path, kernel, synchronized):
+    env = {"CAIRN_FAKE_CLOCK_SYNCED": kernel,  # the kernel reader's answer, no flag file
+           "PYTHONPATH": f"{ROOT / 'tests' / 'fakeclock'}:{ROOT}"}
+    router = RouterProcess(tmp_path, REALM, env=env).start()
+    try:
+        session = await connect(router)
+        status = await session.call("cairn.router.status")
+        assert status["clock"]["synchronized"] is synchronized
+        await session.leave()
+    finally:
+        router.stop()
+
+
+@pytest.mark.slow
+async def test_a_retained_events_age_is_by_boottime_while_the_wall_clock_steps(tmp_path):
+    offset_file = tmp_path / "offset"
+    offset_file.write_text("0")
+    env = {"CAIRN_FAKE_CLOCK_FILE": str(offset_file), "CAIRN_FAKE_CLOCK_SYNCED": "0",
+           "PYTHONPATH": f"{ROOT / 'tests' / 'fakeclock'}:{ROOT}"}
+    router = RouterProcess(tmp_path, REALM, env=env).start()
+    try:
+        session = await connect(router)
+        published = await session.publish("sensor.shed", temperature=7.5, options=PublishOptions(
+            retain=True, acknowledge=True))
+        offset_file.write_text(str(3 * 3600))  # the wall clock is set 3 h ahead
+        received = await session.call("cairn.retained.received", "sensor.shed")
+        assert received["publication"] == published.id
+        assert 0 <= received["age_s"] < 5
+        assert received["synchronized"] is False
+        assert clock.parse_rfc3339(received["timestamp"]) <= time.time() * 1000
+        assert await session.call("cairn.retained.received", "sensor.none") is None
+        await session.leave()
+    finally:
+        router.stop()
