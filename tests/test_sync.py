@@ -128,8 +128,8 @@ def test_directory_sink_writes_batches_manifests_and_advances_the_watermark(tmp_
         (seqs[0], 1000), (seqs[1000], 1000), (seqs[2000], 500)]
     assert sorted(r["seq"] for r in rows) == seqs  # every event once
     for m in manifests:
-        assert m["schema"] == 1 and m["gateway_id"] == GATEWAY
-        assert m["file"] == f"{GATEWAY}/{m['first_seq']:012d}-{m['last_seq']:012d}.jsonl.gz"
+        assert m["schema"] == 2 and m["gateway_id"] == GATEWAY
+        assert m["file"] == f"{GATEWAY}/{m['first_seq']:012d}-{m['last_seq']:012d}.jsonl.bz2"
         assert [a["reason"] for a in m["anchors"]] == ["start"]
         assert m["anchors"][0]["clock_synced"] is True
     # the batches tile the seq space: each starts right after the previous one's watermark
