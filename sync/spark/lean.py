@@ -32,16 +32,21 @@ def _mulmod(x: Column, c: int) -> Column:
     return (xl * cl + F.shiftleft(middle, _HALF)).bitwiseAND(_MASK)
 
 
-def _xorshift(x: Column) -> Column:
-    return x.bitwiseXOR(F.shiftright(x, _SHIFT))
-
-
-def publication_of(seq: Column, k0: Column, k1: Column) -> Column:
-    """``PublicationIds(key).of_seq(seq)`` as a column (k0, k1: the key's halves as there)."""
+def with_publication(frame: DataFrame, seq: str, k0: str, k1: str, name: str) -> DataFrame:
+    """``frame`` with column ``name``: ``PublicationIds(key).of_seq(seq)``, k0 and k1 the
+    key's halves as there. A column per step: each step uses its input more than once, so
+    one nested expression would double in size with each."""
     c1, c2, c3 = _MULTIPLIERS
-    x = _xorshift(_mulmod((seq.bitwiseAND(_MASK) + k0).bitwiseAND(_MASK), c1))
-    x = _xorshift(_mulmod((x + k1).bitwiseAND(_MASK), c2))
-    return _xorshift(_mulmod(x, c3)) + 1
+    x = F.col("_step")
+
+    def mix(frame: DataFrame, multiplier: int) -> DataFrame:
+        frame = frame.withColumn("_step", _mulmod(x, multiplier))
+        return frame.withColumn("_step", x.bitwiseXOR(F.shiftright(x, _SHIFT)))
+
+    frame = frame.withColumn("_step", (F.col(seq).bitwiseAND(_MASK) + F.col(k0))
+                             .bitwiseAND(_MASK))
+    frame = mix(frame, c1).withColumn("_step", (x + F.col(k1)).bitwiseAND(_MASK))
+    return mix(mix(frame, c2), c3).withColumn(name, x + 1).drop("_step")
 
 
 def _key_halves(key: str | None) -> tuple[int | None, int | None]:
@@ -80,14 +85,15 @@ def parse_lean(spark: SparkSession, batches: list[Any]) -> DataFrame:
     columns = {
         "gateway_id": F.col("gateway_id"),
         "seq": F.col("seq"),
-        "publication": F.coalesce("p", publication_of(F.col("seq"), F.col("k0"), F.col("k1"))),
-        "realm": F.try_element_at("realms", F.coalesce("r", F.lit(0)) + 1),
+        "publication": F.coalesce("p", "keyed"),
+        "realm": F.try_element_at("realms", (F.coalesce("r", F.lit(0)) + 1).cast("int")),
         "topic": F.col("t"),
         "wall_ms": F.col("wall_ms"),
-        "boot_id": F.try_element_at("boots", F.coalesce("o", F.lit(0)) + 1),
+        "boot_id": F.try_element_at("boots", (F.coalesce("o", F.lit(0)) + 1).cast("int")),
         "boottime_ns": F.col("boottime_ns"),
         "clock_synced": F.coalesce("c", F.lit(True)),
         "authid": F.col("a"), "authrole": F.col("ar"), "audience": F.col("au"),
         "details": F.col("d"), "args": F.col("g"), "kwargs": F.col("k"),
     }
+    decoded = with_publication(decoded, "seq", "k0", "k1", "keyed")
     return decoded.select(*[columns[f.name].alias(f.name) for f in EVENT_SCHEMA.fields], "uri")
