@@ -73,7 +73,7 @@ class Batch:
 
     @property
     def manifest_bytes(self) -> bytes:
-        return json.dumps(self.manifest, indent=1).encode()
+        return json.dumps(self.manifest, separators=(",", ":")).encode()  # bytes on the wire
 
     @property
     def size(self) -> int:

@@ -185,7 +185,7 @@ def test_batch_bytes_bound_splits_batches(tmp_path):
                  batch_bytes=2000).once()
     manifests, rows = landed(landing)
     assert len(manifests) > 3
-    assert all(m["bytes"] + len(json.dumps(m, indent=1)) <= 2000 for m in manifests)
+    assert all(m["bytes"] + len(json.dumps(m, separators=(",", ":"))) <= 2000 for m in manifests)
     assert sorted(r["seq"] for r in rows) == seqs
 
 
