@@ -78,7 +78,7 @@ def land(landing: Path, rows: int, schema: int) -> int:
     per = rows // 20
     for g in range(20):
         data = readings(20, per, seed=g)
-        if g % 10 == 0:  # clock unsynchronized until a step anchor: every row re-based
+        if g % 10 == 0:  # clock unsynchronized: every row re-based on the boot's anchor
             for r in data:
                 r["clock_synced"] = False
         for batch in batches(data, BACKLOG_BATCH, schema, f"gw-{g:04d}"):
@@ -99,6 +99,7 @@ def ingest_rates(rows: int, repeats: int, work: Path) -> dict[str, Any]:
             land(work / f"warm-{schema}", 20_000, schema)
             jobs.ingest(spark, str(work / f"warm-{schema}"), str(work / f"warm-table-{schema}"))
         seconds: dict[int, list[float]] = {s: [] for s in SCHEMAS}
+        phases: dict[int, list[dict[str, float]]] = {s: [] for s in SCHEMAS}
         for i in range(repeats):
             for schema in SCHEMAS if i % 2 == 0 else reversed(SCHEMAS):
                 table_path = work / f"table-{schema}-{i}"
@@ -106,11 +107,13 @@ def ingest_rates(rows: int, repeats: int, work: Path) -> dict[str, Any]:
                 if stats.rows_added != rows or stats.quarantined:
                     raise AssertionError(f"schema {schema}: {stats.summary()}")
                 seconds[schema].append(stats.seconds)
+                phases[schema].append({k: round(v, 2) for k, v in stats.phases.items()})
                 shutil.rmtree(table_path)
     finally:
         spark.stop()
     return {f"schema{s}": {"seconds": [round(x, 2) for x in seconds[s]],
-                           "rows_per_s": round(rows / statistics.median(seconds[s]))}
+                           "rows_per_s": round(rows / statistics.median(seconds[s])),
+                           "phases_s": phases[s]}
             for s in SCHEMAS}
 
 

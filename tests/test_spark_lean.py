@@ -4,6 +4,7 @@ exactly as the gateway made them. Run alone with ``pytest -m spark``."""
 
 from __future__ import annotations
 
+import bz2
 import json
 import os
 import random
@@ -120,3 +121,20 @@ def test_spark_computes_the_publication_ids_the_gateway_gave():
         got = with_publication(frame, "seq", "k0", "k1", "p").collect()
         ids = PublicationIds(key)
         assert {r.seq: r.p for r in got} == {s: ids.of_seq(s) for s in seqs}
+
+
+def test_a_lean_line_that_is_not_an_event_quarantines_its_batch_naming_the_line(tmp_path):
+    rows = readings(2, 10)
+    batch = build_batch("gw-1", rows, 0, [], [], key=KEY)
+    lines = bz2.decompress(batch.data).splitlines(keepends=True)
+    lines[2] = b'{"t":"sensor.x"}\n'  # no deltas: no seq, wall_ms or boottime
+    batch = build_batch("gw-1", rows, 0, [], [], bz2.compress(b"".join(lines)), key=KEY)
+    landing = tmp_path / "landing"
+    (landing / batch.name).parent.mkdir(parents=True)
+    (landing / batch.name).write_bytes(batch.data)
+    (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
+    stats = jobs.ingest(spark_session(), str(landing), str(tmp_path / "t"), str(tmp_path / "q"))
+    assert stats.rows_added == 0 and stats.quarantined == [(batch.name, (
+        "1 lines are not events of the batch format: line 3 has no seq, publication, "
+        "wall_ms, boottime_ns"))]
+    assert (tmp_path / "q" / batch.name).read_bytes() == batch.data  # nothing lost

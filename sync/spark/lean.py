@@ -67,7 +67,7 @@ def _headers(spark: SparkSession, batches: list[Any]) -> DataFrame:
 
 def _running(delta: str, order: Any) -> Column:
     """The running sum of a delta column; null on a line that lacks it (not an event)."""
-    return F.when(F.col(delta).isNotNull(), F.sum(delta).over(order))
+    return F.when(F.col(delta).isNotNull(), F.sum(delta).over(order)).alias(f"sum_{delta}")
 
 
 def parse_lean(spark: SparkSession, batches: list[Any]) -> DataFrame:
@@ -78,22 +78,20 @@ def parse_lean(spark: SparkSession, batches: list[Any]) -> DataFrame:
              .withColumn("line", F.monotonically_increasing_id()))
     order = (Window.partitionBy("uri").orderBy("line")
              .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    seq, wall = _running("s", order), _running("w", order)
-    decoded = (lines.join(F.broadcast(_headers(spark, batches)), "uri")
-               .withColumn("seq", seq).withColumn("wall_ms", wall)
-               .withColumn("boottime_ns", (wall + _running("b", order)) * NS_PER_MS))
+    summed = lines.select("*", *(_running(d, order) for d in ("s", "w", "b")))  # one sort
+    decoded = with_publication(summed.join(F.broadcast(_headers(spark, batches)), "uri"),
+                               "sum_s", "k0", "k1", "keyed")
     columns = {
         "gateway_id": F.col("gateway_id"),
-        "seq": F.col("seq"),
+        "seq": F.col("sum_s"),
         "publication": F.coalesce("p", "keyed"),
         "realm": F.try_element_at("realms", (F.coalesce("r", F.lit(0)) + 1).cast("int")),
         "topic": F.col("t"),
-        "wall_ms": F.col("wall_ms"),
+        "wall_ms": F.col("sum_w"),
         "boot_id": F.try_element_at("boots", (F.coalesce("o", F.lit(0)) + 1).cast("int")),
-        "boottime_ns": F.col("boottime_ns"),
+        "boottime_ns": (F.col("sum_w") + F.col("sum_b")) * NS_PER_MS,
         "clock_synced": F.coalesce("c", F.lit(True)),
         "authid": F.col("a"), "authrole": F.col("ar"), "audience": F.col("au"),
         "details": F.col("d"), "args": F.col("g"), "kwargs": F.col("k"),
     }
-    decoded = with_publication(decoded, "seq", "k0", "k1", "keyed")
     return decoded.select(*[columns[f.name].alias(f.name) for f in EVENT_SCHEMA.fields], "uri")
