@@ -1,7 +1,8 @@
 """``cairn spark``: the central jobs. Landed batches -> one Parquet table -> reports.
 
-The uploaders land ``<gateway_id>/<first>-<last>.jsonl.gz`` batches and, once a batch is
-complete, its ``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_stream`
+The uploaders land ``<gateway_id>/<first>-<last>.jsonl.bz2`` batches (``.jsonl.gz`` from
+uploaders of schema 1: :mod:`cairn.sync.batch_format`) and, once a batch is complete, its
+``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_stream`
 (Structured Streaming) verify them, dedupe them against the table, re-base the time of rows
 recorded before the gateway's clock was synchronized and commit them; :func:`report` writes
 the reports. The modules, in the order an ingest goes through them:

@@ -3,8 +3,11 @@ JVM, into the lines of schema 1 (:data:`EVENT_SCHEMA <cairn.sync.spark.schemas.E
 so every later step of the ingest is the same for both.
 
 The deltas are summed over each file's lines in read order (a window per file: one task
-reads a file top to bottom, so ``monotonically_increasing_id`` is that order); the manifest's
-boots, realms and publication key come in by a broadcast join on the file."""
+reads a file top to bottom, so ``monotonically_increasing_id`` is that order; bzip2 is
+splittable, but only a file over ``spark.sql.files.maxPartitionBytes``, 128 MB, is split,
+and ``batch_bytes`` keeps batches far under it). The sums cost a shuffle of the lines that
+schema 1 does not need. The manifest's boots, realms and publication key come in by a
+broadcast join on the file."""
 
 from __future__ import annotations
 
