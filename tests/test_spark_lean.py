@@ -138,3 +138,23 @@ def test_a_lean_line_that_is_not_an_event_quarantines_its_batch_naming_the_line(
         "1 lines are not events of the batch format: line 3 has no seq, publication, "
         "wall_ms, boottime_ns"))]
     assert (tmp_path / "q" / batch.name).read_bytes() == batch.data  # nothing lost
+
+
+def test_batches_of_both_schemas_ingest_together(tmp_path):
+    """An upgraded gateway's backlog: schema 1 batches, then schema 2 ones, in one run."""
+    rows = fleet_rows(whole_ms=True)
+    both, alone = tmp_path / "both", tmp_path / "v2"
+    after = 0
+    for start in range(0, len(rows), 100):
+        chunk = rows[start:start + 100]
+        batch = build_batch("gw-1", chunk, after, anchors(rows), [], key=KEY,
+                            schema=1 if start < 300 else 2)
+        (both / batch.name).parent.mkdir(parents=True, exist_ok=True)
+        (both / batch.name).write_bytes(batch.data)
+        (both / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
+        after = chunk[-1]["seq"]
+    stats = jobs.ingest(spark_session(), str(both), str(tmp_path / "t"), str(tmp_path / "q"))
+    assert stats.quarantined == [] and stats.rows_added == len(rows)
+    table = (spark_session().read.parquet(str(tmp_path / "t")).drop("batch", "ingested_at")
+             .orderBy("seq").collect())
+    assert [r.asDict() for r in table] == [r.asDict() for r in ship(alone, "v2", rows, 2)]
