@@ -95,7 +95,7 @@ def _gateway_batches(args: tuple[Path, str, int, int, int, bool, int]) -> int:
             seqs.append({"seq": i + 1, "boot_id": boot})
         lines.append("")
         data = gzip.compress("\n".join(lines).encode(), compresslevel=6, mtime=0)
-        result = build_batch(gateway, seqs, after, anchors, [], data)
+        result = build_batch(gateway, seqs, after, anchors, [], data, schema=1)
         after = seqs[-1]["seq"]
         name = result.name
         if name_offset:  # the same rows under another name (a re-sent batch)

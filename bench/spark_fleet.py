@@ -45,6 +45,8 @@ from bench.spark import machine, table, tree_bytes
 from cairn.sync.batch_format import manifest_name
 from cairn.sync.uploader import build_batch
 
+SCHEMA = 1  # batches of schema 1, as measured before schema 2 (bench.batch_format compares)
+
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_fleet.json"
 T0_MS = 1_795_000_000_000  # 2026-11-18
 DAY_MS = 86_400_000
@@ -107,7 +109,7 @@ def _land_batches(landing: Path, gw: str, g: int, rows: list[dict[str, Any]],
     after, landed, batches = seq_base, set(), 0
     for chunk in chunks:
         if chunk:
-            _write(landing, build_batch(gw, chunk, after, anchors, gaps))
+            _write(landing, build_batch(gw, chunk, after, anchors, gaps, schema=SCHEMA))
             landed.update(r["seq"] for r in chunk)
             batches += 1
             after = chunk[-1]["seq"]
@@ -116,7 +118,7 @@ def _land_batches(landing: Path, gw: str, g: int, rows: list[dict[str, Any]],
     if g % 25 == 7 and len(chunks) >= 2:  # re-sent: half of batch 1 and half of batch 2
         half = batch_events // 2
         resent = chunks[0][half:] + chunks[1][:half]
-        _write(landing, build_batch(gw, resent, resent[0]["seq"] - 1, anchors, gaps))
+        _write(landing, build_batch(gw, resent, resent[0]["seq"] - 1, anchors, gaps, schema=SCHEMA))
         batches += 1
     return len(landed), batches
 
@@ -213,7 +215,7 @@ def _land_minute(landing: Path, gateways: int, minute: int) -> int:
         anchor = {"id": 1, "reason": "start", "boot_id": boot, "boottime_ns": 10**9,
                   "wall_ns": T0_MS * 10**6, "offset_before_ns": None, "clock_synced": True,
                   "after_seq": 0}
-        _write(landing, build_batch(gw, rows, first, [anchor], []))
+        _write(landing, build_batch(gw, rows, first, [anchor], [], schema=SCHEMA))
     return gateways * MINUTE_ROWS
 
 

@@ -15,7 +15,7 @@ What it does:
 2. **drain**: ``Uploader.once()`` with a ``DirectorySink`` on the same disk, the default
    batch bounds (10,000 events / 8 MiB), exactly as ``cairn sync --once`` runs it. The
    time is split into reading the store (``HistoryReader.publications_after``), encoding
-   (JSON Lines + gzip + sha256), writing (``DirectorySink.put``: temp file, fsync, rename,
+   (lean JSON Lines + bzip2 + sha256), writing (``DirectorySink.put``: temp file, fsync, rename,
    directory fsync, for data and manifest) and the rest (watermark, status file).
 3. **check**: every landed batch is re-read (sha256, line count) and the seqs must be
    exactly the store's.
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import hashlib
 import json
 import os
@@ -45,6 +44,7 @@ from cairn.gateway.clock import Anchor
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from cairn.sync import uploader as uploader_module
+from cairn.sync.batch_format import decode_batch
 from cairn.sync.sinks import DirectorySink
 from cairn.sync.uploader import Uploader
 
@@ -111,10 +111,10 @@ def check(landing: Path) -> tuple[int, list[int]]:
         data = (landing / manifest["file"]).read_bytes()
         if hashlib.sha256(data).hexdigest() != manifest["sha256"]:
             raise AssertionError(f"{manifest['file']}: sha256 differs")
-        lines = gzip.decompress(data).splitlines()
-        if len(lines) != manifest["count"]:
-            raise AssertionError(f"{manifest['file']}: {len(lines)} lines")
-        seqs += [json.loads(line)["seq"] for line in lines]
+        rows = decode_batch(data, manifest)
+        if len(rows) != manifest["count"]:
+            raise AssertionError(f"{manifest['file']}: {len(rows)} lines")
+        seqs += [row["seq"] for row in rows]
         files += 1
     return files, seqs
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         reader.publications_after = timer.wrap("read", reader.publications_after)
         sink = DirectorySink(landing)
         sink.put = timer.wrap("write", sink.put)
-        uploader_module.encode_rows = timer.wrap("encode", uploader_module.encode_rows)
+        uploader_module.encode_lean = timer.wrap("encode", uploader_module.encode_lean)
         uploader = Uploader("bench-gw", reader, sink, work / "data" / "sync-status.json",
                             batch_events=opts.batch_events)
         started = time.perf_counter()
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             ("drain to directory sink", f"{drain_s:.1f} s"),
             ("events/s", f"{shipped / drain_s:,.0f}"),
             ("batches", f"{files} x {opts.batch_events:,} events"),
-            ("landed (gzip + manifests)", f"{landed_bytes / 1e6:.1f} MB, "
+            ("landed (data + manifests)", f"{landed_bytes / 1e6:.1f} MB, "
                                           f"{landed_bytes / shipped:.0f} bytes/event"),
             ("MB/s written", f"{landed_bytes / 1e6 / drain_s:.1f}"),
             ("CPU", f"{cpu_s:.1f} s ({cpu_s / drain_s:.0%} of one core)"),

@@ -3,11 +3,12 @@ what the uploader shipped."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
+
+from cairn.sync.batch_format import decode_batch
 
 
 def landed(root: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -18,8 +19,8 @@ def landed(root: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         data = (root / manifest["file"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == manifest["sha256"]
         assert len(data) == manifest["bytes"]
-        lines = gzip.decompress(data).decode().splitlines()
-        assert len(lines) == manifest["count"]
+        batch = decode_batch(data, manifest)
+        assert len(batch) == manifest["count"]
         manifests.append(manifest)
-        rows += [json.loads(line) for line in lines]
+        rows += batch
     return manifests, rows

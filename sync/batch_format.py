@@ -1,18 +1,32 @@
 """The batch format, the one contract between the edge uploader and the central Spark job.
 
-A batch is ``<gateway_id>/<first_seq:012d>-<last_seq:012d>.jsonl.gz``: gzip of JSON Lines,
-one history publication per line, in seq order, each line beginning with ``gateway_id``,
-``timestamp`` and ``seq`` (readable at a glance), then the fields of :data:`ROW_FIELDS`
-(:func:`row_of`), bytes as ``{"$bytes": base64}``; and beside
+A batch is a data file ``<gateway_id>/<first_seq:012d>-<last_seq:012d><suffix>`` and beside
 it a ``.manifest.json`` written last: schema, gateway_id, file, after_seq, first_seq,
-last_seq, count, bytes, sha256, created, clock
-anchors and gap records. The uploader writes it with :func:`data_name`,
-:func:`encode_rows` and :func:`manifest_name`; the job reads it with :func:`parse_manifest`.
+last_seq, count, bytes, sha256, created, clock anchors and gap records. Rows are the fields
+of :data:`ROW_FIELDS` (:func:`row_of`), one history publication per line, in seq order,
+bytes as ``{"$bytes": base64}``. Two schemas; the uploader writes the lean one:
+
+- **1** (``.jsonl.gz``, :func:`encode_rows`): gzip of JSON Lines, each line the whole row
+  behind ``gateway_id`` and an RFC 3339 ``timestamp``: ~450 bytes of JSON a reading.
+- **2** (``.jsonl.bz2``, :func:`encode_lean`): bzip2 of JSON Lines of :data:`LEAN_FIELDS`,
+  about a tenth of that. What the table can derive is left out: the gateway id (the
+  manifest's), the realm and boot id (indexes into the manifest's ``realms`` and ``boots``),
+  the publication id (the gateway's keyed permutation of the seq, :mod:`gateway.
+  publication_ids`, recomputed from the manifest's ``publication_key``; a row whose id is
+  not that one, from before the key, carries it). seq, wall_ms and boottime - wall_ms are
+  deltas from the line before (the first line's are whole), boottime in milliseconds (the
+  table's ``boottime_ns`` is a whole millisecond). Fields that are null, and
+  ``clock_synced`` when true, are left out. bzip2: its block sort finds the fields repeated
+  line after line (half of gzip's bytes here), Spark reads it natively, and Python has it.
+
+The uploader writes with :func:`data_name`, :func:`encode_lean` and :func:`manifest_name`;
+the job reads with :func:`parse_manifest` (the Spark schemas derive from the fields here).
 """
 
 from __future__ import annotations
 
 import base64
+import bz2
 import gzip
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -22,8 +36,8 @@ from cairn.gateway.clock import rfc3339
 if TYPE_CHECKING:
     from cairn.gateway.publication import StoredPublication
 
-SCHEMA_VERSION = 1  # of the manifest and the rows; a job refuses other versions
-DATA_SUFFIX = ".jsonl.gz"
+SCHEMA_VERSION = 2  # of the manifest and the rows the uploader writes
+DATA_SUFFIXES = {1: ".jsonl.gz", 2: ".jsonl.bz2"}  # by schema; a job refuses other schemas
 MANIFEST_SUFFIX = ".manifest.json"
 
 
@@ -59,18 +73,37 @@ def row_of(pub: StoredPublication) -> dict[str, Any]:
     return {name: getattr(pub, name) for name in _ROW_NAMES}
 
 
-def data_name(gateway_id: str, first_seq: int, last_seq: int) -> str:
-    return f"{gateway_id}/{first_seq:012d}-{last_seq:012d}{DATA_SUFFIX}"
+def data_name(gateway_id: str, first_seq: int, last_seq: int,
+              schema: int = SCHEMA_VERSION) -> str:
+    return f"{gateway_id}/{first_seq:012d}-{last_seq:012d}{DATA_SUFFIXES[schema]}"
+
+
+def is_data(name: str) -> bool:
+    return name.endswith(tuple(DATA_SUFFIXES.values()))
+
+
+def stem(name: str) -> str:
+    """A batch file's name without its suffix (data or manifest)."""
+    for suffix in (*DATA_SUFFIXES.values(), MANIFEST_SUFFIX):
+        if name.endswith(suffix):
+            return name.removesuffix(suffix)
+    return name
 
 
 def manifest_name(data: str) -> str:
-    """``gw/000000000001-000000000100.jsonl.gz`` -> ``gw/...-000000000100.manifest.json``"""
-    return data.removesuffix(DATA_SUFFIX) + MANIFEST_SUFFIX
+    """``gw/000000000001-000000000100.jsonl.bz2`` -> ``gw/...-000000000100.manifest.json``"""
+    return stem(data) + MANIFEST_SUFFIX
 
 
-def data_of(manifest: str) -> str:
-    """The data file beside a manifest: the inverse of :func:`manifest_name`."""
-    return manifest.removesuffix(MANIFEST_SUFFIX) + DATA_SUFFIX
+def data_of(manifest: str, schema: int = SCHEMA_VERSION) -> str:
+    """The data file of ``schema`` beside a manifest: the inverse of :func:`manifest_name`."""
+    return stem(manifest) + DATA_SUFFIXES[schema]
+
+
+def data_candidates(manifest: str) -> list[str]:
+    """Every data file a manifest of any schema can have beside it (for one that cannot be
+    read: which file it vouched for is not known)."""
+    return [data_of(manifest, schema) for schema in DATA_SUFFIXES]
 
 
 def _json_default(value: Any) -> Any:
@@ -96,6 +129,102 @@ def encode_rows(gateway_id: str, rows: list[dict[str, Any]]) -> bytes:
     return gzip.compress("\n".join(lines).encode(), compresslevel=6, mtime=0)
 
 
+class LeanField(NamedTuple):
+    key: str
+    type: str  # as RowField's
+    what: str  # how the row's field comes back from it
+
+
+# A line of schema 2: its keys, each left out when null (``c`` when true, ``o`` and ``r``
+# when 0). Short keys: bzip2 takes them for almost nothing, but Spark parses each one.
+LEAN_FIELDS = (
+    LeanField("s", "long", "seq: the delta from the line before (the first line: seq)"),
+    LeanField("w", "long", "wall_ms: the same"),
+    LeanField("b", "long", "boottime_ms - wall_ms: the same"),
+    LeanField("o", "long", "boot_id: its index in the manifest's boots"),
+    LeanField("r", "long", "realm: its index in the manifest's realms"),
+    LeanField("p", "long", "publication, when not the one the publication_key gives"),
+    LeanField("c", "boolean", "clock_synced, when false"),
+    LeanField("t", "string", "topic"),
+    LeanField("a", "string", "authid"),
+    LeanField("ar", "string", "authrole"),
+    LeanField("au", "json", "audience"),
+    LeanField("d", "json", "details"),
+    LeanField("g", "json", "args"),
+    LeanField("k", "json", "kwargs"),
+)
+_PLAIN = {"t": "topic", "a": "authid", "ar": "authrole", "au": "audience", "d": "details",
+          "g": "args", "k": "kwargs"}
+NS_PER_MS = 1_000_000
+
+
+def lean_header(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The manifest's ``boots`` and ``realms`` of ``rows``, in order of appearance."""
+    return {"boots": list(dict.fromkeys(r["boot_id"] for r in rows)),
+            "realms": list(dict.fromkeys(r["realm"] for r in rows))}
+
+
+def encode_lean(rows: list[dict[str, Any]], key: bytes | None) -> bytes:
+    """Schema 2's data file of ``rows`` (see the module docstring); ``key``: the gateway's
+    publication id key (None: every row carries its publication id)."""
+    from cairn.gateway.publication_ids import PublicationIds
+
+    ids = PublicationIds(key) if key is not None else None
+    header = lean_header(rows)
+    boots = {b: i for i, b in enumerate(header["boots"])}
+    realms = {r: i for i, r in enumerate(header["realms"])}
+    encode = json.JSONEncoder(default=_json_default, separators=(",", ":")).encode
+    seq = wall = offset = 0
+    lines = []
+    for row in rows:
+        boottime_ms = row["boottime_ns"] // NS_PER_MS
+        line: dict[str, Any] = {"s": row["seq"] - seq, "w": row["wall_ms"] - wall,
+                                "b": boottime_ms - row["wall_ms"] - offset}
+        seq, wall, offset = row["seq"], row["wall_ms"], boottime_ms - row["wall_ms"]
+        if boots[row["boot_id"]]:
+            line["o"] = boots[row["boot_id"]]
+        if realms[row["realm"]]:
+            line["r"] = realms[row["realm"]]
+        if ids is None or ids.of_seq(row["seq"]) != row["publication"]:
+            line["p"] = row["publication"]
+        if not row["clock_synced"]:
+            line["c"] = False
+        line.update((k, row[f]) for k, f in _PLAIN.items() if row[f] is not None)
+        lines.append(encode(line))
+    lines.append("")
+    return bz2.compress("\n".join(lines).encode(), 9)
+
+
+def decode_lean(data: bytes, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a schema 2 data file, as :func:`row_of` gave them (boottime_ns to the
+    millisecond). The Spark job decodes the same in the JVM (``sync.spark.lean``)."""
+    from cairn.gateway.publication_ids import PublicationIds
+
+    key = manifest.get("publication_key")
+    ids = PublicationIds(bytes.fromhex(key)) if key else None
+    seq = wall = offset = 0
+    rows = []
+    for text in bz2.decompress(data).decode().splitlines():
+        line = json.loads(text)
+        seq, wall, offset = seq + line["s"], wall + line["w"], offset + line["b"]
+        rows.append({
+            "seq": seq,
+            "publication": line["p"] if "p" in line else ids.of_seq(seq) if ids else None,
+            "realm": manifest["realms"][line.get("r", 0)], "topic": line["t"],
+            "wall_ms": wall, "boot_id": manifest["boots"][line.get("o", 0)],
+            "boottime_ns": (wall + offset) * NS_PER_MS, "clock_synced": line.get("c", True),
+            **{f: line.get(k) for k, f in _PLAIN.items() if k != "t"}})
+    return [{name: row[name] for name in _ROW_NAMES} for row in rows]
+
+
+def decode_batch(data: bytes, manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of a batch of either schema, each with its ``gateway_id`` (for tests and
+    tools: the Spark job reads the files itself)."""
+    if manifest["schema"] == 1:
+        return [json.loads(line) for line in gzip.decompress(data).decode().splitlines()]
+    return [{"gateway_id": manifest["gateway_id"], **row} for row in decode_lean(data, manifest)]
+
+
 class ManifestError(ValueError):
     pass
 
@@ -108,8 +237,9 @@ def parse_manifest(text: str) -> dict[str, Any]:
     if not isinstance(m, dict):
         raise ManifestError("manifest is not a JSON object")
     schema = m.get("schema")
-    if schema != SCHEMA_VERSION:
-        raise ManifestError(f"manifest schema {schema!r}; this job reads {SCHEMA_VERSION}")
+    if schema not in DATA_SUFFIXES or isinstance(schema, bool):
+        raise ManifestError(f"manifest schema {schema!r}; this job reads "
+                            f"{', '.join(map(str, DATA_SUFFIXES))}")
     for key, kind in (("gateway_id", str), ("file", str), ("sha256", str), ("first_seq", int),
                       ("last_seq", int), ("count", int), ("bytes", int)):
         if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
@@ -121,4 +251,17 @@ def parse_manifest(text: str) -> dict[str, Any]:
             raise ManifestError(f"manifest field {key!r} is not a list")
     if m["first_seq"] > m["last_seq"] or m["count"] < 1:
         raise ManifestError("manifest seq range or count makes no sense")
+    if schema == 2:
+        _check_lean(m)
     return m
+
+
+def _check_lean(m: dict[str, Any]) -> None:
+    for key in ("boots", "realms"):
+        if not isinstance(m.get(key), list) or not m[key] or \
+                not all(isinstance(v, str) for v in m[key]):
+            raise ManifestError(f"manifest field {key!r} is not a list of strings")
+    key = m.get("publication_key")
+    if key is not None and (not isinstance(key, str) or len(key) != 32
+                            or not all(c in "0123456789abcdef" for c in key)):
+        raise ManifestError("manifest field 'publication_key' is not 16 bytes in hex")

@@ -25,7 +25,7 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 
 from cairn.app import cli  # noqa: E402
 from cairn.sync import spark as jobs  # noqa: E402
-from cairn.sync.batch_format import manifest_name  # noqa: E402
+from cairn.sync.batch_format import manifest_name, stem  # noqa: E402
 from cairn.sync.uploader import Batch, build_batch  # noqa: E402
 from tests.test_sync import restored_logging, run_flaky_upload  # noqa: E402
 
@@ -119,7 +119,7 @@ def test_ingest_dedupes_quarantines_and_is_idempotent(spark, tmp_path):
         moved = quarantine / bad.name
         assert moved.exists() and not (landing / bad.name).exists()
         assert (quarantine / manifest_name(bad.name)).exists()
-        note = json.loads(moved.with_name(moved.name.replace(".jsonl.gz", ".reason.json"))
+        note = json.loads(moved.with_name(stem(moved.name) + ".reason.json")
                           .read_text())
         assert note["reason"] == reasons[bad.name]
 
@@ -132,8 +132,8 @@ def test_ingest_dedupes_quarantines_and_is_idempotent(spark, tmp_path):
     assert (later.ingested, later.rows_added, later.already) == (1, 100, 6)
     assert len(set(keys(spark, table))) == len(keys(spark, table)) == 600
     row = spark.read.parquet(str(table)).where("gateway_id = 'gw-a' AND seq = 7").first()
-    assert row.batch in {"gw-a/000000000001-000000000100.jsonl.gz",
-                         "gw-a/000000000001-000000000150.jsonl.gz"}
+    assert row.batch in {"gw-a/000000000001-000000000100.jsonl.bz2",
+                         "gw-a/000000000001-000000000150.jsonl.bz2"}
     assert json.loads(row.kwargs) == {"temperature": 20.0, "humidity": 50.0}
     assert row.event_time == row.timestamp and row.time_estimated is False
     assert str(row.date) == "2026-11-20"
@@ -529,9 +529,9 @@ def test_a_fleet_of_a_thousand_gateways_lands_on_an_existing_table(spark, tmp_pa
     assert keys(spark, table) == [(gw, s) for gw in gateways for s in range(1, 5)]
 
 
-def test_gzip_batches_are_what_spark_reads(tmp_path):
-    """The uploader's batch bytes are plain gzip JSON Lines (no Spark needed to check)."""
-    batch = build_batch("gw", events(range(1, 4)), 0, [], [])
+def test_schema_1_batches_are_plain_gzip_json_lines(tmp_path):
+    """Schema 1's batch bytes are plain gzip JSON Lines (no Spark needed to check)."""
+    batch = build_batch("gw", events(range(1, 4)), 0, [], [], schema=1)
     lines = gzip.decompress(batch.data).decode().splitlines()
     assert [json.loads(line)["seq"] for line in lines] == [1, 2, 3]
 

@@ -48,7 +48,7 @@ def ingest_bad(spark, ingested) -> dict[str, str]:
 
 
 def land_bytes(landing: Path, gateway: str, rows: list, data: bytes, after: int) -> str:
-    batch = build_batch(gateway, rows, after, [], [], data)
+    batch = build_batch(gateway, rows, after, [], [], data, schema=1)  # data: schema 1's
     (landing / batch.name).parent.mkdir(parents=True, exist_ok=True)
     (landing / batch.name).write_bytes(batch.data)
     (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
@@ -96,11 +96,12 @@ def test_a_re_sent_batch_with_the_same_events_is_not_a_conflict(spark, ingested)
 
 
 def test_a_batch_of_a_newer_schema_is_quarantined_with_its_version(spark, ingested):
-    landing = ingested[0]
+    landing, _, quarantine, _ = ingested
     batch = land(landing, "gw-a", events(range(101, 111)), 100)
-    newer = dict(json.loads((landing / manifest_name(batch.name)).read_text()), schema=2)
+    newer = dict(json.loads((landing / manifest_name(batch.name)).read_text()), schema=3)
     (landing / manifest_name(batch.name)).write_text(json.dumps(newer))
-    assert ingest_bad(spark, ingested) == {batch.name: "manifest schema 2; this job reads 1"}
+    assert ingest_bad(spark, ingested) == {batch.name: "manifest schema 3; this job reads 1, 2"}
+    assert (quarantine / batch.name).read_bytes() == batch.data  # nothing lost: set aside
 
 
 def test_a_batch_with_its_lines_out_of_seq_order_is_ingested_whole(spark, ingested):

@@ -30,7 +30,7 @@ import pytest
 from autobahn.wamp.types import PublishOptions
 
 from cairn.app import cli
-from cairn.gateway.clock import Anchor
+from cairn.gateway.clock import Anchor, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
@@ -128,8 +128,8 @@ def test_directory_sink_writes_batches_manifests_and_advances_the_watermark(tmp_
         (seqs[0], 1000), (seqs[1000], 1000), (seqs[2000], 500)]
     assert sorted(r["seq"] for r in rows) == seqs  # every event once
     for m in manifests:
-        assert m["schema"] == 1 and m["gateway_id"] == GATEWAY
-        assert m["file"] == f"{GATEWAY}/{m['first_seq']:012d}-{m['last_seq']:012d}.jsonl.gz"
+        assert m["schema"] == 2 and m["gateway_id"] == GATEWAY
+        assert m["file"] == f"{GATEWAY}/{m['first_seq']:012d}-{m['last_seq']:012d}.jsonl.bz2"
         assert [a["reason"] for a in m["anchors"]] == ["start"]
         assert m["anchors"][0]["clock_synced"] is True
     # the batches tile the seq space: each starts right after the previous one's watermark
@@ -138,7 +138,7 @@ def test_directory_sink_writes_batches_manifests_and_advances_the_watermark(tmp_
 
     first = rows[0]
     assert first["gateway_id"] == GATEWAY and first["topic"] == "sensor.dev0"
-    assert first["timestamp"] == "2026-11-18T11:06:40.000Z"
+    assert rfc3339(first["wall_ms"]) == "2026-11-18T11:06:40.000Z"
     assert first["kwargs"]["raw"] == {"$bytes": base64.b64encode(bytes([0, 0xFF])).decode()}
     assert first["boot_id"] == BOOT and first["clock_synced"] is True
     assert first["authid"] == "sensor-1" and first["details"] == {"topic": "sensor.dev0"}
@@ -182,10 +182,10 @@ def test_batch_bytes_bound_splits_batches(tmp_path):
     data_dir, landing = tmp_path / "data", tmp_path / "landing"
     seqs = fill_store(data_dir, 1200)
     uploader_for(data_dir, DirectorySink(landing), batch_events=1000,
-                 batch_bytes=8000).once()
+                 batch_bytes=2000).once()
     manifests, rows = landed(landing)
     assert len(manifests) > 3
-    assert all(m["bytes"] <= 8000 for m in manifests)
+    assert all(m["bytes"] + len(json.dumps(m, separators=(",", ":"))) <= 2000 for m in manifests)
     assert sorted(r["seq"] for r in rows) == seqs
 
 

@@ -18,6 +18,7 @@ from cairn.gateway.core import Sequence
 from cairn.gateway.metrics import MessageCounters
 from cairn.gateway.metrics import render as render_metrics
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
+from cairn.sync.batch_format import manifest_name
 from cairn.sync.budget import DAY_NS
 from cairn.sync.cli import parse_sync
 from harness.landing import landed
@@ -98,7 +99,7 @@ def test_past_the_budget_only_health_records_go_and_the_backlog_drains_the_next_
     assert {r["seq"] for r in rows if r["topic"] != HEALTH_TOPIC} == \
         {s for s in readings if s <= synced}
     sent = sum(m["bytes"] for m in manifests) + sum(
-        (landing / m["file"].replace(".jsonl.gz", ".manifest.json")).stat().st_size
+        (landing / manifest_name(m["file"])).stat().st_size
         for m in manifests)
     assert status["budget_used"] == status["bytes_sent"] == sent
     assert status["backlog"] == len([s for s in readings + health if s > synced])

@@ -12,7 +12,7 @@ from typing import Any
 from cairn.gateway.data_dir import read_sync_status
 from cairn.gateway.publication import StoredPublication
 from cairn.gateway.store.damage import Damage, Shape, Unreadable, decoded, readable_text, reading
-from cairn.gateway.store.schema import _RAISE_META, ANCHOR, GAP, STORED, _meta_int
+from cairn.gateway.store.schema import _RAISE_META, ANCHOR, GAP, STORED, _meta, _meta_int
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,16 @@ class HistoryReader:
         if seq is None:
             seq = (read_sync_status(self.path.parent) or {}).get("synced_seq")
         return seq if type(seq) is int else 0
+
+    def publication_key(self) -> bytes | None:
+        """The key of the stored publications' ids (gateway.publication_ids); None when
+        there is none (a store from before them) or it is damaged."""
+        value = _meta(self.db, "publication_key")
+        try:
+            key = bytes.fromhex(value) if isinstance(value, str) else None
+        except ValueError:
+            return None
+        return key if key is not None and len(key) == 16 else None
 
     def set_synced_seq(self, seq: int) -> None:
         self.db.execute(_RAISE_META, ("synced_seq", seq))

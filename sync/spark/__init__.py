@@ -1,7 +1,8 @@
 """``cairn spark``: the central jobs. Landed batches -> one Parquet table -> reports.
 
-The uploaders land ``<gateway_id>/<first>-<last>.jsonl.gz`` batches and, once a batch is
-complete, its ``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_stream`
+The uploaders land ``<gateway_id>/<first>-<last>.jsonl.bz2`` batches (``.jsonl.gz`` from
+uploaders of schema 1: :mod:`cairn.sync.batch_format`) and, once a batch is complete, its
+``.manifest.json``. :func:`ingest` (one-shot) and :func:`ingest_stream`
 (Structured Streaming) verify them, dedupe them against the table, re-base the time of rows
 recorded before the gateway's clock was synchronized and commit them; :func:`report` writes
 the reports. The modules, in the order an ingest goes through them:
@@ -23,7 +24,7 @@ the reports. The modules, in the order an ingest goes through them:
 
 This package re-exports what callers import from ``cairn.sync.spark``, the module it was."""
 
-from cairn.sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX
+from cairn.sync.batch_format import DATA_SUFFIXES, MANIFEST_SUFFIX
 from cairn.sync.spark.cli import main
 from cairn.sync.spark.dedupe import _overlapping
 from cairn.sync.spark.files import Files
@@ -68,7 +69,7 @@ from cairn.sync.spark.verify import _Candidate
 # (the functions ingest and session shadow the modules of the same name here: reach those
 # as cairn.sync.spark.ingest / .session through sys.modules or `from ... import`)
 __all__ = [
-    "ANCHOR_SCHEMA", "BATCH_LOG_SCHEMA", "CHUNK_BATCHES", "COMPACT_FILES", "DATA_SUFFIX",
+    "ANCHOR_SCHEMA", "BATCH_LOG_SCHEMA", "CHUNK_BATCHES", "COMPACT_FILES", "DATA_SUFFIXES",
     "EVENT_SCHEMA", "GAP_SCHEMA", "JOB_CONF", "LOCK_WAIT_S", "MANIFEST_SUFFIX", "NOT_LANDED",
     "REF_SCHEMA", "REQUIRED", "SHIPPED_PACKAGES", "TABLE_COLUMNS", "TABLE_SCHEMA",
     "Files", "IngestRun", "IngestStats", "LandedManifest", "LandingError", "Report",

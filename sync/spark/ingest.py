@@ -26,10 +26,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cairn.sync.batch_format import (
-    DATA_SUFFIX,
     MANIFEST_SUFFIX,
     ManifestError,
+    data_candidates,
     data_of,
+    is_data,
     manifest_name,
     parse_manifest,
 )
@@ -87,12 +88,13 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table_path: 
                            if u.endswith(MANIFEST_SUFFIX) and u not in landed.unchanged)
     stats = IngestStats()
     stats.timed("listing", started)
-    stats.waiting = sum(1 for u in landed.uris if u.endswith(DATA_SUFFIX)
+    stats.waiting = sum(1 for u in landed.uris if is_data(u)
                         and manifest_name(u) not in landed.uris)
     stats.manifests = stats.already = stats.unread = len(landed.unchanged)
     if archive:
         for manifest_path, gateway in landed.unchanged.values():
-            _move_batch(files, manifest_path, data_of(manifest_path), f"{archive}/{gateway}")
+            for data_path in data_candidates(manifest_path):  # whichever schema it was
+                _move_batch(files, manifest_path, data_path, f"{archive}/{gateway}")
     for start in range(0, max(len(manifest_uris), 1), chunk):
         stats.add(_ingest_paths(spark, files, manifest_uris[start:start + chunk], table_path,
                                 quarantine, landed.uris, archive))
@@ -222,12 +224,15 @@ class IngestRun:
         parsed: list[_Candidate] = []
         for manifest_uri, text, *_ in self.manifests:
             manifest_path = self.files.from_uri(manifest_uri)
-            data_path = data_of(manifest_path)
             try:
-                parsed.append(_Candidate(manifest_path, data_path, parse_manifest(text),
-                                         data_of(manifest_uri)))
-            except ManifestError as e:
+                m = parse_manifest(text)
+            except ManifestError as e:  # whichever data file it has goes aside with it
+                data_path = next((d for d in data_candidates(manifest_path)
+                                  if self.files.exists(d)), data_of(manifest_path))
                 self.reject(manifest_path, data_path, None, str(e))
+                continue
+            parsed.append(_Candidate(manifest_path, data_of(manifest_path, m["schema"]), m,
+                                     data_of(manifest_uri, m["schema"])))
         return parsed
 
     def triage(self, parsed: list[_Candidate]) -> tuple[list[_Candidate], list[_Candidate]]:

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.sync.batch_format import DATA_SUFFIX, MANIFEST_SUFFIX
+from cairn.sync.batch_format import MANIFEST_SUFFIX, stem
 from cairn.sync.spark.files import Files, _name, _now
 from cairn.sync.spark.table import Table
 
@@ -102,8 +102,7 @@ def _quarantine(files: Files, quarantine: str | None, manifest_path: str, data_p
         return "left in place: no quarantine directory given"
     target = f"{quarantine}/{gateway or manifest_path.rstrip('/').split('/')[-2]}"
     _move_batch(files, manifest_path, data_path, target)
-    stem = data_path.rsplit("/", 1)[-1].removesuffix(DATA_SUFFIX)
-    files.write_text(f"{target}/{stem}.reason.json", json.dumps(
+    files.write_text(f"{target}/{stem(data_path.rsplit('/', 1)[-1])}.reason.json", json.dumps(
         {"batch": _name(data_path), "reason": reason, "quarantined": _now().isoformat() + "Z",
          "from": data_path}, indent=1))
     return f"moved to {target}"

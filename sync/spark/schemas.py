@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
-from cairn.sync.batch_format import ROW_FIELDS
+from cairn.sync.batch_format import LEAN_FIELDS, ROW_FIELDS
 
 # Settings every job needs; the session gets them at start and each job sets them again
 # (the session may have been made by someone else).
@@ -31,6 +31,8 @@ _ROW_TYPES = {"long": T.LongType(), "string": T.StringType(), "boolean": T.Boole
               "json": T.StringType()}
 EVENT_SCHEMA = T.StructType([T.StructField("gateway_id", T.StringType())] + [
     T.StructField(f.name, _ROW_TYPES[f.type]) for f in ROW_FIELDS])
+# One line of a schema 2 batch (batch_format.LEAN_FIELDS), as read before it is decoded
+LEAN_SCHEMA = T.StructType([T.StructField(f.key, _ROW_TYPES[f.type]) for f in LEAN_FIELDS])
 # the fields every event has (NOT NULL in the gateway's store)
 REQUIRED = ("gateway_id", *(f.name for f in ROW_FIELDS if f.required))
 

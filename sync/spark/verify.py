@@ -14,6 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cairn.sync.spark.files import _name
+from cairn.sync.spark.lean import parse_lean
 from cairn.sync.spark.schemas import EVENT_SCHEMA, REQUIRED
 
 
@@ -61,10 +62,16 @@ def _bytes_problem(manifest: dict[str, Any], length: int | None,
 
 
 def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
-    """The lines of ``batches`` as events, with the ``uri`` of the file each came from."""
-    return (spark.read.option("ignoreCorruptFiles", True)  # a short gzip: fewer lines
-            .schema(EVENT_SCHEMA).json([c.data_path for c in batches])
-            .withColumn("uri", F.col("_metadata.file_path")))
+    """The lines of ``batches`` as events, with the ``uri`` of the file each came from
+    (schema 2's lean lines decoded to schema 1's)."""
+    full = [c for c in batches if c.manifest["schema"] == 1]
+    lean = [c for c in batches if c.manifest["schema"] == 2]
+    frames = [parse_lean(spark, lean)] if lean else []
+    if full or not lean:
+        frames.insert(0, spark.read.option("ignoreCorruptFiles", True)  # a short gzip
+                      .schema(EVENT_SCHEMA).json([c.data_path for c in full])
+                      .withColumn("uri", F.col("_metadata.file_path")))
+    return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
 
 def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
