@@ -15,11 +15,11 @@ import secrets
 
 BITS = 53
 _MASK = (1 << BITS) - 1
-_SHIFT = 27  # 2 * 27 >= 53: x ^= x >> 27 is its own inverse
+SHIFT = 27  # 2 * 27 >= 53: x ^= x >> 27 is its own inverse
 # odd constants (from the golden ratio and splitmix64), so multiplying is a bijection mod 2**53
-_MULTIPLIERS = (0x9E3779B97F4A7C15 & _MASK, 0xBF58476D1CE4E5B9 & _MASK,
+MULTIPLIERS = (0x9E3779B97F4A7C15 & _MASK, 0xBF58476D1CE4E5B9 & _MASK,
                 0x94D049BB133111EB & _MASK)
-_INVERSES = tuple(pow(c, -1, 1 << BITS) for c in _MULTIPLIERS)
+_INVERSES = tuple(pow(c, -1, 1 << BITS) for c in MULTIPLIERS)
 
 
 def new_key() -> bytes:
@@ -35,14 +35,14 @@ class PublicationIds:
 
     def of_seq(self, seq: int) -> int:
         """The publication id of the stored publication ``seq`` (0 <= seq < 2**53)."""
-        c1, c2, c3 = _MULTIPLIERS
+        c1, c2, c3 = MULTIPLIERS
         x = (seq + self._k0) & _MASK
         x = (x * c1) & _MASK
-        x ^= x >> _SHIFT
+        x ^= x >> SHIFT
         x = ((x + self._k1) * c2) & _MASK
-        x ^= x >> _SHIFT
+        x ^= x >> SHIFT
         x = (x * c3) & _MASK
-        x ^= x >> _SHIFT
+        x ^= x >> SHIFT
         return x + 1
 
     def seq_of(self, publication: int) -> int:
@@ -50,10 +50,10 @@ class PublicationIds:
         such a row is stored is for the store to say)."""
         i1, i2, i3 = _INVERSES
         x = (publication - 1) & _MASK
-        x ^= x >> _SHIFT
+        x ^= x >> SHIFT
         x = (x * i3) & _MASK
-        x ^= x >> _SHIFT
+        x ^= x >> SHIFT
         x = ((x * i2) - self._k1) & _MASK
-        x ^= x >> _SHIFT
+        x ^= x >> SHIFT
         x = (x * i1) & _MASK
         return (x - self._k0) & _MASK

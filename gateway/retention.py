@@ -263,8 +263,8 @@ class Retention:
         session's share bounds) its slot's retained publication. Returns the bound that
         refused it (the limit's name, ": ", why), or None; and the slots that made room for
         it (gone: forget them in the store), which only a new slot of ``evict`` may take."""
-        if pub.authid == OWN_AUTHID and pub.topic == HEALTH_TOPIC:
-            self._put_own(pub)
+        if pub.topic == HEALTH_TOPIC:  # the broker refuses clients there: the router's own,
+            self._put_own(pub)           # also when restored from the store (no publisher)
             return None, []
         size = pub.size
         limits = self.limits

@@ -16,7 +16,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from cairn.gateway.publication_ids import _MULTIPLIERS, _SHIFT, BITS
+from cairn.gateway.publication_ids import BITS, MULTIPLIERS, SHIFT
 from cairn.sync.batch_format import NS_PER_MS
 from cairn.sync.spark.schemas import EVENT_SCHEMA, LEAN_SCHEMA
 
@@ -39,12 +39,12 @@ def with_publication(frame: DataFrame, seq: str, k0: str, k1: str, name: str) ->
     """``frame`` with column ``name``: ``PublicationIds(key).of_seq(seq)``, k0 and k1 the
     key's halves as there. A column per step: each step uses its input more than once, so
     one nested expression would double in size with each."""
-    c1, c2, c3 = _MULTIPLIERS
+    c1, c2, c3 = MULTIPLIERS
     x = F.col("_step")
 
     def mix(frame: DataFrame, multiplier: int) -> DataFrame:
         frame = frame.withColumn("_step", _mulmod(x, multiplier))
-        return frame.withColumn("_step", x.bitwiseXOR(F.shiftright(x, _SHIFT)))
+        return frame.withColumn("_step", x.bitwiseXOR(F.shiftright(x, SHIFT)))
 
     frame = frame.withColumn("_step", (F.col(seq).bitwiseAND(_MASK) + F.col(k0))
                              .bitwiseAND(_MASK))
