@@ -22,6 +22,7 @@ from cairn.gateway.wear import WearMeter, disk_of
 from harness.config import router_table
 from harness.process import ROOT, RouterProcess, free_port
 from harness.wamp_client import connect
+from tests.conftest import RunningRouter
 from tests.test_ops import REALM, cairn, doctor_lines, parse_prometheus
 
 GB = 10**9
@@ -190,17 +191,8 @@ async def test_a_router_just_started_says_measuring_instead_of_a_rate(tmp_path):
 
 
 @dataclass
-class InProcessRouter:
-    node: Node
-    config: Path
-
-    @property
-    def port(self) -> int:
-        return self.node.port
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
+class InProcessRouter(RunningRouter):
+    config: Path = Path()
 
 
 @pytest.mark.slow
@@ -217,13 +209,13 @@ async def test_metrics_status_and_doctor_show_a_card_that_wears_out_too_fast(tmp
     await node.start()
     try:
         node.stores.wear.sample()  # the first maintenance pass
-        session = await connect(InProcessRouter(node, config))
+        session = await connect(InProcessRouter(node, "", config))
         for i in range(20):
             await session.publish(f"sensor.s{i % 4}", i,
                                   options=PublishOptions(acknowledge=True, retain=True))
         await session.leave()
         await asyncio.sleep(1.1)
-        status, metrics, (level, detail) = await wear_figures(InProcessRouter(node, config))
+        status, metrics, (level, detail) = await wear_figures(InProcessRouter(node, "", config))
     finally:
         await node.stop()
     assert status["wear"]["endurance_tb"] == 0.000001
