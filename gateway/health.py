@@ -90,6 +90,7 @@ class HealthReporter:
         update = status["update"]
         return {
             "schema": SCHEMA,
+            "interval_s": self.interval,  # the central report expects one this often
             "version": installed_version(),
             "boot_id": web.router.clock.boot_id,
             "uptime_s": status["uptime_s"],

@@ -11,7 +11,7 @@ batch_bytes = 8388608           # compressed bytes per batch file
 interval = 60                   # seconds between checks while there is nothing to send
 timeout = 30                    # seconds a whole HTTP request may take
 redirect_hosts = []             # hosts a redirect may hand a batch to (WebHDFS datanodes)
-max_backoff = 600               # seconds, the longest wait between retries
+max_backoff = 600               # seconds, the longest wait between retries (at most interval)
 bandwidth = 0                   # bytes/s cap, 0 = none
 daily_bytes = 0                 # bytes a day; past it only health records go; 0 = no limit
 verify_tls = true

@@ -16,7 +16,8 @@ has, then the next, then its name):
     silent_devices     a device not ok, or without a reading for SILENT_DEVICE_S
     backlog            the oldest unsynced event is older than BACKLOG_AGE_S
     data_lost          seqs never landed or dropped on the gateway (the gap report)
-    no_health          no health record, or none for HEALTH_LATE_S before its newest event
+    no_health          no health record, or none for two of its intervals before its newest
+                       event (the record's interval_s; HEALTH_INTERVAL_S for records without)
     health_malformed   the newest record is not JSON, or fields have the wrong type
     budget_spent       the data budget is spent: only health records are sent
 
@@ -37,7 +38,7 @@ from typing import Any
 DAY_S = 86_400.0
 HEALTH_INTERVAL_S = 900.0        # the gateways' default router.health_interval
 OFFLINE_S = DAY_S                # metered links upload every minute: a day of nothing is down
-HEALTH_LATE_S = 2 * HEALTH_INTERVAL_S
+HEALTH_LATE_S = 2 * HEALTH_INTERVAL_S  # two intervals missed: a record is late
 CARD_LIFE_YEARS = 1.0            # under a year: order the card and plan the visit
 SILENT_DEVICE_S = DAY_S
 CLOCK_GRACE_S = 3_600.0          # NTP or GPS may take a while after a cold start
@@ -307,7 +308,9 @@ def _lost(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
 def _no_health(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
     if f.last_health_s is None:
         return "no health record (a version before them, or none landed yet)"
-    if (lag := _over(r, "health_lag_s", HEALTH_LATE_S)) is None:
+    interval = h.get("interval_s", NUMBER)  # the gateway's own router.health_interval
+    late = 2 * interval if interval and interval > 0 else HEALTH_LATE_S
+    if (lag := _over(r, "health_lag_s", late)) is None:
         return None
     return f"no health record for {duration(lag)} before the newest event"
 

@@ -282,7 +282,9 @@ class Uploader:
     def run(self, interval: float = 60.0, max_backoff: float = 600.0,
             stop: Any = None) -> None:
         """Long-running mode: drain whenever there is something, back off (with jitter)
-        while the sink fails, and retry at once when a retry succeeds."""
+        while the sink fails, and retry at once when a retry succeeds. A retry waits at most
+        ``interval`` (and ``max_backoff``): a link back after an outage of any length is
+        used within one interval, as an idle uploader would notice new readings."""
         backoff = 0.0
         while stop is None or not stop.is_set():
             try:
@@ -293,7 +295,7 @@ class Uploader:
                 wait = interval
             except SinkError as e:
                 self._mark_failure(str(e))
-                backoff = min(max(backoff * 2, 1.0), max_backoff)
+                backoff = min(max(backoff * 2, 1.0), max_backoff, interval)
                 wait = backoff * (0.5 + random.random() / 2)
                 log.warning("sync failed: %s; %d events waiting; retrying in %s", e,
                             self.status.backlog, _duration(wait) if wait >= 1 else

@@ -167,6 +167,13 @@ def test_events_long_after_the_last_health_record_are_flagged():
     assert flags(facts(health_ago=60 + 20 * 60)) == {}  # within two intervals
 
 
+def test_a_record_forty_minutes_old_of_an_hourly_gateway_is_not_late():
+    """Two of the gateway's own intervals, not of the default 15 min (which would flag it)."""
+    assert flags(facts(health=record(interval_s=3600.0), health_ago=60 + 40 * 60)) == {}
+    assert "no_health" in flags(facts(health=record(interval_s=900.0),
+                                      health_ago=60 + 40 * 60))
+
+
 def test_a_backlog_older_than_a_day_is_flagged():
     found = flags(facts(health=record(backlog={"events": 250_000,
                                                "oldest_age_s": 3 * 86400})))

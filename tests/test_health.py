@@ -143,6 +143,11 @@ async def test_version_boot_and_uptimes(router):
     assert abs(record["system_uptime_s"] - clock.boottime_ns() / 1e9) < 5
 
 
+async def test_the_record_states_its_interval(router):
+    """The fixture's router.health_interval is 1h: the fleet report reads it."""
+    assert (await router.node.health.record())["interval_s"] == 3600.0
+
+
 async def test_slot_trial_and_the_last_updates_result(router, tmp_path, monkeypatch):
     cmdline = tmp_path / "cmdline"
     cmdline.write_text("console=ttyAMA0 rauc.slot=B root=/dev/vda3\n")

@@ -21,6 +21,7 @@ import socket
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -447,6 +448,44 @@ class FlakyServer:
             handler.end_headers()
 
 
+@contextlib.contextmanager
+def uploading(data_dir: Path, sink: Any, interval: float, max_backoff: float = 600.0,
+              batch_events: int = 200) -> Iterator[threading.Thread]:
+    """The uploader's long-running mode, as the systemd unit runs it, in a thread (its
+    SQLite connection stays there); stopped on leaving."""
+    stop = threading.Event()
+
+    def upload() -> None:
+        uploader = uploader_for(data_dir, sink, batch_events=batch_events)
+        try:
+            uploader.run(interval=interval, max_backoff=max_backoff, stop=stop)
+        finally:
+            uploader.reader.close()
+
+    worker = threading.Thread(target=upload, daemon=True)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        stop.set()
+        worker.join(10)
+
+
+def until_synced(data_dir: Path, last_seq: int, worker: threading.Thread,
+                 timeout: float = 60.0) -> float:
+    """Wait until the store's watermark reaches ``last_seq``; the seconds it took."""
+    reader = HistoryReader(data_dir / "cairn.db")
+    started = time.monotonic()
+    try:
+        while reader.synced_seq() < last_seq:
+            assert time.monotonic() - started < timeout, f"stuck: {status_of(data_dir)}"
+            assert worker.is_alive(), "the uploader died"
+            time.sleep(0.01)
+    finally:
+        reader.close()
+    return time.monotonic() - started
+
+
 def run_flaky_upload(tmp_path: Path, events: int = 3000, seed: int = 7, failures: int = 24
                      ) -> tuple[Path, list[int], FlakyServer, Path]:
     """Fill a store, upload it through a FlakyServer with a bearer token until the
@@ -456,29 +495,11 @@ def run_flaky_upload(tmp_path: Path, events: int = 3000, seed: int = 7, failures
     server = FlakyServer(landing, seed=seed, failures=failures, rate=0.5, token="t0ken",
                          stall=0.6).start()
     sink = HttpSink(server.url, token="t0ken", timeout=0.3)
-    stop = threading.Event()
-
-    def upload() -> None:  # the long-running mode, as the systemd unit runs it
-        uploader = uploader_for(data_dir, sink, batch_events=200)
-        try:
-            uploader.run(interval=0.05, max_backoff=0.05, stop=stop)
-        finally:
-            uploader.reader.close()
-
-    worker = threading.Thread(target=upload, daemon=True)
-    worker.start()
-    reader = HistoryReader(data_dir / "cairn.db")
     try:
-        deadline = time.monotonic() + 60
-        while reader.synced_seq() < seqs[-1]:
-            assert time.monotonic() < deadline, f"stuck: {status_of(data_dir)}"
-            assert worker.is_alive(), "the uploader died"
-            time.sleep(0.05)
+        with uploading(data_dir, sink, interval=0.05, max_backoff=0.05) as worker:
+            until_synced(data_dir, seqs[-1], worker)
     finally:
-        stop.set()
-        worker.join(10)
         server.stop()
-        reader.close()
     return landing, seqs, server, data_dir
 
 
