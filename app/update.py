@@ -177,6 +177,9 @@ def add_commands(commands: Any) -> None:
     i.add_argument("bundle", metavar="FILE", help="a signed cairn-*.raucb")
     i.add_argument("--reboot", action="store_true", help="reboot into it when installed")
     actions.add_parser("mark-good", help="keep the running slot (what the health gate does)")
+    usb = actions.add_parser("usb", help="install the cairn-*.raucb of a USB stick and reboot "
+                                         "into it (cairn-update-usb@.service)")
+    usb.add_argument("device", metavar="DEVICE", help="the stick's file system, e.g. /dev/sda1")
     p = actions.add_parser("pull", help="fetch and install updates from [update] source",
                            description="Check the central side's latest.json every "
                                        "[update] interval; download, check and install a "
@@ -317,6 +320,13 @@ def main(args: argparse.Namespace) -> int:
             print(_rauc("status", "mark-good", "booted"), end="")
         elif args.action == "pull":
             return _pull(args.config, args.once)
+        elif args.action == "usb":
+            from cairn.app import update_usb
+
+            installed, what = update_usb.install_from(args.device, sys.modules[__name__])
+            print(f"cairn update usb: {what}")
+            if installed:
+                run("systemctl", "--no-block", "reboot")
         elif args.action == "health":
             slot = booted_slot(Path("/proc/cmdline").read_text())
             done, why = health_gate(UPDATE_DIR, slot, lambda: health_problems(args.config),

@@ -33,9 +33,10 @@ WORK = ROOT / "build" / "image" / "debian-test"
 BOOT_TIMEOUT = 900          # s: first boot under TCG (data partition, host keys, a reboot)
 # systemd 257 gives up for good when its generators run over 90 s ("Failed to start up
 # manager", then "Freezing execution."): seen about once in 25 boots here, after 25 s of
-# boot, cause not found (images/README.md). A board comes back from that only by a hardware
-# watchdog, which the image does not arm yet: the tests power-cycle such a boot, at most
-# twice per wait, and say so in their output and as a warning.
+# boot, cause not found (images/README.md). The image arms the hardware watchdog (an i6300esb
+# here) before the generators run, so the guest resets itself 2 min later; the tests
+# power-cycle such a boot sooner, at most twice per wait, and say so in their output and as a
+# warning.
 SYSTEMD_FROZE = "Freezing execution."
 FREEZE_RESTARTS = 2
 SSH_USER = "admin"
@@ -123,7 +124,6 @@ def build_test_image(log: Path) -> tuple[Path, Path]:
 
 
 def _build_test_image(log: Path) -> tuple[Path, Path]:
-    key = test_key()
     stamp = WORK / "built-from"
     source = _source_key()
     made = WORK / "out"
@@ -133,7 +133,8 @@ def _build_test_image(log: Path) -> tuple[Path, Path]:
             return prefix.with_name(prefix.name + ".img"), prefix.with_name(prefix.name + ".boot")
     ca = make_ca(WORK / "ca", "Cairn test updates")
     env = {**os.environ, "CAIRN_IMAGE_WORK": str(WORK),
-           "CAIRN_SSH_PUBKEY": key.with_suffix(".pub").read_text().strip(),
+           # no SSH key in the image: each Guest provisions its own (cairn/authorized_keys)
+           "CAIRN_SSH_PUBKEY": "",
            "CAIRN_UPDATE_KEYRING": str(ca["keyring"]), "CAIRN_BUNDLE_CERT": str(ca["cert"]),
            "CAIRN_BUNDLE_KEY": str(ca["key"])}
     with open(log, "w") as out:
@@ -153,8 +154,8 @@ class Guest:
     process that boots it. ``start`` again after ``kill`` or ``poweroff`` boots the same disk."""
 
     def __init__(self, image: Path, boot: Path, workdir: Path, disk_mib: int = 5120,
-                 sensor_uart: bool = True, host_services: dict[str, int] | None = None
-                 ) -> None:
+                 sensor_uart: bool = True, host_services: dict[str, int] | None = None,
+                 provision: dict[str, str] | None = None) -> None:
         self.image, self.boot, self.workdir = image, boot, workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.disk = workdir / "disk.img"
@@ -162,6 +163,9 @@ class Guest:
         os.truncate(self.disk, disk_mib * 2**20)
         self.set_board_cmdline()
         self.key = test_key()
+        # flashed, then personalised as a person does on a laptop: the image has no SSH key
+        self.provision({"authorized_keys": self.key.with_suffix(".pub").read_text(),
+                        **(provision or {})})
         # SSH's master sockets: a short path (a Unix socket's is at most 107 bytes, and
         # pytest's directories under xdist are long)
         self.ssh_dir = Path(tempfile.mkdtemp(prefix="cairn-ssh-"))
@@ -194,6 +198,16 @@ class Guest:
         local = self.workdir / "boot-file"
         local.write_bytes(data)
         subprocess.run(["mcopy", "-o", "-i", self._fat(), str(local), f"::{path}"], check=True)
+
+    def provision(self, files: dict[str, str]) -> None:
+        """Files into the boot partition's cairn/ folder (``sensors/uart.toml``, ...), as a
+        person with a card reader would put them there; the device applies them at boot."""
+        for name, text in files.items():
+            parent = ""
+            for part in f"cairn/{name}".split("/")[:-1]:
+                parent = f"{parent}/{part}" if parent else part
+                subprocess.run(["mmd", "-i", self._fat(), f"::{parent}"], capture_output=True)
+            self.write_boot_file(f"cairn/{name}", text.encode())
 
     def read_boot_file(self, path: str) -> bytes:
         return subprocess.run(["mcopy", "-n", "-i", self._fat(), f"::{path}", "-"],
@@ -230,6 +244,9 @@ class Guest:
                                  for guest, port in self.host_services.items()),
             "-device", "virtio-net-pci,netdev=lan,id=nic",
             "-device", "virtio-rng-pci",
+            # the board's watchdog (systemd's RuntimeWatchdogSec feeds it) and a USB bus for
+            # sticks (plug_usb_stick)
+            "-device", "i6300esb", "-device", "qemu-xhci,id=usb",
         ]
         if self.rtc_base:
             # the guest's RTC starts there and runs on; the host clock is untouched
@@ -269,6 +286,15 @@ class Guest:
                     return answer.decode(errors="replace").split("\r\n", 1)[-1]
                 answer = b""
         return ""
+
+    def plug_usb_stick(self, image: Path, name: str = "stick") -> None:
+        """A USB stick (a disk image, read-only) plugged into the running guest."""
+        self.monitor(f"drive_add 0 if=none,id={name},file={image},format=raw,readonly=on")
+        answer = self.monitor(f"device_add usb-storage,bus=usb.0,drive={name},id={name}-dev")
+        assert "rror" not in answer, answer
+
+    def unplug_usb_stick(self, name: str = "stick") -> None:
+        self.monitor(f"device_del {name}-dev")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -449,10 +475,11 @@ CENTRAL = "10.0.2.100:8000"
 
 
 def booted(image: tuple[Path, Path], workdir: Path,
-           host_services: dict[str, int] | None = None):
+           host_services: dict[str, int] | None = None,
+           provision: dict[str, str] | None = None):
     """A device for the tests (a generator for a fixture): first boot (the data partition,
     the device's settings and host keys, under the read-only root), then ready."""
-    guest = Guest(*image, workdir, host_services=host_services)
+    guest = Guest(*image, workdir, host_services=host_services, provision=provision)
     guest.start()
     took = guest.wait_ready()
     print(f"\n[appliance] first boot to cairn-router ready: {took:.0f} s")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.app import update
+from cairn.app import update, update_usb
 from cairn.gateway import ops, update_state
 from cairn.gateway.metrics import MessageCounters, render
 
@@ -245,3 +245,31 @@ def test_an_install_rauc_gave_up_on_ends_its_own_record(ab_device, monkeypatch):
     with pytest.raises(update.UpdateError):
         update.install(Path("x.raucb"), "0.3.0")
     assert not (ab_device / update_state.INSTALLING).exists()
+
+
+# -- a USB stick (cairn update usb: the whole path runs in QEMU, test_device_update.py) ------
+
+
+def test_a_stick_offers_the_bundles_at_its_top_named_cairn_whatever_their_case(tmp_path):
+    for name in ("cairn-1.2.raucb", "CAIRN-1.3.RAUCB", "other.raucb", "cairn-1.4.raucb.txt"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / "cairn-dir.raucb").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "cairn-2.0.raucb").write_bytes(b"x")
+    assert [p.name for p in update_usb.find_bundles(tmp_path)] == ["CAIRN-1.3.RAUCB",
+                                                                   "cairn-1.2.raucb"]
+
+
+def test_a_stick_left_in_does_not_install_the_running_version_again():
+    assert "is the one running" in update_usb.reason_to_skip("1.2", "1.2", None)
+
+
+def test_a_stick_left_in_does_not_install_again_a_version_that_was_not_kept():
+    last = {"result": "failed", "version": "1.3", "reason": "cairn-router never ready"}
+    assert "not kept (cairn-router never ready)" in update_usb.reason_to_skip("1.3", "1.2", last)
+
+
+def test_a_stick_installs_another_version_even_after_a_different_one_failed():
+    last = {"result": "failed", "version": "1.3", "reason": "x"}
+    assert update_usb.reason_to_skip("1.4", "1.2", last) is None
+    assert update_usb.reason_to_skip("1.3", "1.2", {"result": "kept", "version": "1.3"}) is None

@@ -137,6 +137,7 @@ LABEL=CAIRN-BOOT  /boot/firmware  vfat    defaults,noatime,umask=0077,nofail,x-s
 LABEL=cairn-data  /data           ext4    defaults,noatime,commit=60,nofail,x-systemd.requires=cairn-data-partition.service,x-systemd.device-timeout=10min  0  2
 /data/cairn       /var/lib/cairn  none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
 /data/etc/cairn   /etc/cairn      none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
+/data/etc/NetworkManager/system-connections  /etc/NetworkManager/system-connections  none  bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
 EOF
 install -d -m 755 "$R/data"
 "$IMAGES/appliance/appliance.sh" "$R"
@@ -147,16 +148,26 @@ echo "$HOSTNAME_" > "$R/etc/hostname"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' \
     "$HOSTNAME_" > "$R/etc/hosts"
 
-# Network: DHCP on every wired interface; DNS through systemd-resolved.
-cat > "$R/etc/systemd/network/20-wired.network" <<'EOF'
-[Match]
-Type=ether
-
-[Network]
-DHCP=yes
-EOF
-systemctl --root="$R" enable systemd-networkd.service systemd-resolved.service
+# Network: NetworkManager: wired DHCP by its own default, Wi-Fi and cellular (ModemManager)
+# from the profiles provisioning writes (images/provision); DNS through systemd-resolved. The
+# profiles are device settings: /etc/NetworkManager/system-connections is bound from the data
+# partition (fstab above).
+printf '%s\n' '[main]' 'dns=systemd-resolved' 'plugins=keyfile' \
+    > "$R/etc/NetworkManager/conf.d/cairn.conf"
+systemctl --root="$R" disable systemd-networkd.service systemd-networkd.socket 2> /dev/null || true
+systemctl --root="$R" enable NetworkManager.service ModemManager.service systemd-resolved.service
 ln -sfn /run/systemd/resolve/stub-resolv.conf "$R/etc/resolv.conf"
+mkdir -p "$R/etc/systemd/system/NetworkManager.service.d"
+printf '%s\n' '[Unit]' '# the profiles: a device setting, bound from the data partition' \
+    'RequiresMountsFor=/etc/NetworkManager/system-connections' \
+    > "$R/etc/systemd/system/NetworkManager.service.d/cairn.conf"
+
+# A boot or a system that hangs restarts by itself: PID 1 feeds the hardware watchdog
+# (bcm2835_wdt, loaded in the initramfs), which resets the board when it stops; a reboot that
+# hangs is cut after 10 min. A reset in a trial boot costs that slot one of its tries.
+mkdir -p "$R/etc/systemd/system.conf.d"
+printf '%s\n' '[Manager]' 'RuntimeWatchdogSec=2min' 'RebootWatchdogSec=10min' \
+    > "$R/etc/systemd/system.conf.d/cairn-watchdog.conf"
 
 # SSH by key only, for the admin user (sudo); root has no password and no key.
 chroot "$R" useradd --create-home --shell /bin/bash --groups sudo,adm,systemd-journal "$ADMIN"
@@ -168,6 +179,9 @@ install -d -m 700 -o 1000 -g 1000 "$R/home/$ADMIN/.ssh"
 printf '%s\n' "${CAIRN_SSH_PUBKEY:-}" | sed '/^$/d' > "$R/home/$ADMIN/.ssh/authorized_keys"
 chown 1000:1000 "$R/home/$ADMIN/.ssh/authorized_keys"
 chmod 600 "$R/home/$ADMIN/.ssh/authorized_keys"
+# provisioning's keys (the boot partition's cairn/authorized_keys) replace these at boot:
+# images/update/cairn-device-identity
+echo "CAIRN_ADMIN_USER=$ADMIN" > "$R/usr/lib/cairn/image.env"
 echo "$ADMIN ALL=(ALL) NOPASSWD: ALL" > "$R/etc/sudoers.d/010-cairn-admin"
 chmod 440 "$R/etc/sudoers.d/010-cairn-admin"
 cat > "$R/etc/ssh/sshd_config.d/cairn.conf" <<'EOF'
