@@ -126,9 +126,11 @@ def image():
 @pytest.fixture(scope="session")
 def appliance_device(image, tmp_path_factory):
     """One booted device for the appliance and system update modules (a first boot costs
-    two minutes of emulated CPU): it can reach a service on this host's loopback port
+    two minutes of emulated CPU), personalised from its boot partition
+    (``qemu_device.PROVISIONED``): it can reach a service on this host's loopback port
     ``appliance_device.host_services[qemu_device.CENTRAL]`` as the central side."""
     from tests import qemu_device
 
     yield from qemu_device.booted(image, tmp_path_factory.mktemp("device"),
-                                  {qemu_device.CENTRAL: qemu_device.free_port()})
+                                  {qemu_device.CENTRAL: qemu_device.free_port()},
+                                  provision=qemu_device.PROVISIONED)

@@ -40,6 +40,7 @@ BOOT_TIMEOUT = 900          # s: first boot under TCG (data partition, host keys
 SYSTEMD_FROZE = "Freezing execution."
 FREEZE_RESTARTS = 2
 SSH_USER = "admin"
+ADMIN_SECRET = "an admin's secret, for the tests only"
 
 
 # a $THS line sensor on the guest's second UART (ttyS0), read by cairn-sensor@uart
@@ -53,6 +54,29 @@ kind = "line"
 port = "/dev/ttyS0"
 baudrate = 9600
 """
+
+# What the shared appliance device finds in its boot partition's cairn/ folder at first boot
+# (besides its SSH key): its site's settings, as a person flashing many cards writes them.
+# The config is the shipped one with an admin (cairn.admin.config.* over WAMP).
+PROVISIONED = {
+    "hostname": "pump-station-7\n",
+    "sensors/uart.toml": SERIAL_SENSOR_CONFIG,
+    "secrets/admin": ADMIN_SECRET + "\n",
+    "network/site-wifi.toml": 'type = "wifi"\nssid = "pump station"\n'
+                              'passphrase = "correct horse battery"\ncountry = "DE"\n',
+    "network/modem.toml": 'type = "cellular"\napn = "iot.example"\npin = "1234"\n',
+    "cairn.toml": (ROOT / "images/config/cairn.toml").read_text() + """
+  # provisioned for the appliance tests: an admin who may change the configuration
+  [[realms.roles]]
+  name = "admin"
+  permissions = [{ uri = "cairn.admin", match = "prefix", allow = ["call"] }]
+
+  [[realms.users]]
+  authid = "admin"
+  role = "admin"
+  secret_file = "/etc/cairn/secrets/admin"
+""",
+}
 
 
 def free_port() -> int:

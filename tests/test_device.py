@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -84,6 +85,93 @@ def test_a_write_to_the_root_is_gone_after_a_reboot_but_the_store_and_config_are
     device.ssh("sudo rm /etc/cairn/written-on-data-partition")
 
 
+# -- personalised from the boot partition (issue: provisioning without SSH) -------------------
+
+PROVISIONED = qemu_device.PROVISIONED
+
+
+def test_the_card_was_personalised_from_its_boot_partition_and_the_inputs_removed(device):
+    """The image has no SSH key and ships the default config: what the device runs came from
+    the cairn/ folder written to its FAT before the first boot. The folder keeps only U-Boot's
+    files and the report; the report names what was applied and no secret."""
+    listing = device.ssh("sudo ls -A /boot/firmware/cairn").stdout.split()
+    assert set(listing) <= {"boot.env", "bootargs.env", "report.txt", "README.txt"}, listing
+    report = device.ssh("sudo cat /boot/firmware/cairn/report.txt").stdout
+    for name in ("authorized_keys", *PROVISIONED):
+        assert name in report, (name, report)
+    assert qemu_device.ADMIN_SECRET not in report and "correct horse" not in report, report
+    assert device.ssh("hostname").stdout.strip() == "pump-station-7"
+    secret = device.ssh("sudo stat -c '%a %G' /etc/cairn/secrets/admin").stdout.split()
+    assert secret == ["640", "cairn"], secret
+    on_data = device.ssh("findmnt -no SOURCE -T /etc/cairn/cairn.toml").stdout.strip()
+    assert on_data == "/dev/vda4[/etc/cairn]", on_data
+    assert "cairn.admin" in device.ssh("cat /etc/cairn/cairn.toml").stdout
+
+
+def test_ssh_takes_the_provisioned_key_and_no_other(device, tmp_path):
+    other = tmp_path / "other-key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+                   check=True)
+    done = subprocess.run(
+        ["ssh", "-p", str(device.ssh_port), "-i", str(other), "-o", "IdentitiesOnly=yes",
+         "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+         "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "admin@127.0.0.1", "true"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 255 and "Permission denied (publickey)" in done.stderr, done
+
+
+def test_network_profiles_from_the_card_are_loaded_by_networkmanager_and_wired_dhcp_is_up(
+        device):
+    """No radio here: NetworkManager has loaded the Wi-Fi and cellular profiles (the cellular
+    one metered), and the wired link the tests reach the device by is its DHCP default."""
+    profiles = device.ssh("nmcli -t -f NAME,TYPE,FILENAME connection show").stdout
+    by_type = {line.split(":")[1]: line for line in profiles.splitlines()}
+    assert "802-11-wireless" in by_type and "gsm" in by_type, profiles
+    for line in (by_type["802-11-wireless"], by_type["gsm"]):
+        assert "/etc/NetworkManager/system-connections/" in line, profiles
+    gsm = by_type["gsm"].split(":")[0]
+    settings = device.ssh(f"nmcli -g connection.metered,gsm.apn connection show '{gsm}'")
+    assert settings.stdout.split() == ["yes", "iot.example"], settings.stdout
+    wired = device.ssh("nmcli -t -f TYPE,STATE device").stdout
+    assert "ethernet:connected" in wired, wired
+    # the profiles are device settings, on the data partition
+    assert device.ssh("sudo ls /data/etc/NetworkManager/system-connections").stdout.strip()
+
+
+def _router_status(port: int) -> dict:
+    async def call() -> dict:
+        session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+        try:
+            return await session.call("cairn.router.status")
+        finally:
+            session.leave()
+    return asyncio.run(call())
+
+
+def test_a_broken_config_on_the_boot_partition_is_refused_and_the_router_runs_on(device):
+    """A card taken out, a cairn.toml that is not TOML put in its cairn/ folder: nothing of
+    the folder is applied, the router keeps routing on the configuration it had, and the
+    report (on the FAT) and the router's status (what the dashboard shows) say why."""
+    pid = device.ssh("systemctl show -p MainPID --value cairn-router").stdout.strip()
+    device.ssh("printf 'listen = [oops\\n' | sudo tee /boot/firmware/cairn/cairn.toml >/dev/null "
+               "&& echo other-name | sudo tee /boot/firmware/cairn/hostname >/dev/null "
+               "&& sudo systemctl restart cairn-provision")
+    try:
+        report = device.ssh("sudo cat /boot/firmware/cairn/report.txt").stdout
+        assert "cairn.toml" in report and "nothing was applied" in report.lower(), report
+        assert device.ssh("hostname").stdout.strip() == "pump-station-7"
+        after = device.ssh("systemctl show -p MainPID --value cairn-router; "
+                           "systemctl is-active cairn-router").stdout.split()
+        assert after == [pid, "active"], after
+        with device.tunnel() as port:
+            status = _router_status(port)
+        problem = json.dumps(status.get("provisioning"))
+        assert "cairn.toml" in problem, status
+    finally:
+        device.ssh("sudo rm -f /boot/firmware/cairn/cairn.toml /boot/firmware/cairn/hostname "
+                   "&& sudo systemctl restart cairn-provision")
+
+
 def test_router_is_up_by_its_own_readiness_and_runs_under_the_watchdog(device):
     done = device.ssh("systemctl show cairn-router.service -p ActiveState -p SubState "
                       "-p Type -p WatchdogUSec -p NRestarts -p User")
@@ -142,9 +230,6 @@ def test_each_device_makes_its_own_ssh_host_keys(device, image):
 
 # -- a sensor on a serial line ---------------------------------------------------------------
 
-SENSOR_CONFIG = qemu_device.SERIAL_SENSOR_CONFIG
-
-
 async def _sensor_readings(port: int, pty: str, count: int) -> tuple[list[dict], dict]:
     """Play a $THS sensor on the host end of the guest's second UART, one sentence every
     0.5 s (the sensor's own pace), until ``count`` readings reached a WAMP session on the
@@ -187,8 +272,8 @@ async def _sensor_readings(port: int, pty: str, count: int) -> tuple[list[dict],
 
 
 def test_a_serial_sensor_on_the_second_uart_reaches_a_host_client_retained(device):
-    device.ssh(f"printf '%s' '{SENSOR_CONFIG}' | sudo tee /etc/cairn/sensors/uart.toml "
-               "> /dev/null && sudo systemctl start cairn-sensor@uart.service")
+    """The sensor's config came with the card (PROVISIONED: sensors/uart.toml): its driver
+    runs from boot."""
     try:
         with device.tunnel() as port:
             got, last = asyncio.run(_sensor_readings(port, device.serial_pty, count=5))

@@ -139,6 +139,21 @@ def test_the_image_and_the_bundle_of_one_build_name_the_same_versions(image):
     assert rootfs["checksum"] == manifest["rootfs"]["sha256"]
 
 
+def _usb_stick(bundle: Path, name: str) -> Path:
+    """A FAT-formatted stick image holding ``bundle`` as ``name`` at its top."""
+    stick = bundle.with_name(f"{name}.stick")
+    size_kib = bundle.stat().st_size // 1024 + 64 * 1024
+    subprocess.run(["mkfs.vfat", "-C", "-n", "STICK", str(stick), str(size_kib)],
+                   capture_output=True, check=True)
+    subprocess.run(["mcopy", "-i", str(stick), str(bundle), f"::{name}"], check=True)
+    return stick
+
+
+def _usb_log(device: qemu_device.Guest) -> str:
+    """What cairn update usb said in this boot."""
+    return device.ssh("journalctl -b -o cat -u 'cairn-update-usb@*'", check=False).stdout
+
+
 def _install(device: qemu_device.Guest, bundle: Path) -> subprocess.CompletedProcess:
     with open(bundle, "rb") as f:
         device.ssh_stdin("sudo sh -c 'cat > /data/incoming.raucb'", f)
@@ -422,12 +437,28 @@ def test_a_bad_update_that_migrated_the_store_goes_back_with_every_reading(devic
                "broken.conf",
                "mkdir /usr/lib/systemd/system/cairn-health.service.d",
                "write {files}/fast.conf /usr/lib/systemd/system/cairn-health.service.d/fast.conf"])
-    done = _install(device, bad)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # it comes on a USB stick: installed and rebooted into by the device itself
+    stick = _usb_stick(bad, "CAIRN-9.1.0.RAUCB")
+    boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
     started = time.monotonic()
-    _reboot(device)     # ready again only on the old slot: the new one's router never is
-    print(f"\n[appliance] bad update: old slot serving again {time.monotonic() - started:.0f} s "
-          f"after the reboot into the new one")
+    device.plug_usb_stick(stick)
+    try:
+        # ready again only on the old slot: the new one's router never is
+        _wait_for_reboot(device, boot_id, timeout=1800)
+        print(f"\n[appliance] bad update from a USB stick: old slot serving again "
+              f"{time.monotonic() - started:.0f} s after the stick went in")
+        _check_bad_update_undone(device, before)
+        # the stick is still in: this boot saw it and left the failed version alone
+        deadline = time.monotonic() + 300
+        while "was tried and not kept" not in (log := _usb_log(device)):
+            assert time.monotonic() < deadline, log
+            time.sleep(5)
+        assert _booted_slot(device) == before
+    finally:
+        device.unplug_usb_stick()
+
+
+def _check_bad_update_undone(device: qemu_device.Guest, before: str) -> None:
     assert _booted_slot(device) == before
     status = _settled(device)
     last = status["last"]
@@ -471,7 +502,8 @@ def test_a_slot_whose_kernel_never_reaches_user_space_is_given_up_by_boot_counti
 
 
 def test_a_tampered_bundle_and_one_signed_by_another_key_are_refused(device, bundles):
-    """Nothing changes: the same slot stays primary, no trial is started."""
+    """Nothing changes: the same slot stays primary, no trial is started; whether the bundle
+    was copied to the device or came on a USB stick."""
     tampered = bundles.work / "tampered.raucb"
     data = bytearray(bundles.built.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -495,6 +527,20 @@ def test_a_tampered_bundle_and_one_signed_by_another_key_are_refused(device, bun
         assert after["last"]["result"] == "failed", after
         assert after["last"]["version"] == "incoming.raucb", after   # the file it was given
         assert "not installed" in after["last"]["reason"], after
+    # and on a USB stick: the same refusal, recorded, and no reboot
+    boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    device.plug_usb_stick(_usb_stick(tampered, "cairn-tampered.raucb"), "tampered")
+    try:
+        deadline = time.monotonic() + 300
+        while "not installed" not in (log := _usb_log(device)):
+            assert time.monotonic() < deadline, log
+            time.sleep(5)
+    finally:
+        device.unplug_usb_stick("tampered")
+    after = _update_status(device)
+    assert after["last"]["version"] == "cairn-tampered.raucb", after
+    assert after["primary"] == before["primary"] and after["trial"] is None, after
+    assert device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip() == boot_id
 
 
 def test_after_all_this_a_clean_shutdown_leaves_the_data_partition_clean(device):
