@@ -39,7 +39,7 @@ from cairn.gateway.config_history import (
     remove_request,
 )
 from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from cairn.gateway.ops import read_metrics
+from cairn.gateway.ops import pid_alive, read_metrics
 
 DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
 READY_TIMEOUT = 90.0  # s the router has to come back ready on a change
@@ -90,16 +90,6 @@ class Signals:
                 os.kill(pid, sig)
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # the router's user is not ours
-        return True
-    return True
-
-
 def default_by() -> str:
     user = os.environ.get("SUDO_USER") or getpass.getuser()
     return f"{user} with cairn config apply"
@@ -129,7 +119,7 @@ class Applier:
         """The state of the router that is alive, if any."""
         for data_dir in self.data_dirs(*configs):
             state = read_running(data_dir)
-            if state is not None and alive(state.pid):
+            if state is not None and pid_alive(state.pid):
                 return state
         return None
 
