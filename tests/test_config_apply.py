@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from types import SimpleNamespace
 
 import pytest
 from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import SubscribeOptions
 
+from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.config_history import KEEP, History
 from harness.config import EVERYTHING, permission, role, router_table, user
 from harness.process import RouterProcess, free_port
@@ -151,6 +154,53 @@ async def test_listener_the_host_cannot_bind_falls_back_in_process(good, tmp_pat
         assert "10.254.254.254" in status["config"]["problem"]
         assert router.router.proc.poll() is None
         assert len([line for line in router.router.log_lines() if "listening:" in line]) == 1
+
+
+async def test_the_health_record_names_the_fallback(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        records: list[dict] = []
+        await session.subscribe(lambda **record: records.append(record), HEALTH_TOPIC,
+                                options=SubscribeOptions(get_retained=True))
+        for _ in range(100):
+            if records:
+                break
+            await asyncio.sleep(0.05)
+        await session.leave()
+    assert records[-1]["config"]["running"] == "last-good"
+    assert "router.log_level" in records[-1]["config"]["problem"]
+
+
+async def test_sighup_with_a_bad_file_keeps_the_running_config_and_says_why(good):
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        good.file.write_text(good.text + "\n[router.bogus]\n")
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: keeping the running config")
+        config = (await session.call("cairn.router.status"))["config"]
+        assert (config["running"], config["problem"]) == \
+            ("file", f"{good.file}: router.bogus: unknown key (allowed here: "
+                     f"{config['problem'].split('allowed here: ')[1]}")
+        good.file.write_text(good.text)  # fixed: the next SIGHUP clears the problem
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: reloaded")
+        assert (await session.call("cairn.router.status"))["config"]["problem"] is None
+        assert session.is_attached()
+        await session.leave()
+
+
+async def test_sighup_takes_a_fixed_file_while_on_the_last_good(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: reloaded")
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+        assert "cairn_config_fallback 0" in metrics(good.port)
+    assert (config["running"], config["problem"]) == ("file", None)
 
 
 def test_without_a_last_good_a_bad_file_still_exits_2(tmp_path):
