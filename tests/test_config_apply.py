@@ -253,6 +253,38 @@ async def test_reload_only_change_is_applied_without_dropping_a_session(good, tm
     assert History(good.file).last_good_text() == new.read_text() == good.file.read_text()
 
 
+async def test_restart_change_is_applied_by_a_restart_and_marked_good(good, tmp_path):
+    new = tmp_path / "new.toml"
+    new.write_text(good.text.replace('log_level = "info"',
+                                     'log_level = "info"\nmax_message_size = 65536'))
+    async with Supervised(good.file, good.port) as router:
+        pid = router.router.pid
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stderr
+        assert router.router.pid != pid
+        session = await connect(router.address)
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+    assert (config["running"], config["problem"]) == ("file", None)
+    [change] = History(good.file).changes()
+    assert (change.state, change.action) == ("good", "restart")
+    assert History(good.file).last_good_text() == new.read_text()
+
+
+async def test_rollback_puts_the_last_good_back_and_restarts(good, tmp_path):
+    good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+    async with Supervised(good.file, good.port) as router:
+        result = await asyncio.to_thread(config_cmd, good.file, "rollback")
+        assert result.returncode == 0, result.stderr
+        assert good.file.read_text() == good.text
+        session = await connect(router.address)
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+    assert config["sha256"] == History(good.file).last_good_info()["sha256"]
+    [change] = History(good.file).changes()
+    assert (change.state, change.source) == ("good", "cairn config rollback")
+
+
 async def test_restart_change_that_fails_is_rolled_back_with_the_reason(good, tmp_path):
     with held_port() as taken:
         port = taken.getsockname()[1]
