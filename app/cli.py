@@ -7,11 +7,12 @@ import asyncio
 import logging
 import sys
 
-from cairn.app import update
+from cairn.app import config_cli, update
 from cairn.drivers import cli as sensor_cli
 from cairn.drivers import demo, mqtt_cli
 from cairn.gateway import config as cfg
 from cairn.gateway import ops
+from cairn.gateway.config_history import RunningConfig, startup_config
 from cairn.gateway.console import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -22,7 +23,7 @@ from cairn.gateway.console import (
 from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
-COMPONENTS = (ops, demo, sensor_cli, mqtt_cli, sync_cli, update)
+COMPONENTS = (ops, config_cli, demo, sensor_cli, mqtt_cli, sync_cli, update)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,28 +62,31 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(getattr(args, "log_level", None) or "info")
         return args.handler(args)
     try:
-        config = cfg.load(getattr(args, "config", None))
+        if args.command == "router":  # a bad file with a last good one beside it runs that
+            config, running = startup_config(args.config)
+        else:
+            config, running = cfg.load(args.config), None
     except cfg.ConfigError as e:
         print(f"cairn: bad config: {e}", file=sys.stderr)
         return EXIT_USAGE
     if args.command == "check-config":
         print(f"{config.source}: ok ({len(config.realms)} realm(s))")
         return EXIT_OK
-    if args.command == "router":
-        return run_router(config, args.log_level)
-    parser.print_help()
-    return EXIT_USAGE
+    return run_router(config, running, args.log_level)
 
 
-def run_router(config: cfg.Config, log_level: str | None) -> int:
+def run_router(config: cfg.Config, running: RunningConfig, log_level: str | None) -> int:
     import sqlite3
 
     from cairn.gateway.server import serve
     from cairn.gateway.store import SchemaTooNew
 
     setup_logging(log_level or config.router.log_level)
+    if running.problem is not None:
+        logging.getLogger("cairn").error("bad config: %s; running on the last good "
+                                         "configuration %s", running.problem, config.source)
     try:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, running=running))
     except (OSError, SchemaTooNew, sqlite3.DatabaseError, ops.DataDirBusy) as e:
         logging.getLogger("cairn").error("cannot start: %s", e)
         return EXIT_FAILURE

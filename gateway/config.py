@@ -33,6 +33,10 @@ EMBEDDED = "<embedded default>"
 # The router's own health records (gateway.health): only the router publishes there, and the
 # first realm keeps them in history so that they travel in the sync batches with the data.
 HEALTH_TOPIC = "cairn.gateway.health"
+# [router] settings a SIGHUP applies (field: config key): each is read where it is used, per
+# request or connection. The others (listeners, data directory, limits, ...) need a restart.
+RELOADABLE = {"status_token": "status_token_file", "allowed_hosts": "allowed_hosts",
+              "allowed_origins": "allowed_origins"}
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,22 @@ anonymous_role = "anonymous"
 """
 
 
+def restart_needed(running: Config, new: Config) -> list[str]:
+    """The keys whose change from ``running`` to ``new`` only a restart applies (empty: a
+    SIGHUP applies all of it). A reload takes users, roles and permissions of the realms
+    running, and the [router] keys of :data:`RELOADABLE`; not new or removed realms, nor
+    their history and retention rules, which the store and the broker are built on."""
+    keys = [f"router.{f.name}" for f in fields(RouterConfig)
+            if f.name not in RELOADABLE
+            and getattr(new.router, f.name) != getattr(running.router, f.name)]
+    if [r.name for r in new.realms] != [r.name for r in running.realms]:
+        keys.append("realms")
+    for i, (old, realm) in enumerate(zip(running.realms, new.realms, strict=False)):
+        keys += [f"realms[{i}].{name}" for name in ("history", "retention")
+                 if getattr(old, name) != getattr(realm, name)]
+    return keys
+
+
 def load(path: str | Path | None) -> Config:
     """Load and validate a config file; ``None`` gives the embedded default."""
     return parse(*read_document(path))
@@ -226,8 +246,13 @@ def read_document(path: str | Path | None) -> tuple[dict[str, Any], str]:
     except UnicodeDecodeError as e:
         raise ConfigError(source, "-", f"cannot read file: not UTF-8 text ({e.reason} at byte "
                                        f"{e.start})") from e
+    return read_text(text, source), source
+
+
+def read_text(text: str, source: str) -> dict[str, Any]:
+    """The TOML document in ``text`` (of the file ``source``, for messages)."""
     try:
-        return tomllib.loads(text), source
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "-", f"invalid TOML: {e}") from e
 
@@ -368,7 +393,7 @@ def _check_exposure(config: Config) -> None:
     for i, realm in enumerate(config.realms):
         role = realm.role(realm.anonymous_role) if realm.anonymous_role else None
         writes = sorted({action for p in (role.permissions if role else ())
-                         if _covers_everything(p) for action in p.allow} - {"subscribe"})
+                         if covers_everything(p) for action in p.allow} - {"subscribe"})
         if exposed and writes:
             raise ConfigError(
                 config.source, f"realms[{i}].anonymous_role",
@@ -378,7 +403,7 @@ def _check_exposure(config: Config) -> None:
                 f"subscribe to \"sensor.\") or listen on 127.0.0.1 only")
 
 
-def _covers_everything(permission: Permission) -> bool:
+def covers_everything(permission: Permission) -> bool:
     return (permission.match == "prefix" and permission.uri == "") or \
         (permission.match == "wildcard" and all(not part for part in permission.uri.split(".")))
 

@@ -8,6 +8,8 @@ commands (backup, restore, doctor) name these files only through here:
 - ``sync-status.json``: written by ``cairn sync`` (:class:`SyncStatus`), read by the router;
 - ``cra-decoy.key``: the key of the made-up WAMP-CRA salts of unknown authids
   (:func:`cra_decoy_key`), created once by the router.
+- ``config-state.json`` and ``config-requests/``: what configuration the router runs, and the
+  changes asked for over WAMP; their format is gateway.config_history's.
 """
 
 from __future__ import annotations

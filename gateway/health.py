@@ -75,7 +75,13 @@ class HealthReporter:
                 update["slot"], update["trial"], (update["last"] or {}).get("at"),
                 sorted(devices.items()), sync.get("state") == "retrying",
                 bool(sync.get("health_only")),
-                (wear.get("life_years") or math.inf) < WARN_YEARS)
+                (wear.get("life_years") or math.inf) < WARN_YEARS, self._config())
+
+    def _config(self) -> dict[str, Any] | None:
+        """Which configuration runs and why (config_history.RunningConfig)."""
+        running = self.web.state.running
+        return None if running is None else {"running": running.running,
+                                             "problem": running.problem}
 
     # -- the record ----------------------------------------------------------------------
 
@@ -116,6 +122,7 @@ class HealthReporter:
                      "endurance_tb": wear.get("endurance_tb")},
             "devices": self.devices(),
             "limit_hits": status["limit_hits"],
+            "config": self._config(),
         }
 
     def devices(self) -> dict[str, dict[str, Any]]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from cairn.gateway import clock, update_state, wear
-from cairn.gateway.config import Config, ConfigError, load, read_document
+from cairn.gateway.config import Config, ConfigError, Endpoint, load, read_document
+from cairn.gateway.config_history import History, read_running
 from cairn.gateway.data_dir import DB_NAME, lock_path
 from cairn.gateway.store import SCHEMA_VERSION, Findings, inspect
 from cairn.gateway.store import repair as repair_store
@@ -162,8 +163,15 @@ def doctor(config_path: str | None) -> Report:
         data, _ = read_document(config_path)
     except ConfigError as e:
         report.add("FAIL", "config", str(e))
-        return report
-    report.add("ok", "config", f"{config.source}: {len(config.realms)} realm(s)")
+        last_good = History(config_path).last_good() if config_path else None
+        if last_good is None:
+            return report
+        report.add("warn", "config", f"the router runs on the last good configuration "
+                                     f"{last_good.source} instead")
+        config, data = last_good, read_document(last_good.source)[0]
+    else:
+        report.add("ok", "config", f"{config.source}: {len(config.realms)} realm(s)")
+        _check_running_config(report, config)
     _check_data_dir(report, config)
     _check_store(report, config.router.data_dir / DB_NAME)
     _check_serial(report, data.get("sensors", []))
@@ -172,6 +180,27 @@ def doctor(config_path: str | None) -> Report:
     _check_wear(report, config)
     _check_update(report)
     return report
+
+
+def _check_running_config(report: Report, config: Config) -> None:
+    """A router that could not start on the file, or refused its last reload, says so in
+    its config state (gateway.config_history)."""
+    state = read_running(config.router.data_dir)
+    if state is None or not pid_alive(state.pid) or state.problem is None:
+        return
+    where = "runs on the last good configuration" if state.running == "last-good" else \
+        "keeps its running configuration"
+    report.add("FAIL", "config", f"the router {where}: {state.problem}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the router's user is not ours
+        return True
+    return True
 
 
 def _check_data_dir(report: Report, config: Config) -> None:
@@ -299,16 +328,9 @@ def _check_sink(report: Report, sync: dict[str, Any] | None) -> None:
 def _check_wear(report: Report, config: Config) -> None:
     """The running router's figures (its /metrics): the card's writes per day and the years
     a fresh card of ``router.card_endurance_tb`` lasts at that rate."""
-    listen = config.router.listen
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen.host or "", listen.host)
-    url = f"{'https' if listen.tls else 'http'}://{_url_host(host)}:{listen.port}/metrics"
-    context = None
-    if listen.tls:  # its own certificate, on this machine
-        context = ssl.create_default_context()
-        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    url = metrics_url(config.router.listen)
     try:
-        with urllib.request.urlopen(url, timeout=5, context=context) as response:
-            metrics = _parse_metrics(response.read().decode())
+        metrics = read_metrics(config.router.listen)
     except (urllib.error.URLError, OSError, ValueError) as e:
         report.add("warn", "card wear", f"no figures: the router does not answer at {url} "
                                         f"({getattr(e, 'reason', e)})")
@@ -334,6 +356,24 @@ def _check_wear(report: Report, config: Config) -> None:
     else:
         report.add("ok", "card wear", f"{detail}: a {endurance:g} TB card lasts "
                                       f"{years:.0f} years at this rate")
+
+
+def metrics_url(listen: Endpoint) -> str:
+    """The router's /metrics as this machine reaches it."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen.host or "", listen.host)
+    return f"{'https' if listen.tls else 'http'}://{_url_host(host)}:{listen.port}/metrics"
+
+
+def read_metrics(listen: Endpoint, timeout: float = 5) -> dict[str, float]:
+    """The unlabelled samples of the router's /metrics on ``listen`` (URLError, OSError or
+    ValueError when it does not answer)."""
+    context = None
+    if listen.tls:  # its own certificate, on this machine
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with urllib.request.urlopen(metrics_url(listen), timeout=timeout,
+                                context=context) as response:
+        return _parse_metrics(response.read().decode())
 
 
 def _url_host(host: str | None) -> str:

@@ -18,14 +18,24 @@ import os
 import resource
 import signal
 import ssl
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autobahn.wamp import message as m
 
 from cairn.gateway.admission import Admission
-from cairn.gateway.config import EMBEDDED, Config, ConfigError, Endpoint, RouterConfig, load
+from cairn.gateway.config import (
+    EMBEDDED,
+    RELOADABLE,
+    Config,
+    ConfigError,
+    Endpoint,
+    load,
+    restart_needed,
+)
+from cairn.gateway.config_admin import admin_procedures
+from cairn.gateway.config_history import History, RunningConfig, digest, file_digest
 from cairn.gateway.core import (
     Outbox,
     Session,
@@ -48,19 +58,21 @@ from cairn.gateway.web import Web
 
 log = logging.getLogger("cairn.server")
 
-# [router] settings a SIGHUP applies (field: config key): each is read where it is used, per
-# request or connection. The others (listeners, data directory, limits, ...) need a restart.
-RELOADABLE = {"status_token": "status_token_file", "allowed_hosts": "allowed_hosts",
-              "allowed_origins": "allowed_origins"}
 GOODBYE_WAIT = 0.2  # s stop() gives the peers told GOODBYE to answer and close, at the most
 
 
 class Node:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, running: RunningConfig | None = None) -> None:
+        """``running``: which file it was told to run and whether ``config`` is that file
+        or the last good one (by default: the file ``config`` came from)."""
         self.config = config
         self.limit_hits = LimitHits()
+        if running is None:
+            file = None if config.source == EMBEDDED else config.source
+            running = RunningConfig(file, sha256=file_digest(file) if file else None)
+        self.running = running
         self.state = ShellState(config, self.limit_hits,
-                                Admission(config.router.limits, self.limit_hits))
+                                Admission(config.router.limits, self.limit_hits), running)
         self.callbacks = Callbacks(self.receive, self.violation, self.lost)
         self.router: Router  # built in start(), once the store is open
         self.web: Web  # built in start(), with the router
@@ -154,7 +166,8 @@ class Node:
         restored = await self.stores.open(lambda restored, out: self.router.resume(restored, out))
         out = Outbox()
         self.router = Router(self.config, restored, out, self.limit_hits,
-                             {"cairn.router.status": self._status_procedure},
+                             {"cairn.router.status": self._status_procedure,
+                              **admin_procedures(self.state)},
                              cra_decoy_key(self.config.router.data_dir))
         self.flush(out)
         self.web = Web(self.state, self.router, self.stores)
@@ -164,6 +177,7 @@ class Node:
         except BaseException:
             await self.stop()
             raise
+        self._save_running()
         self.health = HealthReporter(self.web, self.publish_health,
                                      self.config.router.health_interval)
         self._health = asyncio.get_running_loop().create_task(self.health.run())
@@ -221,33 +235,55 @@ class Node:
         context.load_cert_chain(tls.cert, tls.key)
         return context
 
+    def _save_running(self) -> None:
+        """What it runs, for ``cairn config`` (config-state.json in the data directory)."""
+        try:
+            self.running.save(self.config.router.data_dir)
+        except OSError as e:
+            log.warning("cannot write the config state into %s: %s",
+                        self.config.router.data_dir, e)
+
     def reload(self) -> None:
         """SIGHUP: re-read users and roles, and the [router] keys of RELOADABLE, from the
-        config file; the other [router] keys that changed are logged as waiting for a
-        restart. Sessions stay; those whose role is gone are closed. A config with an error
-        is logged and ignored."""
-        if self.config.source == EMBEDDED:
+        config file; the other keys that changed are logged as waiting for a restart.
+        Sessions stay; those whose role is gone are closed. A config with an error is logged,
+        ignored and shown in the status. Running on the last good configuration, a fixed file
+        is taken when a reload can apply all of it."""
+        file = self.running.file
+        if file is None:
             log.info("SIGHUP: running on the embedded default, nothing to reload")
             return
         try:
-            config = load(self.config.source)
-        except ConfigError as e:
+            text = Path(file).read_text(encoding="utf-8")
+            config = load(file)
+        except (ConfigError, OSError, UnicodeDecodeError) as e:
             log.error("SIGHUP: keeping the running config: %s", e)
+            self._set_running(self.running.running, str(e), self.running.sha256)
+            return
+        later = restart_needed(self.config, config)
+        if self.running.running == "last-good" and later:
+            problem = (f"{file} is valid now but changes {', '.join(later)}: it takes effect "
+                       f"at the next restart")
+            log.warning("SIGHUP: staying on the last good configuration: %s", problem)
+            self._set_running("last-good", problem, self.running.sha256)
             return
         out = Outbox()
         self.router.reload(config, out)
         self.flush(out)
-        self._reload_router_keys(config)
+        self._reload_router_keys(config, later)
+        self._set_running("file", None, digest(text))
         log.info("SIGHUP: reloaded users and roles, %s from %s",
                  ", ".join(f"router.{key}" for key in RELOADABLE.values()), config.source)
 
-    def _reload_router_keys(self, config: Config) -> None:
+    def _set_running(self, running: str, problem: str | None, sha256: str | None) -> None:
+        self.running.running, self.running.problem = running, problem
+        self.running.sha256 = sha256
+        self._save_running()
+
+    def _reload_router_keys(self, config: Config, later: list[str]) -> None:
+        for key in later:
+            log.warning("SIGHUP: %s changed: it takes effect at the next restart", key)
         running = self.config.router
-        for f in fields(RouterConfig):
-            if f.name not in RELOADABLE and getattr(config.router, f.name) != getattr(running,
-                                                                                      f.name):
-                log.warning("SIGHUP: router.%s changed: it takes effect at the next restart",
-                            f.name)
         router = replace(running, **{name: getattr(config.router, name) for name in RELOADABLE})
         self.config = self.state.config = replace(config, router=router)
         self.guard = BrowserGuard(router.allowed_hosts, router.allowed_origins)
@@ -292,18 +328,18 @@ class Node:
             self._closing = None
 
 
-async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
-    """Run the router until SIGTERM or SIGINT."""
-    node = Node(config)
+async def serve(config: Config, ready: asyncio.Event | None = None,
+                running: RunningConfig | None = None) -> None:
+    """Run the router until SIGTERM or SIGINT. When it cannot start on its file (a listener
+    on an address the host does not have...) and a last good configuration differs, it runs
+    on that one."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    _raise_file_limit(config)
-    loop.set_exception_handler(functools.partial(_loop_exception, node.limit_hits))
     # before start(): a signal that comes once "listening" is logged must stop us cleanly
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    node = await _start(config, running)
     loop.add_signal_handler(signal.SIGHUP, node.reload)
-    await node.start()
     # What exists now (modules, config, retained events) lives as long as the process: keep
     # it out of the collector's full passes, which otherwise stall the loop for 10-30 ms.
     gc.collect()
@@ -318,6 +354,38 @@ async def serve(config: Config, ready: asyncio.Event | None = None) -> None:
     log.info("stopping: saying GOODBYE to %d sessions", len(node.router.sessions))
     await node.stop()
     log.info("stopped")
+
+
+async def _start(config: Config, running: RunningConfig | None) -> Node:
+    node = Node(config, running)
+    _raise_file_limit(config)
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(functools.partial(_loop_exception, node.limit_hits))
+    try:
+        await node.start()  # (it stops itself cleanly when a listener fails)
+        return node
+    except OSError as e:
+        fallback = _fallback(node.running)
+        if fallback is None:
+            raise
+        last_good, sha = fallback
+        problem = f"{node.running.file}: cannot start on it: {e}"
+        log.error("%s; running on the last good configuration %s", problem, last_good.source)
+        return await _start(last_good, RunningConfig(node.running.file, "last-good", problem,
+                                                     sha))
+
+
+def _fallback(running: RunningConfig) -> tuple[Config, str] | None:
+    """The last good configuration beside the file, when the file was running and differs
+    from it (not again on the one that just failed)."""
+    if running.file is None or running.running != "file":
+        return None
+    history = History(running.file)
+    text = history.last_good_text()
+    if text is None or digest(text) == running.sha256:
+        return None
+    config = history.last_good()
+    return (config, digest(text)) if config is not None else None
 
 
 def _host_port(host: str, port: int) -> str:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from autobahn.wamp import message as m
 
     from cairn.gateway.config import Config
+    from cairn.gateway.config_history import RunningConfig
     from cairn.gateway.core import Session
 
 
@@ -29,6 +30,7 @@ class ShellState:
     config: Config
     limit_hits: LimitHits
     admission: Admission
+    running: RunningConfig | None = None  # which file, the last good one, why (config_history)
     writes: WriteBatcher = field(default_factory=WriteBatcher)
     counters: MessageCounters = field(default_factory=MessageCounters)
     connections: set[Any] = field(default_factory=set)  # open gateway.transport.Connection

@@ -134,6 +134,7 @@ class Web:
             "connections": {"network": state.admission.network,
                             "local": state.admission.local, "pending": state.admission.pending},
             "limit_hits": dict(state.limit_hits.counts),
+            "config": state.running.status() if state.running is not None else None,
         }
 
     async def metrics(self) -> str:

@@ -27,6 +27,7 @@ import pytest
 import pytest_asyncio
 from autobahn.wamp.types import PublishOptions
 
+from cairn.gateway.config_history import History
 from harness.config import EVERYTHING, history_rule, permission, realm, role, user
 from harness.process import ROOT, RouterProcess
 from harness.wamp_client import connect
@@ -530,3 +531,65 @@ async def test_the_page_reconnects_when_the_router_restarts(sensors, open_page):
     await page.wait_for_function(
         """() => document.querySelector('[data-device=workshop] [data-field=temperature]')
                  .textContent === '18.3'""", timeout=2000)
+
+
+# -- configuration: the fallback banner and the settings page ---------------------------------
+
+ADMIN_REALM = realm("ops", role("admin", permission("cairn.admin", ["call"]),
+                                permission("", EVERYTHING)),
+                    user("ada", "admin", secret="obsidian-4"))
+
+
+@contextlib.asynccontextmanager
+async def own_router(workdir: Path, bad: str | None = None):
+    """A router of this test's own (the module's keeps its config), its config marked as
+    the last good one; with ``bad``, the file is then replaced by that text."""
+    router = RouterProcess(workdir, REALMS + ADMIN_REALM)
+    good = router.config.read_text()
+    History(router.config).mark_good(good)
+    if bad is not None:
+        router.config.write_text(bad.format(good=good))
+    router.start()
+    try:
+        yield router
+    finally:
+        router.stop()
+
+
+async def test_the_banner_says_the_router_runs_on_its_last_good_configuration(
+        tmp_path, open_page):
+    async with own_router(tmp_path, '{good}\n[router.bogus]\n') as router:
+        watched = await open_page(f"http://127.0.0.1:{router.port}/")
+        banner = watched.page.locator("#config-banner")
+        await banner.wait_for(state="visible", timeout=5000)
+        text = await banner.text_content()
+        await watched.page.close()  # before the router stops: no reconnect errors
+    assert text.startswith("Running on the last good configuration: ")
+    assert f"{router.config}: router.bogus: unknown key" in text
+
+
+async def test_the_settings_page_shows_the_config_and_a_refusal_with_its_key(
+        tmp_path, open_page):
+    async with own_router(tmp_path) as router:
+        watched = await open_page(f"http://127.0.0.1:{router.port}/?realm=ops")
+        page = watched.page
+        await page.wait_for_selector("#login-form", state="visible", timeout=3000)
+        await page.fill("#login-authid", "ada")
+        await page.fill("#login-secret", "obsidian-4")
+        await page.click("#login-submit")
+        await page.click("#settings-open", timeout=5000)
+        await page.wait_for_function(
+            "() => document.querySelector('#settings-text').value.includes('[[realms]]')",
+            timeout=3000)
+        assert await page.input_value("#settings-text") == router.config.read_text()
+        assert await page.is_hidden("#config-banner")
+        await page.fill("#settings-text", router.config.read_text().replace(
+            'name = "ops"', 'name = "ops"\nhistory_rules = 3'))
+        await page.click("#settings-apply")
+        result = page.locator("#settings-result[data-kind=error]")
+        await result.wait_for(timeout=3000)
+        text = await result.text_content()
+        await page.close()
+    assert text.startswith(f"Not applied: {router.config}: realms[2].history_rules: "
+                           f"unknown key")
+    assert not (router.data_dir / "config-requests").exists()

@@ -49,6 +49,7 @@
     range: 3600000,
     chart: null,            // {device, range, points: [{t, temperature, humidity}], pages, truncated}
     chartToken: null,
+    settings: null,         // the last cairn.admin.config.get answer (admins only)
   };
 
   const $ = (id) => document.getElementById(id);
@@ -97,6 +98,7 @@
       if (generation === state.generation && state.devices.size === 0) $("empty").hidden = false;
     }, 1000));
     refreshStatus();
+    probeSettings(session, generation);
     clearInterval(state.statusTimer);
     state.statusTimer = setInterval(refreshStatus, STATUS_EVERY_MS);
     if (state.selected && state.devices.has(state.selected)) loadChart(); // reconnected
@@ -394,6 +396,7 @@
     setStat("st-clock", clock.synchronized ? "synchronized" : "not synchronized", "",
             clock.synchronized ? "good" : "warn");
     $("clock-banner").hidden = clock.synchronized !== false;
+    renderConfig(s.config);
     for (const device of state.devices.values()) renderAge(device);
     tick();
   }
@@ -721,6 +724,98 @@
   new ResizeObserver(() => requestAnimationFrame(() => {
     if (!$("detail").hidden) drawCharts();
   })).observe($("detail"));
+
+  function renderConfig(config) {
+    const banner = $("config-banner");
+    if (config && config.running === "last-good") {
+      banner.textContent = "Running on the last good configuration: " + (config.problem || "");
+    } else if (config && config.problem) {
+      banner.textContent = "The configuration file was not applied: " + config.problem;
+    } else {
+      banner.hidden = true;
+      return;
+    }
+    banner.hidden = false;
+  }
+
+  // -- settings (for a session that may call cairn.admin.config.*) -------------------------
+
+  function probeSettings(session, generation) {
+    $("settings-open").hidden = true;
+    session.call("cairn.admin.config.get").then((got) => {
+      if (generation !== state.generation) return;
+      $("settings-open").hidden = false;
+      state.settings = got;
+    }, () => { /* not an admin: no settings */ });
+  }
+
+  function loadSettings(keepText) {
+    const session = state.session;
+    if (!session) return Promise.resolve(null);
+    return session.call("cairn.admin.config.get").then((got) => {
+      state.settings = got;
+      $("settings-file").textContent = got.file + (got.running === "last-good"
+        ? " (running on the last good configuration)" : "");
+      if (!keepText) $("settings-text").value = got.text || "";
+      renderChanges(got);
+      return got;
+    }, (e) => setResult("error", "Cannot read the configuration: " + errorText(e)));
+  }
+
+  function renderChanges(got) {
+    const items = (got.requests || []).map((r) =>
+      h("li", {}, `request ${r.id}: pending (${r.action}), by ${r.by}, ${r.at}`));
+    for (const c of got.changes || []) {
+      items.push(h("li", { "data-state": c.state },
+        `${c.id}: ${c.state.replace("_", " ")}${c.action ? " (" + c.action + ")" : ""}, by ` +
+        `${c.by}, ${c.at}${c.reason ? " — " + c.reason : ""}`));
+    }
+    $("settings-history").replaceChildren(...items);
+  }
+
+  function setResult(kind, text) {
+    const el = $("settings-result");
+    el.dataset.kind = kind;
+    el.textContent = text;
+  }
+
+  function applySettings() {
+    const session = state.session;
+    if (!session) return;
+    setResult("", "Checking…");
+    session.call("cairn.admin.config.apply", [$("settings-text").value]).then((answer) => {
+      setResult("", `Request ${answer.request} accepted: waiting for the gateway to ` +
+                    `${answer.action} (it rolls back by itself if the router is not ready)…`);
+      awaitRequest(answer.request, 0);
+    }, (e) => {
+      const k = e.kwargs || {};
+      setResult("error", k.key ? `Not applied: ${k.file}: ${k.key}: ${k.problem}`
+                                : "Not applied: " + errorText(e));
+    });
+  }
+
+  function awaitRequest(id, tries) {
+    setTimeout(() => loadSettings(true).then((got) => {
+      const change = got && (got.changes || []).find((c) => c.request === id);
+      if (change && change.state !== "pending") {
+        setResult(change.state === "good" ? "good" : "error",
+                  `Change ${change.id}: ${change.state.replace("_", " ")}` +
+                  (change.reason ? ": " + change.reason : ""));
+        if (change.state === "good") loadSettings(false);
+      } else if (tries < 90) {
+        awaitRequest(id, tries + 1);
+      }
+    }), 2000);
+  }
+
+  $("settings-open").addEventListener("click", () => {
+    $("settings").hidden = false;
+    setResult("", "");
+    loadSettings(false);
+  });
+  $("settings-close").addEventListener("click", () => { $("settings").hidden = true; });
+  $("settings-reload").addEventListener("click", () => loadSettings(false));
+  $("settings-apply").addEventListener("click", applySettings);
 
   // -- helpers ---------------------------------------------------------------------------
 

@@ -1,0 +1,359 @@
+"""``cairn config``: change the router's configuration without locking yourself out.
+
+``apply`` validates a file (a bad one is refused: exit 2, nothing written), records it in the
+history beside the config file (gateway.config_history), writes it, has the router reload
+(users, roles, permissions and the reloadable [router] keys changed) or restart (anything
+else), and waits, bounded, until the router is ready on it. If it is not, the last good
+configuration is put back and the router restarted on it: the change is recorded as rolled
+back, with the router's own reason when it gave one (exit 1). ``apply --pending`` carries out
+the requests the router took over WAMP (``cairn.admin.config.apply``): run as root by the
+image's path unit when one appears, by hand elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import getpass
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from cairn.gateway.config import Config, ConfigError, load, restart_needed
+from cairn.gateway.config_admin import validate
+from cairn.gateway.config_history import (
+    Change,
+    History,
+    RunningConfig,
+    atomic_write,
+    digest,
+    pending_requests,
+    read_running,
+    remove_request,
+)
+from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from cairn.gateway.ops import pid_alive, read_metrics
+
+DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
+READY_TIMEOUT = 90.0  # s the router has to come back ready on a change
+UNIT = "cairn-router.service"
+
+
+class Service(Protocol):
+    """How the router is told to reload or restart."""
+
+    def reload(self) -> None: ...
+
+    def restart(self) -> None: ...
+
+
+class Systemd:
+    def __init__(self, unit: str = UNIT) -> None:
+        self.unit = unit
+
+    def reload(self) -> None:
+        self._systemctl("reload")
+
+    def restart(self) -> None:
+        self._systemctl("restart")
+
+    def _systemctl(self, verb: str) -> None:
+        # no check: a failed restart shows as a router that is not ready, and is rolled back
+        subprocess.run(["systemctl", verb, self.unit], capture_output=True, timeout=120)
+
+
+class Signals:
+    """A router under another supervisor (a container's, a test's): SIGHUP reloads it,
+    SIGTERM stops it for the supervisor to start again. Its pid is the one in its
+    config-state.json."""
+
+    def __init__(self, pid: Callable[[], int | None]) -> None:
+        self.pid = pid
+
+    def reload(self) -> None:
+        self._send(signal.SIGHUP)
+
+    def restart(self) -> None:
+        self._send(signal.SIGTERM)
+
+    def _send(self, sig: signal.Signals) -> None:
+        pid = self.pid()
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+
+def default_by() -> str:
+    user = os.environ.get("SUDO_USER") or getpass.getuser()
+    return f"{user} with cairn config apply"
+
+
+@dataclass
+class Applier:
+    file: Path
+    service: Service
+    timeout: float = READY_TIMEOUT
+    say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+
+    @property
+    def history(self) -> History:
+        return History(self.file)
+
+    # -- what the router runs --------------------------------------------------------------
+
+    def data_dirs(self, *configs: Config | None) -> list[Path]:
+        """Where the router may have written its state: the data directories of these
+        configurations, the file's and the last good one's."""
+        candidates = [*configs, self._load(self.file), self.history.last_good()]
+        dirs = [c.router.data_dir for c in candidates if c is not None]
+        return list(dict.fromkeys(dirs))
+
+    def running(self, *configs: Config | None) -> RunningConfig | None:
+        """The state of the router that is alive, if any."""
+        for data_dir in self.data_dirs(*configs):
+            state = read_running(data_dir)
+            if state is not None and pid_alive(state.pid):
+                return state
+        return None
+
+    def running_config(self, state: RunningConfig | None) -> Config | None:
+        if state is None:
+            return None
+        if state.running == "last-good":
+            return self.history.last_good()
+        return self._load(self.file)
+
+    @staticmethod
+    def _load(path: Path) -> Config | None:
+        try:
+            return load(path)
+        except ConfigError:
+            return None
+
+    def problem(self, config: Config, sha: str, before: tuple[Any, ...] | None
+                ) -> tuple[bool, str | None]:
+        """(decided, problem): ready on ``sha`` is (True, None); (True, why) when the router
+        answered otherwise (it fell back, or refused the reload); (False, why) while it
+        has not answered yet."""
+        state = self.running(config)
+        if state is None or (state.pid, state.started, state.seq) == before:
+            return False, "the router did not answer (no fresh state in its data directory)"
+        if state.running != "file" or state.sha256 != sha or state.problem:
+            return True, state.problem or f"the router runs {state.running}, not this file"
+        try:
+            metrics = read_metrics(config.router.listen)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            return False, f"its /metrics did not answer: {getattr(e, 'reason', e)}"
+        if metrics.get("cairn_store_available") != 1:
+            return False, "the router runs without its store (cairn_store_available 0)"
+        return True, None
+
+    def wait_ready(self, config: Config, sha: str, before: tuple[Any, ...] | None) -> str | None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            decided, problem = self.problem(config, sha, before)
+            if decided or time.monotonic() >= deadline:
+                if not decided:
+                    problem = f"not ready within {self.timeout:g} s: {problem}"
+                return problem
+            time.sleep(0.25)
+
+    # -- changes ---------------------------------------------------------------------------
+
+    def apply(self, text: str, by: str, source: str, request: int | None = None) -> int:
+        history = self.history
+        with history.locked():
+            try:
+                new = validate(text, str(self.file))
+            except ConfigError as e:
+                history.record(text, by, source, None, "refused", str(e), request)
+                self.say(f"cairn config: refused, nothing changed: {e}")
+                return EXIT_USAGE
+            state = self.running(new)
+            old = self.running_config(state)
+            action = "restart" if old is None or restart_needed(old, new) else "reload"
+            change = history.record(text, by, source, action, request=request)
+            previous = self._text(self.file)
+            atomic_write(self.file, text, like=self.file)
+            self.say(f"cairn config: change {change.id} written to {self.file}; {action}ing "
+                     f"the router")
+            return self._settle(change, new, state, previous)
+
+    def _settle(self, change: Change, new: Config, state: RunningConfig | None,
+                previous: str | None) -> int:
+        history = self.history
+        before = (state.pid, state.started, state.seq) if state else None
+        (self.service.reload if change.action == "reload" else self.service.restart)()
+        problem = self.wait_ready(new, change.sha256 or "", before)
+        if problem is None:
+            history.mark_good(self._text(self.file) or "", change.id)
+            history.set_state(change, "good")
+            self.say(f"cairn config: change {change.id} is running and marked good")
+            return EXIT_OK
+        self.say(f"cairn config: change {change.id} failed: {problem}; rolling back")
+        restored = self.restore(history.last_good_text() or previous)
+        history.set_state(change, "rolled_back", problem if restored is None
+                          else f"{problem} (and the rollback: {restored})")
+        return EXIT_FAILURE
+
+    def restore(self, text: str | None) -> str | None:
+        """Put ``text`` (the last good configuration) back and restart the router on it;
+        what went wrong, if anything."""
+        if text is None:
+            return "no last good configuration to go back to"
+        state = self.running()
+        atomic_write(self.file, text, like=self.file)
+        self.service.restart()
+        config = self._load(self.file)
+        if config is None:
+            return "the last good configuration no longer loads"
+        before = (state.pid, state.started, state.seq) if state else None
+        problem = self.wait_ready(config, digest(text), before)
+        self.say(f"cairn config: back on the last good configuration"
+                 f"{'' if problem is None else f', but: {problem}'}")
+        return problem
+
+    def rollback(self, by: str) -> int:
+        text = self.history.last_good_text()
+        if text is None:
+            self.say(f"cairn config: no last good configuration beside {self.file}")
+            return EXIT_FAILURE
+        with self.history.locked():
+            change = self.history.record(text, by, "cairn config rollback", "restart")
+            problem = self.restore(text)
+            self.history.set_state(change, "good" if problem is None else "rolled_back",
+                                   problem)
+        return EXIT_OK if problem is None else EXIT_FAILURE
+
+    def mark_good(self) -> int:
+        """The router is ready on the file as it is: keep it as the last good one (the
+        health gate of a boot calls this)."""
+        text, config = self._text(self.file), self._load(self.file)
+        if text is None or config is None:
+            self.say(f"cairn config: {self.file} does not load: not marked good")
+            return EXIT_FAILURE
+        decided, problem = self.problem(config, digest(text), None)
+        if problem is not None:
+            self.say(f"cairn config: the router is not ready on {self.file}: {problem}")
+            return EXIT_FAILURE
+        with self.history.locked():
+            change = next((c for c in self.history.changes() if c.sha256 == digest(text)), None)
+            self.history.mark_good(text, change.id if change else None)
+            if change is not None and change.state == "pending":
+                self.history.set_state(change, "good")
+        self.say(f"cairn config: {self.file} marked good")
+        return EXIT_OK
+
+    def apply_pending(self) -> int:
+        """The requests taken over WAMP, oldest first."""
+        worst = EXIT_OK
+        for data_dir in self.data_dirs():
+            for request in pending_requests(data_dir):
+                text = self._text(request.text_path(data_dir))
+                remove_request(data_dir, request)  # once: a failing one is not retried forever
+                if text is None:
+                    continue
+                code = self.apply(text, request.by, f"WAMP request {request.id}", request.id)
+                worst = max(worst, code)
+        return worst
+
+    @staticmethod
+    def _text(path: Path) -> str | None:
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def add_commands(commands: Any) -> None:
+    c = commands.add_parser(
+        "config", help="see, change and roll back the router's configuration",
+        description="Change the configuration safely: a change is validated (refused with "
+                    "exit 2 if bad), recorded in config-history/ beside the file, applied by "
+                    "a reload or a restart, and rolled back to the last good configuration "
+                    "if the router is not ready on it in time (exit 1).")
+    c.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG,
+                   help=f"the router's config file (default {DEFAULT_CONFIG})")
+    c.add_argument("--service", choices=["systemd", "signal"], default="systemd",
+                   help="how the router is reloaded and restarted: systemd (cairn-router), "
+                        "or signal: SIGHUP, and SIGTERM for its supervisor to restart it")
+    c.add_argument("--timeout", type=float, default=READY_TIMEOUT, metavar="S",
+                   help=f"seconds the router has to be ready on a change "
+                        f"(default {READY_TIMEOUT:g})")
+    verbs = c.add_subparsers(dest="verb", metavar="VERB", required=True)
+    verbs.add_parser("get", help="print the config file")
+    verbs.add_parser("history", help="the last changes: who, when, how, how it ended")
+    a = verbs.add_parser("apply", help="validate, apply, and roll back if not ready")
+    a.add_argument("file", metavar="FILE", nargs="?", help="the new configuration")
+    a.add_argument("--by", metavar="WHO", help="who makes the change (default: your user)")
+    a.add_argument("--pending", action="store_true",
+                   help="carry out the requests taken over WAMP (cairn.admin.config.apply)")
+    verbs.add_parser("mark-good", help="keep the file as the last good configuration "
+                                       "(when the router is ready on it)")
+    verbs.add_parser("rollback", help="put the last good configuration back and restart")
+
+
+def main(args: argparse.Namespace) -> int:
+    file = Path(args.config)
+    applier = Applier(file, _service(args.service, file), args.timeout)
+    if args.verb == "get":
+        text = applier._text(file)
+        if text is None:
+            print(f"cairn config: cannot read {file}", file=sys.stderr)
+            return EXIT_FAILURE
+        sys.stdout.write(text)
+        return EXIT_OK
+    if args.verb == "history":
+        _print_history(applier.history)
+        return EXIT_OK
+    if args.verb == "mark-good":
+        return applier.mark_good()
+    if args.verb == "rollback":
+        return applier.rollback(default_by().replace("config apply", "config rollback"))
+    return _apply(applier, args)
+
+
+def _apply(applier: Applier, args: argparse.Namespace) -> int:
+    if args.pending == bool(args.file):
+        print("cairn config apply: give a FILE or --pending", file=sys.stderr)
+        return EXIT_USAGE
+    if args.pending:
+        return applier.apply_pending()
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"cairn config: bad config: {args.file}: -: cannot read file: {e}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    return applier.apply(text, args.by or default_by(), f"file {args.file}")
+
+
+def _service(name: str, file: Path) -> Service:
+    if name == "systemd":
+        return Systemd()
+
+    def pid() -> int | None:
+        state = Applier(file, Systemd()).running()
+        return state.pid if state is not None else None
+
+    return Signals(pid)
+
+
+def _print_history(history: History) -> None:
+    good = (history.last_good_info() or {}).get("change")
+    for c in history.changes():
+        mark = "  <- last good" if c.id == good else ""
+        reason = f": {c.reason}" if c.reason else ""
+        print(f"{c.id:4d}  {c.at}  {c.state:<11} {c.action or '-':<7} {c.by} ({c.source})"
+              f"{reason}{mark}")
+

@@ -1,0 +1,378 @@
+"""Configuration that cannot lock you out: a real router process, real config files and
+their history, ``cairn config`` as a subprocess, autobahn sessions over real sockets.
+
+The router runs under the test's own supervisor (as systemd's Restart= would restart it):
+``cairn config --service signal`` reloads it with SIGHUP and restarts it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import SubscribeOptions
+
+from cairn.gateway.config import HEALTH_TOPIC
+from cairn.gateway.config_history import KEEP, History
+from harness.config import EVERYTHING, permission, role, router_table, user
+from harness.process import RouterProcess, free_port
+from harness.wamp_client import connect
+
+COMMAND = [sys.executable, "-m", "cairn.app.cli"]
+ADMIN_SECRET = "admin-ticket-0123456789"
+
+
+def realm(extra_roles: str = "", anonymous: bool = True) -> str:
+    """realm1: anonymous sessions may do anything (as the device's "local" role), the admin
+    user may call the cairn.admin procedures, the viewer has a catch-all of its own."""
+    return ('\n[[realms]]\nname = "realm1"\n'
+            + ('anonymous_role = "local"\n' if anonymous else "")
+            + role("local", permission("", EVERYTHING))
+            + role("admin", permission("cairn.admin", ["call"]), permission("", EVERYTHING))
+            + role("viewer", permission("", ["call", "subscribe"]))
+            + extra_roles
+            + user("admin", "admin", secret=ADMIN_SECRET)
+            + user("viewer", "viewer", secret="viewer-ticket-0123456789"))
+
+
+def config_text(tmp_path: Path, port: int, rawsocket: tuple[str, ...] = (),
+                extra_roles: str = "", anonymous: bool = True) -> str:
+    return router_table(tmp_path / "data", f"127.0.0.1:{port}", rawsocket) + \
+        realm(extra_roles, anonymous)
+
+
+def cairn(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def config_cmd(file: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return cairn("config", "--config", str(file), "--service", "signal", "--timeout", "20",
+                 *args, timeout=timeout)
+
+
+class Supervised:
+    """The router process, started again whenever it exits (systemd's Restart=)."""
+
+    def __init__(self, file: Path, port: int) -> None:
+        self.router = RouterProcess(file.parent, config=file)
+        self.router.port = port  # waited for at each start
+        self.file = file
+        self._watch: asyncio.Task | None = None
+
+    async def __aenter__(self) -> Supervised:
+        await asyncio.to_thread(self.router.start)
+        self._watch = asyncio.create_task(self._restart_when_it_exits())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._watch is not None
+        self._watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watch
+        if self.router.proc.poll() is None:
+            self.router.kill()
+
+    async def _restart_when_it_exits(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            if self.router.proc.poll() is not None:
+                with contextlib.suppress(RuntimeError):
+                    await asyncio.to_thread(self.router.start)
+
+    @property
+    def address(self) -> SimpleNamespace:
+        return SimpleNamespace(port=self.router.port, ws_url=self.router.ws_url)
+
+
+def metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def held_port() -> socket.socket:
+    """A port something else listens on: a router cannot bind it."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    return taken
+
+
+async def admin(address: SimpleNamespace):
+    return await connect(address, authmethods=["ticket"], authid="admin", secret=ADMIN_SECRET)
+
+
+@pytest.fixture
+def good(tmp_path: Path):
+    """A good config file, already marked as the last good one, on a free port."""
+    port = free_port()
+    file = tmp_path / "cairn.toml"
+    text = config_text(tmp_path, port)
+    file.write_text(text)
+    History(file).mark_good(text)
+    return SimpleNamespace(file=file, port=port, text=text)
+
+
+# -- starting on a bad file ----------------------------------------------------------------
+
+
+async def test_bad_file_with_a_last_good_runs_on_the_last_good_and_says_why(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        status = await session.call("cairn.router.status")
+        await session.leave()
+        assert status["config"]["running"] == "last-good"
+        assert status["config"]["file"] == str(good.file)
+        problem = status["config"]["problem"]
+        assert str(good.file) in problem and "router.log_level" in problem
+        assert "'loud'" in problem
+        assert "cairn_config_fallback 1" in metrics(good.port)
+        await router.router.wait_for_line(r"ERROR .*router\.log_level.*last good")
+
+
+async def test_listener_the_host_cannot_bind_falls_back_in_process(good, tmp_path):
+    # an address this host does not have: the file validates, the router cannot start on it
+    bad = config_text(tmp_path, good.port, rawsocket=("10.254.254.254:9",), anonymous=False)
+    good.file.write_text(bad)
+    async with Supervised(good.file, good.port) as router:
+        assert "cairn_config_fallback 1" in metrics(good.port)
+        session = await admin(router.address)
+        status = await session.call("cairn.router.status")
+        await session.leave()
+        assert status["config"]["running"] == "last-good"
+        assert "cannot start on it" in status["config"]["problem"]
+        assert "10.254.254.254" in status["config"]["problem"]
+        assert router.router.proc.poll() is None
+        assert len([line for line in router.router.log_lines() if "listening:" in line]) == 1
+
+
+async def test_the_health_record_names_the_fallback(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        records: list[dict] = []
+        await session.subscribe(lambda **record: records.append(record), HEALTH_TOPIC,
+                                options=SubscribeOptions(get_retained=True))
+        for _ in range(100):
+            if records:
+                break
+            await asyncio.sleep(0.05)
+        await session.leave()
+    assert records[-1]["config"]["running"] == "last-good"
+    assert "router.log_level" in records[-1]["config"]["problem"]
+
+
+async def test_sighup_with_a_bad_file_keeps_the_running_config_and_says_why(good):
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        good.file.write_text(good.text + "\n[router.bogus]\n")
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: keeping the running config")
+        config = (await session.call("cairn.router.status"))["config"]
+        assert (config["running"], config["problem"]) == \
+            ("file", f"{good.file}: router.bogus: unknown key (allowed here: "
+                     f"{config['problem'].split('allowed here: ')[1]}")
+        good.file.write_text(good.text)  # fixed: the next SIGHUP clears the problem
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: reloaded")
+        assert (await session.call("cairn.router.status"))["config"]["problem"] is None
+        assert session.is_attached()
+        await session.leave()
+
+
+async def test_sighup_takes_a_fixed_file_while_on_the_last_good(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: reloaded")
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+        assert "cairn_config_fallback 0" in metrics(good.port)
+    assert (config["running"], config["problem"]) == ("file", None)
+
+
+def test_without_a_last_good_a_bad_file_still_exits_2(tmp_path):
+    file = tmp_path / "cairn.toml"
+    file.write_text(config_text(tmp_path, free_port()).replace('"info"', '"loud"'))
+    result = cairn("router", "--config", str(file), timeout=20)
+    assert result.returncode == 2, result.stderr
+    assert f"{file}: router.log_level:" in result.stderr
+
+
+async def test_doctor_names_the_problem_while_on_the_last_good(good):
+    good.file.write_text(good.text + "\n[router.bogus]\n")
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(cairn, "doctor", "--config", str(good.file))
+    assert result.returncode == 1
+    assert "FAIL  config" in result.stdout and "router.bogus" in result.stdout
+    assert "runs on the last good configuration" in result.stdout
+
+
+# -- cairn config apply ---------------------------------------------------------------------
+
+
+def test_apply_of_an_invalid_file_is_refused_and_nothing_changes(good, tmp_path):
+    bad = tmp_path / "new.toml"
+    bad.write_text(good.text.replace('name = "admin"', 'name = ""'))
+    result = config_cmd(good.file, "apply", str(bad), "--by", "olga")
+    assert result.returncode == 2, result.stderr
+    assert f"{good.file}: realms[0].roles[1].name: missing" in result.stderr
+    assert good.file.read_text() == good.text
+    [change] = History(good.file).changes()
+    assert (change.state, change.by, change.action) == ("refused", "olga", None)
+    assert "realms[0].roles[1].name" in change.reason
+
+
+async def test_reload_only_change_is_applied_without_dropping_a_session(good, tmp_path):
+    async with Supervised(good.file, good.port) as router:
+        pid = router.router.pid
+        session = await connect(router.address)
+        new = tmp_path / "new.toml"
+        new.write_text(config_text(tmp_path, good.port, extra_roles=role(
+            "operator", permission("app.", ["call"]))))
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stderr
+        assert session.is_attached()
+        assert (await session.call("cairn.router.status"))["config"]["running"] == "file"
+        await session.leave()
+        assert router.router.pid == pid
+    [change] = History(good.file).changes()
+    assert (change.state, change.action) == ("good", "reload")
+    assert History(good.file).last_good_text() == new.read_text() == good.file.read_text()
+
+
+async def test_restart_change_is_applied_by_a_restart_and_marked_good(good, tmp_path):
+    new = tmp_path / "new.toml"
+    new.write_text(good.text.replace('log_level = "info"',
+                                     'log_level = "info"\nmax_message_size = 65536'))
+    async with Supervised(good.file, good.port) as router:
+        pid = router.router.pid
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stderr
+        assert router.router.pid != pid
+        session = await connect(router.address)
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+    assert (config["running"], config["problem"]) == ("file", None)
+    [change] = History(good.file).changes()
+    assert (change.state, change.action) == ("good", "restart")
+    assert History(good.file).last_good_text() == new.read_text()
+
+
+async def test_rollback_puts_the_last_good_back_and_restarts(good, tmp_path):
+    good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+    async with Supervised(good.file, good.port) as router:
+        result = await asyncio.to_thread(config_cmd, good.file, "rollback")
+        assert result.returncode == 0, result.stderr
+        assert good.file.read_text() == good.text
+        session = await connect(router.address)
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+    assert config["sha256"] == History(good.file).last_good_info()["sha256"]
+    [change] = History(good.file).changes()
+    assert (change.state, change.source) == ("good", "cairn config rollback")
+
+
+async def test_restart_change_that_fails_is_rolled_back_with_the_reason(good, tmp_path):
+    with held_port() as taken:
+        port = taken.getsockname()[1]
+        new = tmp_path / "new.toml"
+        new.write_text(config_text(tmp_path, good.port, rawsocket=(f"127.0.0.1:{port}",)))
+        async with Supervised(good.file, good.port) as router:
+            result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new),
+                                             "--by", "olga")
+            assert result.returncode == 1, result.stderr
+            assert good.file.read_text() == good.text
+            session = await connect(router.address)
+            status = await session.call("cairn.router.status")
+            await session.leave()
+    assert status["config"] == {**status["config"], "running": "file", "problem": None}
+    [change] = History(good.file).changes()
+    assert (change.state, change.action, change.by) == ("rolled_back", "restart", "olga")
+    assert "address already in use" in change.reason and str(port) in change.reason
+
+
+def test_history_keeps_the_last_ten_and_who_made_them(good):
+    for i in range(KEEP + 2):
+        History(good.file).record(f"# {i}\n{good.text}", f"user{i}", "test", "reload")
+    changes = History(good.file).changes()
+    assert len(changes) == KEEP
+    assert [c.by for c in changes[:2]] == [f"user{KEEP + 1}", f"user{KEEP}"]
+    assert History(good.file).text(changes[0].id).startswith(f"# {KEEP + 1}\n")
+    assert len(list((good.file.parent / "config-history").glob("[0-9]*.toml"))) == KEEP
+    listed = config_cmd(good.file, "history").stdout.splitlines()
+    assert len(listed) == KEEP and f"user{KEEP + 1}" in listed[0]
+
+
+# -- over WAMP --------------------------------------------------------------------------------
+
+
+async def test_admin_gets_and_applies_over_wamp_and_the_pending_request_is_carried_out(good):
+    new_text = good.text + role("operator", permission("app.", ["call"]))
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        got = await session.call("cairn.admin.config.get")
+        assert (got["text"], got["running"], got["file"]) == (good.text, "file", str(good.file))
+        answer = await session.call("cairn.admin.config.apply", new_text)
+        assert answer == {"request": 1, "state": "pending", "action": "reload"}
+        requests = good.file.parent / "data" / "config-requests"
+        assert (requests / "0001.toml").read_text() == new_text
+        assert good.file.read_text() == good.text  # the router does not write the config
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", "--pending")
+        assert result.returncode == 0, result.stderr
+        got = await session.call("cairn.admin.config.get")
+        await session.leave()
+    assert got["text"] == new_text and got["requests"] == []
+    change = got["changes"][0]
+    assert (change["state"], change["request"], change["by"]) == \
+        ("good", 1, "admin@realm1 over WAMP")
+
+
+async def test_invalid_text_over_wamp_is_refused_naming_file_key_and_problem(good):
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", good.text + "\n[sync]\n[sync]\n")
+        await session.leave()
+    assert refused.value.error == "cairn.error.invalid_config"
+    assert refused.value.kwargs["file"] == str(good.file)
+    assert "invalid TOML" in refused.value.kwargs["problem"]
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
+@pytest.mark.parametrize("who", ["anonymous", "viewer"])
+async def test_sessions_without_an_admin_permission_are_refused(good, who):
+    async with Supervised(good.file, good.port) as router:
+        if who == "anonymous":  # its role's catch-all permission does not reach cairn.admin
+            session = await connect(router.address)
+        else:
+            session = await connect(router.address, authmethods=["ticket"], authid="viewer",
+                                    secret="viewer-ticket-0123456789")
+        for procedure, args in (("cairn.admin.config.get", ()),
+                                ("cairn.admin.config.apply", (good.text,))):
+            with pytest.raises(ApplicationError) as refused:
+                await session.call(procedure, *args)
+            assert refused.value.error == "wamp.error.not_authorized"
+        await session.leave()
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
+def test_history_files_are_json_with_who_when_and_how(good):
+    change = History(good.file).record(good.text, "root with cairn config apply", "file x",
+                                       "restart")
+    data = json.loads((good.file.parent / "config-history" / "0001.json").read_text())
+    assert data["by"] == "root with cairn config apply" and data["action"] == "restart"
+    assert data["state"] == "pending" and data["at"].endswith("Z")
+    assert data["id"] == change.id == 1
