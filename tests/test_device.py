@@ -181,6 +181,16 @@ def test_router_is_up_by_its_own_readiness_and_runs_under_the_watchdog(device):
     assert props["NRestarts"] == "0" and props["User"] == "cairn", props
 
 
+def test_systemd_feeds_the_hardware_watchdog(device):
+    """PID 1 armed the board's watchdog (QEMU's i6300esb here; loaded in the initramfs) and
+    feeds it: a system that hangs is reset by it."""
+    done = device.ssh("systemctl show -p RuntimeWatchdogUSec -p WatchdogLastPingTimestampMonotonic;"
+                      " ls /dev/watchdog0")
+    props = dict(line.split("=", 1) for line in done.stdout.split() if "=" in line)
+    assert props["RuntimeWatchdogUSec"] == "2min", props
+    assert int(props["WatchdogLastPingTimestampMonotonic"]) > 0, props
+
+
 def test_dashboard_and_metrics_answer_through_an_ssh_tunnel(device):
     with device.tunnel() as port:
         status, page = http_get(port, "/")
