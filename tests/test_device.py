@@ -21,6 +21,7 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
+from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import SubscribeOptions
 
 from harness.wamp_client import connect
@@ -170,6 +171,59 @@ def test_a_broken_config_on_the_boot_partition_is_refused_and_the_router_runs_on
     finally:
         device.ssh("sudo rm -f /boot/firmware/cairn/cairn.toml /boot/firmware/cairn/hostname "
                    "&& sudo systemctl restart cairn-provision")
+
+
+async def _call(port: int, procedure: str, *args, admin: bool = True):
+    router = SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port)
+    who = ({"authmethods": ["ticket"], "authid": "admin", "secret": qemu_device.ADMIN_SECRET}
+           if admin else {})
+    session = await connect(router, **who)
+    try:
+        return await session.call(procedure, *args)
+    finally:
+        session.leave()
+
+
+def _change_settled(port: int, request: int) -> dict | None:
+    """The history's record of the change a WAMP request asked for, once it has ended."""
+    try:
+        got = asyncio.run(_call(port, "cairn.admin.config.get"))
+    except Exception:   # the router is restarting
+        return None
+    change = next((c for c in got["changes"] if c["request"] == request), None)
+    return None if change is None or change["state"] == "pending" else {**change, "get": got}
+
+
+def test_a_config_applied_over_wamp_that_cannot_start_is_rolled_back_by_itself(device):
+    """The provisioned admin changes the config over WAMP to one the router cannot start on
+    (a listener on port 81: the router's user may not bind below 1024). The device carries it
+    out (cairn-config-apply.path), the router does not come back ready on it, and the last
+    good configuration is back by itself, the change's history saying why. The anonymous
+    local role, whose permission covers every URI, may not call it."""
+    with device.tunnel() as port:
+        with pytest.raises(ApplicationError) as refused:
+            asyncio.run(_call(port, "cairn.admin.config.get", admin=False))
+        assert refused.value.error == "wamp.error.not_authorized"
+        text = asyncio.run(_call(port, "cairn.admin.config.get"))["text"]
+        bad = text.replace('listen = "127.0.0.1:8080"', 'listen = "127.0.0.1:81"')
+        assert bad != text
+        answer = asyncio.run(_call(port, "cairn.admin.config.apply", bad))
+        assert answer["state"] == "pending" and answer["action"] == "restart", answer
+        started = time.monotonic()
+        deadline = started + 600
+        while (change := _change_settled(port, answer["request"])) is None:
+            assert time.monotonic() < deadline, device.ssh(
+                "sudo journalctl -b -o cat -u cairn-config-apply -u cairn-router | tail -40",
+                check=False).stdout
+            time.sleep(5)
+    print(f"\n[appliance] a config the router cannot start on: rolled back "
+          f"{time.monotonic() - started:.0f} s after the WAMP call")
+    assert change["state"] == "rolled_back" and change["by"].startswith("admin"), change
+    assert "81" in change["reason"], change
+    got = change["get"]
+    assert got["running"] == "file" and not got["problem"], got
+    assert got["text"] == text
+    assert device.ssh("systemctl is-active cairn-router").stdout.strip() == "active"
 
 
 def test_router_is_up_by_its_own_readiness_and_runs_under_the_watchdog(device):
