@@ -19,7 +19,8 @@
 # file system, a signed RAUC bundle of it when a key is given, and a manifest of package
 # versions and sha256s.
 #
-# Settings (environment): CAIRN_SSH_PUBKEY, CAIRN_ADMIN_USER (admin), CAIRN_HOSTNAME (cairn),
+# Settings (environment): CAIRN_SSH_PUBKEY (the default admin keys; a card's
+# cairn/authorized_keys replaces them), CAIRN_ADMIN_USER (admin), CAIRN_HOSTNAME (cairn),
 # CAIRN_CONFIG (a cairn.toml installed as /etc/cairn/cairn.toml instead of the shipped one),
 # CAIRN_UPDATE_KEYRING (the CA certificate, PEM, whose bundles the device accepts),
 # CAIRN_BUNDLE_CERT and CAIRN_BUNDLE_KEY (sign a bundle of this build: make bundle),
@@ -76,7 +77,8 @@ fi
 [ -n "${CAIRN_UPDATE_KEYRING:-}" ] ||
     say "warning: CAIRN_UPDATE_KEYRING is empty: the image will refuse every update bundle"
 [ -n "${CAIRN_SSH_PUBKEY:-}" ] ||
-    say "warning: CAIRN_SSH_PUBKEY is empty: the image will have no way in over SSH"
+    say "note: CAIRN_SSH_PUBKEY is empty: SSH takes only the keys a card is given in its" \
+        "boot partition's cairn/authorized_keys (images/README.md, Personalise each card)"
 started=$(date +%s)
 
 # -- 1. the base root file system, cached (base.sh fills the cache on a miss) ------------------
