@@ -93,9 +93,13 @@ def _connection(v: Validator, t: dict[str, Any], name: str, kind: str) -> dict[s
     priority = v.get(t, "", "priority", int, 0)
     if not -999 <= priority <= 999:
         raise ConfigError(v.source, "priority", f"must be between -999 and 999, not {priority}")
-    section = {"id": name, "uuid": profile_uuid(name), "type": NM_TYPES[kind],
-               "autoconnect": _bool(v.get(t, "", "autoconnect", bool, True)),
-               "autoconnect-priority": str(priority), "metered": "1" if metered else "2"}
+    section = {"id": name, "uuid": profile_uuid(name), "type": NM_TYPES[kind]}
+    # NetworkManager's defaults (autoconnect, priority 0) are left out, as it does itself
+    if not v.get(t, "", "autoconnect", bool, True):
+        section["autoconnect"] = "false"
+    if priority:
+        section["autoconnect-priority"] = str(priority)
+    section["metered"] = "1" if metered else "2"
     interface = v.get(t, "", "interface", str, None)
     if interface is not None:
         if not INTERFACE.fullmatch(interface):
@@ -209,10 +213,6 @@ def _ip(v: Validator, key: str, text: str) -> ipaddress.IPv4Address:
         return ipaddress.IPv4Address(text)
     except ValueError:
         raise ConfigError(v.source, key, f"{text!r} is not an IPv4 address") from None
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
 
 
 def _escape(value: str) -> str:
