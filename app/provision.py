@@ -308,17 +308,27 @@ def driver_checks(folder: str, check: Callable[[dict[str, Any], str], object]
     return check_all
 
 
-def check_authorized_keys(path: Path, ctx: Context, plan: Plan) -> None:
-    """Every line a public key (as ssh-keygen reads it); the set replaces the device's."""
+def checked_text(path: Path, ctx: Context, plan: Plan,
+                 problem_of: Callable[[str], str | None]) -> str | None:
+    """The input's text, or None when it cannot be read or ``problem_of`` finds a problem
+    with it as a whole (refused, naming the file)."""
     label = label_of(path, ctx.folder)
     text = read_text(path, label, plan)
+    problem = None if text is None else problem_of(text)
+    if problem:
+        plan.refuse(label, "-", problem)
+        return None
+    return text
+
+
+def check_authorized_keys(path: Path, ctx: Context, plan: Plan) -> None:
+    """Every line a public key (as ssh-keygen reads it); the set replaces the device's."""
+    text = checked_text(path, ctx, plan, lambda text: "holds a private key: put only public "
+                        "keys (the lines of your .pub files) here, and make a new key: this "
+                        "one was on a card anyone can read" if "PRIVATE KEY" in text else None)
     if text is None:
         return
-    if "PRIVATE KEY" in text:
-        plan.refuse(label, "-", "holds a private key: put only public keys (the lines of "
-                                "your .pub files) here, and make a new key: this one was on "
-                                "a card anyone can read")
-        return
+    label = label_of(path, ctx.folder)
     keys, fingerprints = [], []
     for number, line in enumerate(text.split("\n"), 1):
         line = line.strip()
@@ -358,16 +368,10 @@ class ProvisionError(Exception):
 
 
 def check_hostname(path: Path, ctx: Context, plan: Plan) -> None:
-    label = label_of(path, ctx.folder)
-    text = read_text(path, label, plan)
+    text = checked_text(path, ctx, plan, lambda text: hostname_problem(text.strip()))
     if text is None:
         return
-    name = text.strip()
-    problem = hostname_problem(name)
-    if problem:
-        plan.refuse(label, "-", problem)
-        return
-    plan.hostname = name.lower()
+    plan.hostname = text.strip().lower()
     plan.changes.append(Change(path, ctx.data / "etc/hostname", f"{plan.hostname}\n".encode(),
                                note=plan.hostname))
 
@@ -389,13 +393,8 @@ def hostname_problem(name: str) -> str | None:
 
 def check_keyring(path: Path, ctx: Context, plan: Plan) -> None:
     """The CA certificate(s) update bundles are signed by, as RAUC reads them."""
-    label = label_of(path, ctx.folder)
-    text = read_text(path, label, plan)
+    text = checked_text(path, ctx, plan, keyring_problem)
     if text is None:
-        return
-    problem = keyring_problem(text)
-    if problem:
-        plan.refuse(label, "-", problem)
         return
     plan.changes.append(Change(path, ctx.etc / "update/keyring.pem", text.encode(),
                                note="the update keyring"))
