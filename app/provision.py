@@ -139,6 +139,8 @@ def _group(folder: Path, suffix: str | None, inputs: Inputs) -> list[Path]:
 
 
 def _describe(name: str) -> str:
+    if name.lower().endswith(".sample"):
+        return f"{name} (an example: remove .sample from its name to use it)"
     # Windows hides extensions, so "cairn.toml" saved from Notepad is "cairn.toml.txt"
     for known in (*TOP_FILES, ".toml"):
         if name.lower().endswith(known + ".txt"):

@@ -382,3 +382,31 @@ def test_networkmanager_reads_the_rendered_keyfile(tmp_path, capsys, name, text)
     read_back.read_string(result.stdout)
     for section in keyfile.sections():
         assert dict(read_back[section]).items() >= dict(keyfile[section]).items()
+
+
+# -- the example folder the image ships ------------------------------------------------------
+
+EXAMPLE = ROOT / "images/provision"
+
+
+def test_the_shipped_examples_are_accepted_once_renamed(device):
+    folder = device["folder"]
+    for sample in EXAMPLE.rglob("*.sample"):
+        name = sample.relative_to(EXAMPLE).as_posix().removesuffix(".sample")
+        write(folder, name, sample.read_text())
+    write(folder, "secrets/README.txt", (EXAMPLE / "secrets/README.txt").read_text())
+    with (folder / "authorized_keys").open("a") as f:
+        f.write(Path(f"{device['key']}.pub").read_text())
+    write(folder, "secrets/sync-token", "a-sync-token-of-some-length\n")
+    assert provision(device) == 0, report(device)
+    assert {p.name for p in (device["data"] / NM).iterdir()} == {
+        "cairn-wifi.nmconnection", "cairn-cellular.nmconnection", "cairn-ethernet.nmconnection"}
+    assert not (device["etc"] / "secrets/README.txt").exists()
+
+
+def test_the_example_folder_copied_as_it_is_applies_nothing(device):
+    shutil.rmtree(device["folder"])
+    shutil.copytree(EXAMPLE, device["folder"])
+    assert provision(device) == 0
+    assert tree(device["etc"]) == {} and tree(device["data"]) == {}
+    assert "hostname.sample (an example: remove .sample" in report(device)
