@@ -666,8 +666,13 @@ def provision(folder: Path, etc: Path, data: Path, dry_run: bool = False,
     inputs = scan(folder)
     if inputs.empty():
         return nothing_to_do(folder, inputs, dry_run)
-    with tempfile.TemporaryDirectory(prefix="cairn-provision-") as staging:
-        plan = make_plan(inputs, Context(folder, etc, data, Path(staging)))
+    try:
+        with tempfile.TemporaryDirectory(prefix="cairn-provision-") as staging:
+            plan = make_plan(inputs, Context(folder, etc, data, Path(staging)))
+    except ProvisionError as e:
+        return finish(folder, EXIT_FAILED, dry_run, report(
+            f"FAILED: the files could not be checked ({e}); nothing was applied.",
+            Plan(not_understood=inputs.not_understood)))
     if plan.problems:
         return finish(folder, EXIT_REFUSED, dry_run, report(
             "REFUSED: nothing was applied; the device runs as before. Fix the files named "
@@ -732,12 +737,8 @@ def add_commands(commands: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.render_network:
         return render_network(args.render_network)
-    try:
-        return provision(args.folder, args.etc, args.data, args.dry_run,
-                         live=not args.dry_run and args.data == DATA)
-    except ProvisionError as e:
-        log.error("provision: %s", e)
-        return EXIT_FAILED
+    return provision(args.folder, args.etc, args.data, args.dry_run,
+                     live=not args.dry_run and args.data == DATA)
 
 
 def render_network(path: Path) -> int:
