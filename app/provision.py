@@ -42,7 +42,7 @@ ETC = Path("/etc/cairn")
 DATA = Path("/data")
 DEVICE_SECRETS = "/etc/cairn/secrets"  # what a cairn.toml on the device names
 # U-Boot's state (build-image.sh) and provisioning's own files: never read, moved or removed
-RESERVED = {"boot.env", "bootargs.env", "report.txt", "readme.txt"}
+RESERVED = {"boot.env", "bootargs.env", "report.txt", "report.tmp", "readme.txt"}
 # what laptops leave on any FAT stick: not worth a line in the report
 JUNK = {".ds_store", "system volume information", ".spotlight-v100", ".trashes",
         ".fseventsd", "thumbs.db", "desktop.ini", ".metadata_never_index"}
@@ -87,7 +87,8 @@ class Plan:
 
 @dataclass
 class Inputs:
-    """The folder's entries by role, each as (name in the folder, path)."""
+    """The folder's entries by role: the top-level files by their lower-case name, the
+    groups' files by group (secrets, sensors, mqtt, network)."""
 
     files: dict[str, Path] = field(default_factory=dict)    # cairn.toml, hostname, ...
     groups: dict[str, list[Path]] = field(default_factory=dict)  # sensors, mqtt, ...

@@ -125,6 +125,7 @@ def test_the_report_lists_what_was_applied_and_no_secret(device):
         assert name in text
     for secret in ("a-sync-token-of-some-length", "correct horse battery", "1234"):
         assert secret not in text
+    assert b"\r\n" in (device["folder"] / "report.txt").read_bytes()  # for Notepad
 
 
 def test_secrets_and_keyfiles_are_readable_by_their_owners_only(device):
@@ -182,6 +183,15 @@ def test_garbage_files_are_reported_and_do_not_block_the_rest(device):
     assert "cairn.toml.txt (did the editor add .txt?" in text
     assert "._cairn.toml" not in text and "DS_Store" not in text and "Volume" not in text
     assert (folder / "notes.docx").exists() and (folder / "sensors/readme.md").exists()
+
+
+def test_names_match_whatever_their_case_as_on_fat(device):
+    folder = device["folder"]
+    write(folder, "Hostname", "Greenhouse-7\n")
+    write(folder, "Network/WiFi.TOML", WIFI)
+    assert provision(device) == 0
+    assert (device["data"] / "etc/hostname").read_text() == "greenhouse-7\n"
+    assert (device["data"] / NM / "cairn-wifi.nmconnection").is_file()
 
 
 def test_reserved_files_are_left_as_they_were(device):
