@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from cairn.app import config_cli, update
+from cairn.app import config_cli, provision, update
 from cairn.drivers import cli as sensor_cli
 from cairn.drivers import demo, mqtt_cli
 from cairn.gateway import config as cfg
@@ -23,7 +23,7 @@ from cairn.gateway.console import (
 from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
-COMPONENTS = (ops, config_cli, demo, sensor_cli, mqtt_cli, sync_cli, update)
+COMPONENTS = (ops, config_cli, demo, sensor_cli, mqtt_cli, sync_cli, update, provision)
 
 
 def build_parser() -> argparse.ArgumentParser:

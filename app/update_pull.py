@@ -12,6 +12,7 @@ timeout = 30                      # seconds any one network wait may take
 redirect_hosts = []               # hosts a redirect may hand a download to
 verify_tls = true
 reboot = true                     # reboot into an installed update at once (else: next boot)
+on_metered = "send"               # or "wait": no download on a metered link (cellular)
 ```
 
 ``latest.json`` names the bundle the device should run: ``{"version": "0.3.0", "bundle":
@@ -39,6 +40,7 @@ from typing import Any
 from cairn.gateway.config import read_document
 from cairn.gateway.config_tools import ConfigError, Validator
 from cairn.gateway.update_state import UPDATE_DIR, Trial, last_result
+from cairn.sync import metered
 from cairn.sync.cli import GATEWAY_ID, optional_secret
 from cairn.sync.sinks import HttpSource, SinkError
 
@@ -56,6 +58,7 @@ class UpdateSource:
     source: HttpSource
     interval: float = 3600.0
     reboot: bool = True
+    on_metered: str = "send"  # "wait": no check while the link is metered (sync.metered)
 
 
 def parse_update(data: dict[str, Any], path: str) -> UpdateSource | None:
@@ -65,7 +68,7 @@ def parse_update(data: dict[str, Any], path: str) -> UpdateSource | None:
     at = "update"
     v.keys(t, at, {"source", "token", "token_file", "token_env", "username", "password",
                    "password_file", "password_env", "interval", "timeout", "redirect_hosts",
-                   "verify_tls", "reboot"})
+                   "verify_tls", "reboot", "on_metered"})
     url = v.get(t, at, "source", str, None)
     if url is None:
         return None
@@ -85,7 +88,7 @@ def parse_update(data: dict[str, Any], path: str) -> UpdateSource | None:
         verify_tls=v.get(t, at, "verify_tls", bool, True),
         redirect_hosts=tuple(h.lower() for h in redirect_hosts))
     return UpdateSource(source, float(v.positive_number(t, at, "interval", 3600.0)),
-                        v.get(t, at, "reboot", bool, True))
+                        v.get(t, at, "reboot", bool, True), metered.parse_policy(v, t, at))
 
 
 def load(config_path: str) -> UpdateSource | None:
@@ -185,11 +188,23 @@ def _download(source: HttpSource, offer: Offer, directory: Path) -> Path:
     return part
 
 
+def read_metered(update: UpdateSource) -> int | None:
+    """NetworkManager's Metered, asked only when the answer matters."""
+    return metered.read_metered() if update.on_metered == "wait" else None
+
+
 def run(update: UpdateSource, running: str, install: Callable[[Path, str], None],
         once: bool = False) -> int:
     """Check every interval (a failed check is retried sooner, backing off)."""
     backoff = 60.0
     while True:
+        if metered.holds_back(update.on_metered, read_metered(update)):
+            log.info("update pull: the link is metered and [update] on_metered = \"wait\": "
+                     "no check until an unmetered one")
+            if once:
+                return 0
+            time.sleep(update.interval)
+            continue
         try:
             log.info("update pull: %s", check(update.source, running, install))
             if once:

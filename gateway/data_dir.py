@@ -47,7 +47,7 @@ def sync_status_path(data_dir: Path) -> Path:
 class SyncStatus:
     gateway_id: str
     sink: str
-    state: str = "starting"  # ok | retrying | idle
+    state: str = "starting"  # ok | retrying | idle | waiting (for an unmetered link)
     synced_seq: int = 0
     backlog: int = 0
     last_success: str | None = None
@@ -65,6 +65,7 @@ class SyncStatus:
     budget_window: list[Any] | None = None  # [boot_id, CLOCK_BOOTTIME ns] of its start
     health_only: bool = False  # the budget is spent: only health records go until it ends
     health_seq: int = 0  # the last health record shipped ahead of the watermark
+    waiting_for: str | None = None  # why nothing goes now ([sync] on_metered = "wait")
 
 
 AGING = ("last_success", "last_attempt", "rate_events_per_s")  # what changes when idle

@@ -14,6 +14,7 @@ redirect_hosts = []             # hosts a redirect may hand a batch to (WebHDFS 
 max_backoff = 600               # seconds, the longest wait between retries (at most interval)
 bandwidth = 0                   # bytes/s cap, 0 = none
 daily_bytes = 0                 # bytes a day; past it only health records go; 0 = no limit
+on_metered = "send"             # or "wait": on a metered link (cellular) wait for another
 verify_tls = true
 ```
 """
@@ -36,6 +37,7 @@ from cairn.gateway.config import read_document
 from cairn.gateway.config_tools import ConfigError, Validator, secret
 from cairn.gateway.data_dir import db_path, sync_status_path
 from cairn.gateway.store import HistoryReader
+from cairn.sync import metered
 from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
 from cairn.sync.uploader import Uploader
 
@@ -60,6 +62,7 @@ class SyncConfig:
     daily_bytes: int = 0  # 0: no limit (sync.budget)
     verify_tls: bool = True
     redirect_hosts: tuple[str, ...] = ()
+    on_metered: str = "send"  # or "wait" (sync.metered)
 
 
 def optional_secret(v: Validator, t: dict[str, Any], at: str, name: str) -> str | None:
@@ -79,7 +82,7 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     v.keys(t, at, {"sink", "gateway_id", "token", "token_file", "token_env", "username",
                    "password", "password_file", "password_env", "batch_events", "batch_bytes",
                    "interval", "timeout", "max_backoff", "bandwidth", "verify_tls",
-                   "redirect_hosts", "daily_bytes"})
+                   "redirect_hosts", "daily_bytes", "on_metered"})
     sink = v.get(t, at, "sink", str, None)
     if not sink:
         raise ConfigError(source, f"{at}.sink", "missing: a directory (dir:/path) or an "
@@ -121,7 +124,8 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
         batch_bytes=v.positive(t, at, "batch_bytes", 8 * 1024 * 1024),
         bandwidth=bandwidth, daily_bytes=daily_bytes,
         verify_tls=v.get(t, at, "verify_tls", bool, True),
-        redirect_hosts=tuple(h.lower() for h in redirect_hosts), **numbers)
+        redirect_hosts=tuple(h.lower() for h in redirect_hosts),
+        on_metered=metered.parse_policy(v, t, at), **numbers)
 
 
 def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
@@ -218,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     uploader = Uploader(config.gateway_id, reader, make_sink(config),
                         sync_status_path(config.data_dir), config.batch_events,
-                        config.batch_bytes, config.daily_bytes)
+                        config.batch_bytes, config.daily_bytes, on_metered=config.on_metered)
     log.info("syncing %s (gateway %s) to %s from seq %d", config.data_dir, config.gateway_id,
              uploader.sink.describe(), uploader.status.synced_seq)
     try:

@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,7 +41,7 @@ from cairn.gateway.data_dir import (
     write_sync_status,
 )
 from cairn.gateway.store import Damaged, HistoryReader
-from cairn.sync import budget
+from cairn.sync import budget, metered
 from cairn.sync.batch_format import (
     SCHEMA_VERSION,
     data_name,
@@ -138,6 +139,8 @@ class Uploader:
     status: SyncStatus = field(init=False)
     progress_interval: float = 5.0  # seconds between progress lines while draining
     status_interval: float = 600.0  # seconds between rewrites of a status that only aged
+    on_metered: str = "send"  # [sync] on_metered: "wait" holds batches back on a metered link
+    metered: Callable[[], int | None] = metered.read_metered  # NMMetered now (None: unknown)
 
     def __post_init__(self) -> None:
         self.status = SyncStatus(self.gateway_id, self.sink.describe(),
@@ -267,8 +270,29 @@ class Uploader:
         if health or shipped:
             self._mark_success()
 
+    def held_back(self) -> bool:
+        """Whether to send nothing now: told to wait for an unmetered link, and on a metered
+        one. Says so in the status and, once a spell, in the log."""
+        value = self.metered() if self.on_metered == "wait" else None
+        if not metered.holds_back(self.on_metered, value):
+            if self.status.state == "waiting":
+                log.info("the link is not metered any more: syncing")
+                self.status.state, self.status.waiting_for = "ok", None
+            return False
+        if self.status.state != "waiting":
+            self.status.backlog = self.reader.backlog(self.status.synced_seq)
+            log.info("the link is metered (NetworkManager: %s) and [sync] on_metered = "
+                     "\"wait\": %d events wait for an unmetered one", metered.METERED[value],
+                     self.status.backlog)
+        self.status.state = "waiting"
+        self.status.waiting_for = "an unmetered link (on_metered = \"wait\")"
+        self._write_status()
+        return True
+
     def once(self) -> int:
         """``cairn sync --once``: drain the backlog, or raise SinkError."""
+        if self.held_back():
+            return 0
         try:
             shipped = self.drain()
         except SinkError as e:
@@ -287,19 +311,20 @@ class Uploader:
         used within one interval, as an idle uploader would notice new readings."""
         backoff = 0.0
         while stop is None or not stop.is_set():
-            try:
-                self.drain()
-                backoff = 0.0
-                self.status.state = "ok"
-                self._mark_success()
-                wait = interval
-            except SinkError as e:
-                self._mark_failure(str(e))
-                backoff = min(max(backoff * 2, 1.0), max_backoff, interval)
-                wait = backoff * (0.5 + random.random() / 2)
-                log.warning("sync failed: %s; %d events waiting; retrying in %s", e,
-                            self.status.backlog, _duration(wait) if wait >= 1 else
-                            f"{wait:.2f}s")
+            wait = interval  # also while held back on a metered link: look again then
+            if not self.held_back():
+                try:
+                    self.drain()
+                    backoff = 0.0
+                    self.status.state = "ok"
+                    self._mark_success()
+                except SinkError as e:
+                    self._mark_failure(str(e))
+                    backoff = min(max(backoff * 2, 1.0), max_backoff, interval)
+                    wait = backoff * (0.5 + random.random() / 2)
+                    log.warning("sync failed: %s; %d events waiting; retrying in %s", e,
+                                self.status.backlog, _duration(wait) if wait >= 1 else
+                                f"{wait:.2f}s")
             if stop is not None:
                 stop.wait(wait)
             else:

@@ -416,7 +416,9 @@
       ? " · " + formatBytes(sync.budget_used || 0) + " of " + formatBytes(sync.budget_bytes) +
         " today" + (sync.health_only ? ", health records only" : "")
       : "";
-    setStat("st-sync", sync.state + " · " + backlog, last + budget, kind,
+    // [sync] on_metered = "wait" on a metered link: say what it waits for
+    const waiting = sync.waiting_for ? " · waits for " + sync.waiting_for : "";
+    setStat("st-sync", sync.state + " · " + backlog, last + budget + waiting, kind,
             sync.last_error || "");
   }
 
