@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import datetime
 import grp
+import json
 import logging
 import os
 import re
@@ -33,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from cairn.app import network_profiles
+from cairn.gateway.config import load as cfg_load
+from cairn.gateway.config_history import PROVISIONING as OUTCOME_FILE
+from cairn.gateway.config_history import History, provisioning_outcome
 from cairn.gateway.config_tools import ConfigError
 
 log = logging.getLogger("cairn.provision")
@@ -486,9 +490,32 @@ def snapshot(path: Path) -> Snapshot:
 
 
 def install_config(etc: Path, text: str, by: str) -> None:
-    """The one place provisioning writes cairn.toml (a config history may record it here)."""
-    atomic_write(etc / "cairn.toml", text.encode(), 0o644)
-    log.info("installed %s (%s)", etc / "cairn.toml", by)
+    """The one place provisioning writes cairn.toml, recorded in the config history. With no
+    last good configuration yet (a first boot), the one it replaces becomes it: should the
+    router not start on the new one, it has the image's own to fall back to."""
+    file = etc / "cairn.toml"
+    history = History(file)
+    with history.locked():
+        if history.last_good_text() is None and file.is_file():
+            with contextlib.suppress(ConfigError, OSError, UnicodeDecodeError):
+                cfg_load(file)
+                history.mark_good(file.read_text(encoding="utf-8"))
+        atomic_write(file, text.encode(), 0o644)
+        history.record(text, by, "the boot partition's cairn/cairn.toml", "restart")
+    log.info("installed %s (%s)", file, by)
+
+
+def put_back_config(etc: Path, text: str) -> None:
+    """The config as it was before a run that failed midway; its change is rolled back."""
+    file = etc / "cairn.toml"
+    history = History(file)
+    with history.locked():
+        atomic_write(file, text.encode(), 0o644)
+        latest = history.changes()
+        if latest and latest[0].state == "pending":
+            history.set_state(latest[0], "rolled_back",
+                              "another file of the boot partition's folder could not be "
+                              "written: the folder was not applied")
 
 
 def apply(plan: Plan, etc: Path) -> None:
@@ -520,8 +547,7 @@ def restore(change: Change, before: Snapshot, etc: Path) -> None:
         if before.data is None:
             change.dest.unlink(missing_ok=True)
         elif change.config:
-            install_config(etc, before.data.decode(), "cairn provision: put back after a "
-                                                      "failed apply")
+            put_back_config(etc, before.data.decode())
         else:
             atomic_write(change.dest, before.data, before.mode, before.gid, before.uid)
     except OSError as e:  # keep putting back the others
@@ -666,15 +692,17 @@ def provision(folder: Path, etc: Path, data: Path, dry_run: bool = False,
               live: bool = False) -> int:
     inputs = scan(folder)
     if inputs.empty():
-        return nothing_to_do(folder, inputs, dry_run)
+        return nothing_to_do(folder, etc, inputs, dry_run)
     try:
         with tempfile.TemporaryDirectory(prefix="cairn-provision-") as staging:
             plan = make_plan(inputs, Context(folder, etc, data, Path(staging)))
     except ProvisionError as e:
+        record_outcome(etc, "failed", [str(e)], dry_run)
         return finish(folder, EXIT_FAILED, dry_run, report(
             f"FAILED: the files could not be checked ({e}); nothing was applied.",
             Plan(not_understood=inputs.not_understood)))
     if plan.problems:
+        record_outcome(etc, "refused", plan.problems, dry_run)
         return finish(folder, EXIT_REFUSED, dry_run, report(
             "REFUSED: nothing was applied; the device runs as before. Fix the files named "
             "below on this card and boot again.", plan))
@@ -684,9 +712,12 @@ def provision(folder: Path, etc: Path, data: Path, dry_run: bool = False,
     try:
         apply(plan, etc)
     except OSError as e:
+        record_outcome(etc, "failed", [f"writing {e.filename or 'a file'}: {e.strerror or e}"],
+                       dry_run)
         return finish(folder, EXIT_FAILED, dry_run, report(
             f"FAILED: writing {e.filename or 'a file'} failed ({e.strerror or e}); what was "
             f"already written was put back and the files stay on this card.", plan))
+    record_outcome(etc, "applied", [], dry_run)
     leftovers = consume(plan, folder)
     if plan.hostname and live:
         set_hostname(plan.hostname)
@@ -695,10 +726,30 @@ def provision(folder: Path, etc: Path, data: Path, dry_run: bool = False,
         "this card.", plan, leftovers))
 
 
-def nothing_to_do(folder: Path, inputs: Inputs, dry_run: bool) -> int:
+def record_outcome(etc: Path, outcome: str, problems: list[str], dry_run: bool) -> None:
+    """The last run's outcome for the router's status and the dashboard (OUTCOME_FILE in the
+    settings, readable by the router): applied, refused, failed, or cleared (a refused folder
+    taken away). Names and problems only, never a secret."""
+    if dry_run:
+        return
+    record = {"at": _now(), "boot_id": _boot_id(), "outcome": outcome,
+              "problems": [str(p) for p in problems]}
+    try:
+        atomic_write(etc / OUTCOME_FILE, (json.dumps(record, indent=1) + "\n").encode(), 0o644)
+    except OSError as e:   # the report on the FAT still says it
+        log.error("cannot record the outcome in %s: %s", etc / OUTCOME_FILE, e)
+
+
+def read_outcome(etc: Path) -> dict[str, Any] | None:
+    return provisioning_outcome(etc / "cairn.toml")
+
+
+def nothing_to_do(folder: Path, etc: Path, inputs: Inputs, dry_run: bool) -> int:
     """Nothing to apply. Files it does not understand get a report once (e.g. a
     cairn.toml.txt): a later boot does not overwrite the report of the run that applied."""
     log.info("provision: nothing to apply in %s", folder)
+    if not dry_run and (read_outcome(etc) or {}).get("outcome") in ("refused", "failed"):
+        record_outcome(etc, "cleared", [], dry_run)   # the files it refused were taken away
     if inputs.not_understood and not (folder / "report.txt").exists():
         finish(folder, EXIT_APPLIED, dry_run, report(
             "NOTHING APPLIED: no file here is one Cairn reads (see README.txt).",

@@ -46,6 +46,8 @@ LAST_GOOD_INFO = "last-good.json"
 STATE_NAME = "config-state.json"
 REQUESTS_DIR = "config-requests"
 KEEP = 10  # changes kept in the history
+# beside the config: the last outcome of `cairn provision` (the boot partition's cairn/ folder)
+PROVISIONING = "provisioning.json"
 STATES = ("pending", "good", "rolled_back", "refused")
 _ENTRY = re.compile(r"^(\d{4,})\.json$")
 
@@ -231,6 +233,12 @@ class RunningConfig:
     def save(self, data_dir: Path) -> None:
         self.seq += 1
         atomic_write(Path(data_dir) / STATE_NAME, json.dumps(asdict(self)) + "\n")
+
+
+def provisioning_outcome(config_file: Path | str) -> dict[str, Any] | None:
+    """What provisioning last did with the boot partition's folder (applied, refused,
+    failed, cleared, with the problems), written by `cairn provision` beside the config."""
+    return _read_json(Path(config_file).parent / PROVISIONING)
 
 
 def read_running(data_dir: Path) -> RunningConfig | None:

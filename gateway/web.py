@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cairn.gateway import update_state
 from cairn.gateway.clock import rfc3339
+from cairn.gateway.config_history import provisioning_outcome
 from cairn.gateway.data_dir import read_sync_status
 from cairn.gateway.metrics import render as render_metrics
 
@@ -135,6 +136,8 @@ class Web:
                             "local": state.admission.local, "pending": state.admission.pending},
             "limit_hits": dict(state.limit_hits.counts),
             "config": state.running.status() if state.running is not None else None,
+            "provisioning": (provisioning_outcome(state.running.file)
+                             if state.running is not None and state.running.file else None),
         }
 
     async def metrics(self) -> str:

@@ -918,8 +918,9 @@ def test_the_pi_gen_stage_installs_a_working_cairn_into_a_debian_root(payload, t
 
 
 def test_drivers_follow_the_config_files_kept_on_the_device(tmp_path):
-    """cairn-drivers starts one unit per driver config (the files outlive the read-only
-    root's RAM, a `systemctl enable` does not); systemctl is a recorder here."""
+    """cairn-drivers starts one unit per driver config, and the sync when cairn.toml has a
+    [sync] section (the files outlive the read-only root's RAM, a `systemctl enable` does
+    not); systemctl is a recorder here."""
     etc = tmp_path / "etc"
     (etc / "sensors").mkdir(parents=True)
     (etc / "mqtt").mkdir()
@@ -942,3 +943,7 @@ def test_drivers_follow_the_config_files_kept_on_the_device(tmp_path):
     done = run(FIRSTBOOT / "cairn-drivers", env=env)
     assert done.returncode == 0 and "no driver configs" in done.stdout
     assert not (tmp_path / "called").exists()
+    (etc / "cairn.toml").write_text('[router]\nlisten = "127.0.0.1:8080"\n\n[sync]\nsink = "x"\n')
+    done = run(FIRSTBOOT / "cairn-drivers", env=env)
+    assert (tmp_path / "called").read_text().split() == [
+        "start", "--no-block", "cairn-sync.service"]

@@ -6,6 +6,7 @@ Real files in a temporary folder standing for the FAT partition, /etc/cairn and 
 from __future__ import annotations
 
 import configparser
+import json
 import shutil
 import stat
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from cairn.app import cli
 from cairn.app.network_profiles import profile_uuid
+from cairn.gateway.config_history import History
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "images/config"
@@ -50,6 +52,10 @@ def device(tmp_path: Path) -> dict[str, Path]:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", paths["key"]],
                    check=True)
     return paths
+
+
+def history_outcome(etc: Path) -> str:
+    return (etc / "provisioning.json").read_text()
 
 
 def write(folder: Path, name: str, text: str | bytes) -> Path:
@@ -164,7 +170,8 @@ def test_a_bad_input_is_named_and_nothing_is_applied(device, bad):
     assert provision(device) == 2
     assert expected in report(device)
     assert "REFUSED" in report(device)
-    assert tree(device["etc"]) == {} and tree(device["data"]) == {}
+    # nothing applied: the only file written is the outcome, for the router's status
+    assert set(tree(device["etc"])) == {"provisioning.json"} and tree(device["data"]) == {}
     after = tree(folder)
     assert after.pop("report.txt") and after == before
 
@@ -232,7 +239,12 @@ def test_a_run_that_fails_midway_puts_back_what_it_replaced(device):
     before_settings = tree(etc), tree(data)
     before_folder = tree(folder)
     assert provision(device) == 1
-    assert (tree(etc), tree(data)) == before_settings
+    history = {k: v for k, v in tree(etc).items() if k.startswith("config-history/")}
+    settings = {k: v for k, v in tree(etc).items()
+                if k not in history and k != "provisioning.json"}
+    assert (settings, tree(data)) == before_settings
+    assert json.loads(history_outcome(etc))["outcome"] == "failed"
+    assert b'"state": "rolled_back"' in history["config-history/0001.json"], history
     after = tree(folder)
     assert after.pop("report.txt") and after == before_folder
     assert "FAILED" in report(device)
@@ -420,3 +432,49 @@ def test_the_example_folder_copied_as_it_is_applies_nothing(device):
     assert provision(device) == 0
     assert tree(device["etc"]) == {} and tree(device["data"]) == {}
     assert "hostname.sample (an example: remove .sample" in report(device)
+
+
+def test_a_provisioned_config_is_recorded_and_the_image_config_kept_as_the_last_good(device):
+    """The config a first boot replaces (the image's own) becomes the last good one, so a
+    provisioned config the router cannot start on has something to fall back to."""
+    shipped = (SHIPPED / "cairn.toml").read_text()
+    (device["etc"] / "cairn.toml").write_text(shipped)
+    complete_folder(device)
+    assert provision(device) == 0
+    history = History(device["etc"] / "cairn.toml")
+    (change,) = history.changes()
+    assert (change.by, change.state, change.action) == (
+        "cairn provision from the boot partition", "pending", "restart")
+    assert history.text(change.id) == cairn_toml(device)
+    assert history.last_good_text() == shipped
+
+
+def test_a_later_provisioned_config_leaves_the_last_good_one_alone(device):
+    history = History(device["etc"] / "cairn.toml")
+    (device["etc"] / "cairn.toml").write_text((SHIPPED / "cairn.toml").read_text())
+    history.mark_good("# the one the router last ran on\n")
+    complete_folder(device)
+    assert provision(device) == 0
+    assert history.last_good_text() == "# the one the router last ran on\n"
+
+
+def test_each_run_records_its_outcome_for_the_router_without_secrets(device):
+    """The router's status (and the dashboard's banner) shows the last refusal."""
+    complete_folder(device)
+    write(device["folder"], "hostname", "two words\n")
+    assert provision(device) == 2
+    outcome = json.loads(history_outcome(device["etc"]))
+    assert outcome["outcome"] == "refused"
+    assert any("hostname" in p for p in outcome["problems"]), outcome
+    assert "a-sync-token" not in history_outcome(device["etc"])
+    write(device["folder"], "hostname", "one-word\n")
+    assert provision(device) == 0
+    assert json.loads(history_outcome(device["etc"]))["outcome"] == "applied"
+
+
+def test_a_refused_folder_taken_away_clears_the_refusal(device):
+    write(device["folder"], "hostname", "two words\n")
+    assert provision(device) == 2
+    (device["folder"] / "hostname").unlink()
+    assert provision(device) == 0
+    assert json.loads(history_outcome(device["etc"]))["outcome"] == "cleared"

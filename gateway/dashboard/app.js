@@ -396,7 +396,7 @@
     setStat("st-clock", clock.synchronized ? "synchronized" : "not synchronized", "",
             clock.synchronized ? "good" : "warn");
     $("clock-banner").hidden = clock.synchronized !== false;
-    renderConfig(s.config);
+    renderConfig(s.config, s.provisioning);
     for (const device of state.devices.values()) renderAge(device);
     tick();
   }
@@ -727,12 +727,17 @@
     if (!$("detail").hidden) drawCharts();
   })).observe($("detail"));
 
-  function renderConfig(config) {
+  function renderConfig(config, provisioning) {
     const banner = $("config-banner");
+    const refused = provisioning && ["refused", "failed"].includes(provisioning.outcome);
     if (config && config.running === "last-good") {
       banner.textContent = "Running on the last good configuration: " + (config.problem || "");
     } else if (config && config.problem) {
       banner.textContent = "The configuration file was not applied: " + config.problem;
+    } else if (refused) {
+      banner.textContent = "The settings on the card's boot partition were not applied (" +
+        provisioning.outcome + "; see cairn/report.txt there): " +
+        provisioning.problems.join("; ");
     } else {
       banner.hidden = true;
       return;

@@ -242,6 +242,12 @@ cp "$R/usr/lib/u-boot/rpi_arm64/u-boot.bin" "$BOOTDIR/u-boot.bin"
 mkimage -A arm64 -T script -C none -d "$IMAGES/boot/boot.cmd" "$BOOTDIR/boot.scr" > /dev/null
 mkdir -p "$BOOTDIR/cairn"
 echo "cairn_cmdline=console=ttyS1,115200 console=tty0" > "$BOOTDIR/cairn/bootargs.env"
+# provisioning: the card's cairn/ folder is read at boot (cairn-provision.service); the
+# examples, for a person with a laptop, beside it (never read by the device)
+cp -r "$IMAGES/provision" "$BOOTDIR/cairn-example"
+printf '%s\r\n' "Put this device's settings in this folder; see ../cairn-example/README.txt." \
+    "boot.env and bootargs.env belong to the boot loader: leave them." \
+    > "$BOOTDIR/cairn/README.txt"
 # the boot chooser's state: slot A first with its 3 tries, slot B empty until an update
 printf 'BOOT_ORDER=A B\nBOOT_A_LEFT=3\nBOOT_B_LEFT=0\n' |
     mkenvimage -s 0x4000 -o "$BOOTDIR/cairn/boot.env" -
