@@ -51,7 +51,7 @@ ROOT = HERE.parent
 SYSTEMD = ROOT / "systemd"
 
 UNITS = ["cairn-router.service", "cairn-sensor@.service", "cairn-bridge-mqtt@.service",
-         "cairn-sync.service"]
+         "cairn-sync.service", "cairn-config-apply.path", "cairn-config-apply.service"]
 # source (relative to the repository) -> target path on the device, and mode
 FILES: list[tuple[str, str, int]] = [
     *[(f"systemd/{unit}", f"usr/lib/systemd/system/{unit}", 0o644) for unit in UNITS],

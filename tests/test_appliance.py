@@ -41,15 +41,17 @@ UPDATE = IMAGES / "update"     # the A/B system of the Debian image
 CAIRN = Path(sys.executable).with_name("cairn")
 
 UNITS = ["cairn-router.service", "cairn-sensor@.service", "cairn-bridge-mqtt@.service",
-         "cairn-sync.service"]
+         "cairn-sync.service", "cairn-config-apply.path", "cairn-config-apply.service"]
 IMAGE_UNITS = ["cairn-data-partition.service", "cairn-readonly-root.service",
                "cairn-overlay-rw.service", "cairn-drivers.service",
                "cairn-device-settings.service", "cairn-health.service",
-               "cairn-update-pull.service"]
+               "cairn-update-pull.service", "cairn-update-usb@.service",
+               "cairn-provision.service"]
 # what `systemd-analyze verify` is asked about: templates through an instance, so that
 # their specifiers (%i) are expanded as on the device
 INSTANCES = {"cairn-sensor@.service": "cairn-sensor@greenhouse.service",
-             "cairn-bridge-mqtt@.service": "cairn-bridge-mqtt@local.service"}
+             "cairn-bridge-mqtt@.service": "cairn-bridge-mqtt@local.service",
+             "cairn-update-usb@.service": "cairn-update-usb@sda1.service"}
 # Exposure ("systemd-analyze security", 0 = locked down .. 10 = unprotected). The router
 # must stay well inside "OK" (below 2.0): what it keeps is what it needs (its own network,
 # /proc/sys for the boot id, a group-readable data directory for `cairn backup`).
@@ -105,7 +107,8 @@ def fake_device_root(root: Path, cairn: Path | None = None) -> Path:
         shutil.copy2(source, root / "usr/lib/systemd/system" / name)
     for tool in ("cairn-data-partition", "cairn-readonly-root", "cairn-drivers"):
         shutil.copy2(FIRSTBOOT / tool, root / "usr/lib/cairn" / tool)
-    for tool in ("cairn-device-settings", "cairn-update-installing", "cairn-update-installed"):
+    for tool in ("cairn-device-settings", "cairn-update-installing", "cairn-update-installed",
+                 "cairn-device-identity"):
         shutil.copy2(UPDATE / tool, root / "usr/lib/cairn" / tool)
     (root / "opt/cairn/bin").mkdir(parents=True)
     shutil.copy2(cairn or (CAIRN if CAIRN.exists() else shutil.which("true")),
