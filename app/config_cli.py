@@ -65,8 +65,11 @@ class Systemd:
         self._systemctl("restart")
 
     def _systemctl(self, verb: str) -> None:
-        # no check: a failed restart shows as a router that is not ready, and is rolled back
-        subprocess.run(["systemctl", verb, self.unit], capture_output=True, timeout=120)
+        # --no-block and no check: the applier waits for the router's own word that it is
+        # ready on the file (its start, ExecStartPost included, is not waited for); one that
+        # never is is rolled back
+        subprocess.run(["systemctl", "--no-block", verb, self.unit], capture_output=True,
+                       timeout=60)
 
 
 class Signals:
@@ -243,13 +246,20 @@ class Applier:
         if problem is not None:
             self.say(f"cairn config: the router is not ready on {self.file}: {problem}")
             return EXIT_FAILURE
-        with self.history.locked():
-            change = next((c for c in self.history.changes() if c.sha256 == digest(text)), None)
-            self.history.mark_good(text, change.id if change else None)
-            if change is not None and change.state == "pending":
-                self.history.set_state(change, "good")
+        try:
+            with self.history.locked(wait=False):
+                self._keep(text)
+        except BlockingIOError:   # a change is being applied: it settles the last good one
+            self.say("cairn config: a change is being applied; it decides the last good one")
+            return EXIT_OK
         self.say(f"cairn config: {self.file} marked good")
         return EXIT_OK
+
+    def _keep(self, text: str) -> None:
+        change = next((c for c in self.history.changes() if c.sha256 == digest(text)), None)
+        self.history.mark_good(text, change.id if change else None)
+        if change is not None and change.state == "pending":
+            self.history.set_state(change, "good")
 
     def apply_pending(self) -> int:
         """The requests taken over WAMP, oldest first."""

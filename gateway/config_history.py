@@ -137,11 +137,12 @@ class History:
         return self.dir / LAST_GOOD
 
     @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """One change at a time (two ``cairn config apply`` would undo each other)."""
+    def locked(self, wait: bool = True) -> Iterator[None]:
+        """One change at a time (two ``cairn config apply`` would undo each other). Without
+        ``wait``, BlockingIOError when another holds it."""
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / ".lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             yield
 
     def changes(self) -> list[Change]:

@@ -271,6 +271,22 @@ async def test_restart_change_is_applied_by_a_restart_and_marked_good(good, tmp_
     assert History(good.file).last_good_text() == new.read_text()
 
 
+async def test_mark_good_does_not_wait_for_a_change_being_applied(good, tmp_path):
+    """The router's own ExecStartPost marks its config good while `cairn config apply` may
+    hold the history (it restarted that router and waits for it): it must not wait, or the
+    restart never ends; the change being applied decides the last good one."""
+    good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+    async with Supervised(good.file, good.port):
+        with History(good.file).locked():
+            done = await asyncio.to_thread(config_cmd, good.file, "mark-good", timeout=20)
+        assert done.returncode == 0, done.stderr
+        assert "a change is being applied" in done.stdout + done.stderr
+        assert History(good.file).last_good_text() == good.text
+        done = await asyncio.to_thread(config_cmd, good.file, "mark-good")
+        assert done.returncode == 0, done.stderr
+    assert History(good.file).last_good_text() == good.file.read_text()
+
+
 async def test_rollback_puts_the_last_good_back_and_restarts(good, tmp_path):
     good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
     async with Supervised(good.file, good.port) as router:
