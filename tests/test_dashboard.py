@@ -20,14 +20,18 @@ import shutil
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 import pytest_asyncio
 from autobahn.wamp.types import PublishOptions
 
 from cairn.gateway.config_history import History
+from cairn.gateway.core import Sequence
+from cairn.gateway.store import Store, StoredPublication
 from harness.config import EVERYTHING, history_rule, permission, realm, role, user
 from harness.process import ROOT, RouterProcess
 from harness.wamp_client import connect
@@ -466,6 +470,54 @@ async def test_the_page_fits_a_phone_screen(sensors, open_page):
     assert columns == 1
     ARTIFACTS.mkdir(exist_ok=True)
     await page.screenshot(path=ARTIFACTS / "dashboard-phone.png", full_page=True)
+
+
+async def seed_earlier_boot(db: Path, topic: str, wall_ms: int, kwargs: dict) -> None:
+    """A store holding one retained reading of ``topic`` received in another boot of the
+    gateway (its boot id is not this machine's), by an unsynchronized wall clock."""
+    store = await Store.open(db)
+    try:
+        seq, publication = Sequence(store.next_seq, store.publication_ids).assign()
+        store.append(StoredPublication(
+            seq=seq, publication=publication, realm="realm1", topic=topic, args=[],
+            kwargs=kwargs, wall_ms=wall_ms, boot_id="an-earlier-boot",
+            boottime_ns=3600 * 10**9, clock_synced=False, authid="anonymous-1",
+            authrole="anonymous", details={"topic": topic}, history_rule=0, retain=True))
+    finally:
+        await store.close()
+
+
+WALL_MS_BEFORE_REBOOT = round((time.time() - 3 * 3600) * 1000)  # received 3 h ago
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def rebooted(tmp_path):
+    """A router whose store holds a reading of an earlier boot (and no synchronized clock
+    now); asked for before open_page, it stops after the pages are closed."""
+    router = RouterProcess(tmp_path, REALMS, env={
+        "CAIRN_FAKE_CLOCK_SYNCED": "0", "PYTHONPATH": f"{ROOT / 'tests' / 'fakeclock'}:{ROOT}"})
+    await seed_earlier_boot(router.db_path, "sensor.smokehouse", WALL_MS_BEFORE_REBOOT,
+                            {"temperature": 31.5, "humidity": 20.0})
+    router.start()
+    yield router
+    router.stop()
+
+
+async def test_a_reading_of_an_earlier_boot_shows_its_time_with_a_note_while_unsynchronized(
+        rebooted, open_page):
+    watched = await open_page(f"http://127.0.0.1:{rebooted.port}/")
+    page = watched.page
+    await page.wait_for_selector("#clock-banner", state="visible", timeout=3000)
+    await page.wait_for_function(
+        "() => document.querySelector('[data-device=smokehouse] .age.unsynced')", timeout=3000)
+    age = page.locator("[data-device=smokehouse] .age")
+    zone = ZoneInfo(await page.evaluate("Intl.DateTimeFormat().resolvedOptions().timeZone"))
+    hh_mm = datetime.fromtimestamp(WALL_MS_BEFORE_REBOOT / 1000, zone).strftime("%H:%M")
+    # a time (the gateway's wall clock then), not an age, and the note
+    assert re.fullmatch(rf".+ {hh_mm}, clock not synchronized", await age.text_content())
+    assert "not synchronized then or now" in await age.get_attribute("title")
+    assert (await tiles(page))["smokehouse"]["temperature"] == "31.5"
+    assert watched.calls("cairn.retained.received")
 
 
 ECHO_OVER_CBOR = """(url) => new Promise((resolve, reject) => {
