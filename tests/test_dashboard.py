@@ -29,7 +29,7 @@ import pytest
 import pytest_asyncio
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.config_history import History
+from cairn.gateway.config_history import PROVISIONING, History
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import Store, StoredPublication
 from harness.config import EVERYTHING, history_rule, permission, realm, role, user
@@ -618,6 +618,24 @@ async def test_the_banner_says_the_router_runs_on_its_last_good_configuration(
         await watched.page.close()  # before the router stops: no reconnect errors
     assert text.startswith("Running on the last good configuration: ")
     assert f"{router.config}: router.bogus: unknown key" in text
+
+
+async def test_the_banner_says_the_boot_partitions_settings_were_refused_and_why(
+        tmp_path, open_page):
+    """`cairn provision` records a refused folder beside the config (PROVISIONING): the
+    router runs on as it was and the dashboard says what the card's report says."""
+    async with own_router(tmp_path) as router:
+        (router.config.parent / PROVISIONING).write_text(json.dumps({
+            "at": "2026-11-27T10:00:00+00:00", "boot_id": "b", "outcome": "refused",
+            "problems": ["hostname: -: 'two words' is not a host name"]}))
+        watched = await open_page(f"http://127.0.0.1:{router.port}/")
+        banner = watched.page.locator("#config-banner")
+        await banner.wait_for(state="visible", timeout=5000)
+        text = await banner.text_content()
+        await watched.page.close()
+    assert text.startswith("The settings on the card's boot partition were not applied "
+                           "(refused; see cairn/report.txt there): ")
+    assert "hostname: -: 'two words' is not a host name" in text
 
 
 async def test_the_settings_page_shows_the_config_and_a_refusal_with_its_key(
