@@ -220,7 +220,9 @@ class HttpSink(HttpEndpoint):
             reply = connection.getresponse()
             reply.read(64 * 1024)
         except (OSError, http.client.HTTPException) as e:
-            if expired.is_set():
+            # the deadline's cut, or the socket's own timeout when it comes first (a loaded
+            # machine runs the timer late): either way the sink did not answer in time
+            if expired.is_set() or isinstance(e, TimeoutError):
                 raise SinkError(f"PUT {name}: no answer within {limit:g} s "
                                 f"(sync.timeout)") from e
             raise SinkError(f"PUT {name}: {type(e).__name__} {e}".strip()) from e
