@@ -64,6 +64,11 @@ for generator in systemd-ssh-generator systemd-tpm2-generator systemd-gpt-auto-g
 	ln -sfn /dev/null "$R/etc/systemd/system-generators/$generator"
 done
 
+# No udev rules come as system credentials here. Its `udevadm control --load-credentials`,
+# ordered before udevd, held udevd back for 5 minutes in one QEMU boot (trixie, TCG): every
+# device, the boot and data partitions too, waited for it.
+ln -sfn /dev/null "$R/etc/systemd/system/systemd-udev-load-credentials.service"
+
 # Units that would write to the card or grow the root are off (those that exist: Raspberry
 # Pi OS has all three, Debian's minimal image none).
 systemctl --root="$R" enable cairn-readonly-root.service cairn-overlay-rw.service \

@@ -126,16 +126,18 @@ fi
 
 # -- 3. the appliance (the same script as the Raspberry Pi OS image) and the A/B system -----
 # The root is the slot U-Boot chose (root=PARTUUID=... from boot.scr), read-only under its
-# overlay. /boot/firmware (U-Boot's state, which RAUC writes) is nofail: a boot partition slow
-# to appear (the first QEMU boots on a loaded host: over 90 s) must not put the device in
-# emergency mode, unreachable over SSH. The data partition (made at first boot) holds the
-# store and the device's own settings, bound where Cairn reads them
+# overlay. /boot/firmware (U-Boot's state, which RAUC writes; the cairn/ folder provisioning
+# reads) is nofail: a boot partition slow to appear (the first QEMU boots on a loaded host:
+# over 90 s; once 5 min, udev held back) must not put the device in emergency mode; it is
+# waited for as long as the data partition, since a first boot's SSH key comes from it. The
+# data partition (made at first boot) holds the store and the device's own settings, bound
+# where Cairn reads them
 # (images/update/cairn-device-settings); fsck (pass 2) repairs it after a power cut, and
 # commit=60: ext4 writes a journal commit (~12 KiB) every commit interval in which a file was
 # written; SQLite fsyncs what it needs (bench/wear.py mounts the same).
 cat > "$R/etc/fstab" <<'EOF'
 # <file system>   <mount point>   <type>  <options>  <dump> <pass>
-LABEL=CAIRN-BOOT  /boot/firmware  vfat    defaults,noatime,umask=0077,nofail,x-systemd.device-timeout=5min  0  2
+LABEL=CAIRN-BOOT  /boot/firmware  vfat    defaults,noatime,umask=0077,nofail,x-systemd.device-timeout=10min  0  2
 LABEL=cairn-data  /data           ext4    defaults,noatime,commit=60,nofail,x-systemd.requires=cairn-data-partition.service,x-systemd.device-timeout=10min  0  2
 /data/cairn       /var/lib/cairn  none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
 /data/etc/cairn   /etc/cairn      none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
