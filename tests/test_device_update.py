@@ -537,13 +537,19 @@ def test_a_tampered_bundle_and_one_signed_by_another_key_are_refused(device, bun
         assert after["last"]["result"] == "failed", after
         assert after["last"]["version"] == "incoming.raucb", after   # the file it was given
         assert "not installed" in after["last"]["reason"], after
-    # and on a USB stick: the same refusal, recorded, and no reboot
+    # and on a USB stick: the same refusal, recorded, and no reboot. Of a version that is
+    # neither running nor failed before (a stick of the running one is left alone): its
+    # signed manifest reads well, its root file system does not
+    on_stick = bundles.make("9.4.0+tampered")
+    data = bytearray(on_stick.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    on_stick.write_bytes(bytes(data))
     boot_id = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
-    device.plug_usb_stick(_usb_stick(tampered, "cairn-tampered.raucb"), "tampered")
+    device.plug_usb_stick(_usb_stick(on_stick, "cairn-tampered.raucb"), "tampered")
     try:
         deadline = time.monotonic() + 300
         while ((after := _update_status_when_idle(device)) or {}).get(
-                "last", {}).get("version") != "cairn-tampered.raucb":
+                "last", {}).get("version") != "9.4.0+tampered":
             assert time.monotonic() < deadline, (after, _usb_log(device))
             time.sleep(5)
     finally:
