@@ -149,6 +149,21 @@ def test_the_image_and_the_bundle_of_one_build_name_the_same_versions(image):
     assert rootfs["checksum"] == manifest["rootfs"]["sha256"]
 
 
+def test_the_image_carries_debians_updates_published_after_its_cached_base(image):
+    """The base root file system is cached by its package list; each build upgrades it from
+    trixie, -updates and -security, and its manifest lists what that changed, each at the
+    version the image holds (an empty list when the base is as new as the archive)."""
+    img, _ = image
+    prefix = img.with_name(img.name.removesuffix(".img"))
+    manifest = json.loads(prefix.with_name(prefix.name + ".manifest.json").read_text())
+    installed = {p["name"]: p["version"] for p in manifest["packages"]}
+    assert isinstance(manifest["debian_updates"], list)
+    for update in manifest["debian_updates"]:
+        assert installed.get(update["name"]) == update["to"], update
+    log = (qemu_device.WORK.parent / "debian-test-build.log").read_text()
+    assert "Debian's updates since the base was built" in log
+
+
 def _usb_stick(bundle: Path, name: str) -> Path:
     """A FAT-formatted stick image holding ``bundle`` as ``name`` at its top."""
     stick = bundle.with_name(f"{name}.stick")

@@ -100,6 +100,32 @@ SUITE=$(. "$R/etc/os-release" && echo "$VERSION_CODENAME")   # the base's own wo
 rm -rf "$WORK/u-boot-qemu" && dpkg-deb -x "$R"/var/cache/cairn-host/u-boot-qemu_*.deb "$WORK/u-boot-qemu"
 rm -rf "$R/var/cache/cairn-host"
 
+# -- 1b. Debian's updates of the day ------------------------------------------------------------
+# The base is cached by its package list, not by date: without this, a bundle built a month
+# later would ship a month-old OpenSSL. Every build takes what Debian has published since into
+# the root, from the base's own sources (trixie, -updates, -security); full-upgrade installs a
+# new kernel ABI's package, autoremove purges the one it replaced. What was taken is listed in
+# the build manifest ("debian_updates"). CAIRN_DEBIAN_UPDATES=0 builds from the cached base
+# as it is (an offline rebuild). ~2 min under qemu-user, most of it apt reading its lists.
+chroot "$R" dpkg-query -W -f '${Package}\t${Version}\n' > "$WORK/packages-base.tsv"
+if [ "${CAIRN_DEBIAN_UPDATES:-1}" = 1 ]; then
+    say "Debian's updates since the base was built"
+    cp -L /etc/resolv.conf "$R/etc/resolv.conf.cairn-build"
+    mv "$R/etc/resolv.conf" "$R/etc/resolv.conf.image"   # the image's link (step 4 sets it)
+    mv "$R/etc/resolv.conf.cairn-build" "$R/etc/resolv.conf"
+    apt_get() {
+        in_chroot env DEBIAN_FRONTEND=noninteractive apt-get -y -q -o Acquire::Languages=none \
+            -o Acquire::Retries=3 -o Dpkg::Options::=--force-confold "$@" >&2
+    }
+    apt_get update
+    apt_get full-upgrade
+    apt_get autoremove --purge
+    apt_get clean
+    rm -rf "$R"/var/lib/apt/lists/* "$R/etc/resolv.conf"
+    mv "$R/etc/resolv.conf.image" "$R/etc/resolv.conf"
+fi
+chroot "$R" dpkg-query -W -f '${Package}\t${Version}\n' > "$WORK/packages-updated.tsv"
+
 # -- 2. Cairn, installed by the payload's own install.sh inside the image's root -------------
 payload=$("$PYTHON" "$IMAGES/build_payload.py" --out "$WORK/payload")
 tarball="$payload.tar.gz"
@@ -319,11 +345,18 @@ fi
 
 "$PYTHON" - "$OUT/$NAME.manifest.json" "$IMG" "$WORK/packages.tsv" "$WORK/payload-manifest.json" \
     "$BASE" "$DISK_ID" "$KVER" "$OUT/$NAME.boot" "$SUITE" "$BUILD" "$COMPATIBLE" "$ROOTFS" \
-    "$OUT/$NAME.raucb" <<'EOF'
+    "$OUT/$NAME.raucb" "$WORK/packages-base.tsv" "$WORK/packages-updated.tsv" <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
 (out, img, packages, payload, base, disk_id, kver, boot, suite, build, compatible, rootfs,
- bundle) = sys.argv[1:]
+ bundle, base_packages, updated_packages) = sys.argv[1:]
+def versions(path):
+    return dict(line.split("\t") for line in Path(path).read_text().splitlines())
+before, after = versions(base_packages), versions(updated_packages)
+updates = [{"name": name, "from": before.get(name), "to": version}
+           for name, version in sorted(after.items()) if before.get(name) != version]
+updates += [{"name": name, "from": version, "to": None}
+            for name, version in sorted(before.items()) if name not in after]
 def sha(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -340,6 +373,7 @@ Path(out).write_text(json.dumps({
     "bundle": ({"file": Path(bundle).name, "sha256": sha(bundle)}
                if Path(bundle).exists() else None),
     "base_cache": Path(base).name,
+    "debian_updates": updates,   # what the build took beyond the cached base (step 1b)
     "cairn": {"version": payload["version"], "commit": payload.get("commit"),
               "wheel": payload.get("wheel")},
     "boot_files": {p.name: sha(p) for p in sorted(Path(boot).iterdir())},
