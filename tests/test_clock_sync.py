@@ -194,10 +194,6 @@ async def test_received_answers_none_for_a_retained_event_the_caller_is_not_elig
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: the retained table has no boot_id, boottime_ns or clock_synced columns, so "
-    "a slot written back to it and read at start has boot '' and synchronized False: after "
-    "any restart of the router its age is unknown and its clock counts as unsynchronized"))
 async def test_a_retained_events_age_and_clock_state_survive_a_router_restart_in_one_boot(
         tmp_path):
     env = {"CAIRN_FAKE_CLOCK_SYNCED": "1", "PYTHONPATH": f"{ROOT / 'tests' / 'fakeclock'}:{ROOT}"}

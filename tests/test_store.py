@@ -120,6 +120,33 @@ async def test_retained_slots_not_yet_written_back_survive_a_power_cut(tmp_path)
         await restarted.close()
 
 
+async def test_retained_slots_written_back_keep_their_boot_and_clock_state(tmp_path):
+    """A clean restart reads the slots back from the retained table: each keeps its boot,
+    CLOCK_BOOTTIME and clock state (as after a power cut, read from history), also when a
+    newer publication replaced the slot's row."""
+    store = await Store.open(tmp_path / "cairn.db")
+    store.write_back_rows = 1
+    try:
+        await store.append(reading(store, "sensor.a", 20.0))
+        await store.append(reading(store, "state.x", 1.0, rule=None))  # no history
+        newer = reading(store, "sensor.a", 21.0)
+        newer.clock_synced = False
+        await store.append(newer)
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "cairn.db")) as db:
+        assert db.execute("SELECT topic, seq, boot_id, boottime_ns, clock_synced FROM retained"
+                          " ORDER BY seq").fetchall() == [("state.x", 2, BOOT, 2, 1),
+                                                          ("sensor.a", 3, BOOT, 3, 0)]
+    restarted = await Store.open(tmp_path / "cairn.db")
+    try:
+        assert [(p.topic, p.boot_id, p.boottime_ns, p.clock_synced)
+                for p in await restarted.reader.load_retained()] == \
+            [("state.x", BOOT, 2, True), ("sensor.a", BOOT, 3, False)]
+    finally:
+        await restarted.close()
+
+
 async def test_history_counts_survive_a_power_cut(tmp_path):
     store = await Store.open(tmp_path / "cairn.db")
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,81 @@ async def test_once_the_update_is_kept_its_copies_go_but_not_what_a_rollback_set
     assert discard_pre_migration_copies(path) == [tmp_path / "cairn.db.schema-2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == \
         ["cairn.db", "cairn.db.schema-4.rolled-back"]
+
+
+# -- schema version 4: a retained slot keeps its boot and clock state ------------------------
+
+NOT_UTF8 = b"\xff\xfeboot"
+
+
+def write_v3_database(path: Path) -> None:
+    """What Cairn with schema version 3 left behind: retained slots without boot or clock
+    state, written back (the meta state covers them). state.a's history row is there,
+    state.b has none (retained only), sensor.c's was pruned, state.d's has a boot id
+    damaged past reading and state.e's row holds another publication."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("PRAGMA journal_mode = WAL")
+        for migration in MIGRATIONS[:3]:
+            if callable(migration):
+                migration(db)
+            else:
+                db.executescript(migration)
+        db.execute("PRAGMA user_version = 3")
+        history = [(10, 1010, "state.a", "boot-1", 5_000_000_000, 1),
+                   (12, 1012, "state.d", NOT_UTF8, 6_000_000_000, 1),
+                   (13, 1099, "state.e", "boot-1", 7_000_000_000, 1),
+                   (14, 1014, "sensor.x", "boot-2", 8_000_000_000, 0)]
+        for seq, publication, topic, boot, boottime, synced in history:
+            db.execute(
+                "INSERT INTO publications (seq, publication, realm, topic, rule, wall_ms,"
+                " boot_id, boottime_ns, clock_synced, details, payload, retain)"
+                " VALUES (?, ?, 'realm1', ?, 0, ?, CAST(? AS TEXT), ?, ?, ?, ?, 1)",
+                (seq, publication, topic, 1000 + seq, boot, boottime, synced,
+                 f'{{"topic": "{topic}"}}', b"\x92\x90\xc0"))
+        db.execute("INSERT INTO topics (realm, topic) SELECT DISTINCT realm, topic"
+                   " FROM publications")
+        db.execute("INSERT INTO history_scan SELECT p.seq, t.id, p.rule, p.wall_ms,"
+                   " p.clock_synced FROM publications AS p JOIN topics AS t USING (realm, topic)")
+        slots = [("state.a", 10, 1010), ("state.b", 11, 1011), ("sensor.c", 9, 1009),
+                 ("state.d", 12, 1012), ("state.e", 13, 1013)]
+        for topic, seq, publication in slots:
+            db.execute("INSERT INTO retained (realm, topic, audience_key, seq, publication,"
+                       " wall_ms, authid, details, payload) VALUES ('realm1', ?, '', ?, ?, ?,"
+                       " 'sensor-1', ?, ?)",
+                       (topic, seq, publication, 1000 + seq, f'{{"topic": "{topic}"}}',
+                        b"\x92\x91\x01\xc0"))
+        schema._put_meta(db, "highest_seq", "14")
+        schema._put_meta(db, "state", schema._encode_state(14, Counter({("realm1", 0): 4})))
+
+
+async def test_a_version_3_store_keeps_its_retained_slots_with_boot_and_clock_from_history(
+        tmp_path):
+    path = tmp_path / "cairn.db"
+    write_v3_database(path)
+
+    store = await Store.open(path)
+    try:
+        assert user_version(path) == SCHEMA_VERSION == 4
+        assert user_version(pre_migration_copy(path, 3)) == 3
+        assert [(p.topic, p.seq, p.publication, p.wall_ms, p.authid, p.args, p.boot_id,
+                 p.boottime_ns, p.clock_synced)
+                for p in await store.reader.load_retained()] == [
+            ("sensor.c", 9, 1009, 1009, "sensor-1", [1], "", 0, False),  # no history row
+            ("state.a", 10, 1010, 1010, "sensor-1", [1], "boot-1", 5_000_000_000, True),
+            ("state.b", 11, 1011, 1011, "sensor-1", [1], "", 0, False),
+            ("state.d", 12, 1012, 1012, "sensor-1", [1], "", 0, False),  # damaged: not taken
+            ("state.e", 13, 1013, 1013, "sensor-1", [1], "", 0, False),  # not its publication
+        ]
+        assert not store.reader.damage.rows
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+            assert db.execute("SELECT COUNT(*) FROM retained").fetchone() == (5,)
+
+        fresh = new_publication(store)  # a slot written after the migration has them too
+        fresh.retain, fresh.topic, fresh.details = True, "state.a", {"topic": "state.a"}
+        await store.append(fresh)
+    finally:
+        await store.close()
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("SELECT seq, boot_id, boottime_ns, clock_synced FROM retained"
+                          " WHERE topic = 'state.a'").fetchone() == (fresh.seq, "boot", 2, 1)

@@ -50,9 +50,10 @@ def _publication(row: Sequence[Any]) -> StoredPublication:
 
 def _retained_slot(row: Sequence[Any]) -> StoredPublication:
     (realm, topic, _, seq, publication, wall_ms, authid, authrole, audience, details,
-     payload) = row
-    return StoredPublication.from_row((seq, publication, realm, topic, wall_ms, None, None,
-                                       None, authid, authrole, audience, details, payload))
+     payload, boot_id, boottime_ns, synced) = row
+    return StoredPublication.from_row((seq, publication, realm, topic, wall_ms, boot_id,
+                                       boottime_ns, synced, authid, authrole, audience,
+                                       details, payload))
 
 
 def _meta_value(row: Sequence[Any]) -> Any:
@@ -79,7 +80,8 @@ class _Table:
 
 
 _RETAINED = Shape.of("realm, topic, audience_key, seq, publication, wall_ms, authid, authrole,"
-                     " audience, details, payload", "sssiiiSSSSb")
+                     " audience, details, payload, boot_id, boottime_ns, clock_synced",
+                     "sssiiiSSSSbsii")
 
 
 def _named(column: str) -> Callable[[int, Sequence[Any]], str]:

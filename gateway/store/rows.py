@@ -39,15 +39,17 @@ _BATCH_SCHEMA = [
       INSERT INTO topics (id, realm, topic) SELECT NEW.topic_id, NEW.realm, NEW.topic
         WHERE NEW.new_topic;
       INSERT INTO retained (realm, topic, audience_key, seq, publication, wall_ms, authid,
-          authrole, audience, details, payload)
+          authrole, audience, details, payload, boot_id, boottime_ns, clock_synced)
         SELECT NEW.realm, NEW.topic, NEW.audience_key, NEW.seq, NEW.publication, NEW.wall_ms,
-          NEW.authid, NEW.authrole, NEW.audience, NEW.details, NEW.payload
+          NEW.authid, NEW.authrole, NEW.audience, NEW.details, NEW.payload, NEW.boot_id,
+          NEW.boottime_ns, NEW.clock_synced
         WHERE NEW.slot
         ON CONFLICT (realm, topic, audience_key) DO UPDATE SET seq = excluded.seq,
           publication = excluded.publication, wall_ms = excluded.wall_ms,
           authid = excluded.authid, authrole = excluded.authrole,
           audience = excluded.audience, details = excluded.details,
-          payload = excluded.payload
+          payload = excluded.payload, boot_id = excluded.boot_id,
+          boottime_ns = excluded.boottime_ns, clock_synced = excluded.clock_synced
         WHERE excluded.seq > retained.seq OR typeof(retained.seq) != 'integer';
     END""",
 ]

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.store.damage import Damage, Shape, describe
+from cairn.gateway.store.damage import Damage, Shape, describe, text
 
 log = logging.getLogger("cairn.store")
 
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # What queries and pruning walk: per history row, in seq order, its topic (an id from
 # ``topics``), rule and timestamp. A table, not an index: SQLite appends to a table's last
 # page and starts a new one when it is full, but an index page that fills is split with its
@@ -63,6 +63,40 @@ def _version_3(db: sqlite3.Connection) -> None:
     counts = Counter({(realm, rule): n for realm, rule, n in db.execute(
         "SELECT realm, rule, COUNT(*) FROM publications GROUP BY realm, rule")})
     _put_meta(db, "state", _encode_state(_highest_seq(db), counts))  # retained: all there
+
+
+# The columns of a retained slot that say when it was received by CLOCK_BOOTTIME and whether
+# the clock was synchronized then, with their values for "not known" (a slot from schema 3
+# whose history row is gone; StoredPublication.from_row reads them as before: boot "", 0, False).
+# A slot's row grows by 45 to 47 bytes (a boot id of 36, boottime_ns in 6 or 8, 3 in its header).
+_RETAINED_CLOCK = """
+    ALTER TABLE retained ADD COLUMN boot_id TEXT NOT NULL DEFAULT '';
+    ALTER TABLE retained ADD COLUMN boottime_ns INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE retained ADD COLUMN clock_synced INTEGER NOT NULL DEFAULT 0;
+"""
+
+
+def _version_4(db: sqlite3.Connection) -> None:
+    """A retained slot keeps its boot and clock state: before, a slot written back to the
+    retained table came back at start with no boot, so its age was unknown and its clock
+    counted as unsynchronized after any restart of the router. (ADD COLUMN rewrites no row:
+    a row without them reads the defaults.) A slot takes them from its history row where
+    history still has it, else keeps the defaults. Only a boot id that is text in UTF-8 is
+    copied: a damaged one would make the slot unreadable."""
+    for statement in _RETAINED_CLOCK.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    boots = [boot for (raw,) in db.execute(  # a handful: one per boot
+        "SELECT DISTINCT CAST(p.boot_id AS BLOB) FROM retained AS r JOIN publications AS p"
+        " ON p.seq = r.seq WHERE typeof(p.boot_id) = 'text'") if type(boot := text(raw)) is str]
+    db.execute(
+        "UPDATE retained SET (boot_id, boottime_ns, clock_synced) = (SELECT p.boot_id,"
+        " p.boottime_ns, p.clock_synced FROM publications AS p WHERE p.seq = retained.seq)"
+        " WHERE EXISTS (SELECT 1 FROM publications AS p WHERE p.seq = retained.seq"
+        " AND p.publication = retained.publication AND p.realm = retained.realm"
+        " AND p.topic = retained.topic AND p.boot_id IN (SELECT value FROM json_each(?))"
+        " AND typeof(p.boottime_ns) = 'integer' AND typeof(p.clock_synced) = 'integer')",
+        (json.dumps(boots),))
 
 
 MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
@@ -141,6 +175,7 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
     CREATE INDEX publications_chunk_publication ON publications ((seq >> 10), publication);
     """,
     _version_3,
+    _version_4,
 ]
 
 
@@ -164,8 +199,7 @@ _STORED_ROW = ("seq, publication, realm, topic, wall_ms, boot_id, boottime_ns, c
 # What each read selects, and the kinds of its values (gateway.store.damage.Shape): a row
 # that is not of its shape is damaged, left out and counted.
 STORED = Shape.of(_STORED_ROW, "iissisiiSSSSb")  # StoredPublication.from_row
-RETAINED = Shape.of("seq, publication, realm, topic, wall_ms, NULL, NULL, NULL, authid,"
-                    " authrole, audience, details, payload", "iissiSIISSSSb")
+RETAINED = STORED  # the retained table has these columns too (from schema version 4 on)
 PUBLICATION = Shape.of("seq, publication, realm, topic, rule, wall_ms, boot_id, boottime_ns,"
                        " clock_synced, authid, authrole, audience, details, payload, retain",
                        "iissIisiiSSSSbi")  # every column
