@@ -87,9 +87,14 @@ def _booted_slot_of(cmdline: Path) -> str | None:
         return None
 
 
+def running_slot() -> str | None:
+    """The slot this boot runs, None off an A/B image."""
+    return _booted_slot_of(CMDLINE)
+
+
 def summary(directory: Path | None = None) -> dict[str, Any]:
     """The slot running now, the update on trial and the last update's result."""
     directory = directory or UPDATE_DIR
     trial = Trial.read(directory)
-    return {"slot": _booted_slot_of(CMDLINE), "trial": vars(trial) if trial else None,
+    return {"slot": running_slot(), "trial": vars(trial) if trial else None,
             "last": last_result(directory)}
