@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cairn.gateway.files import write_atomically
+
 UPDATE_DIR = Path(os.environ.get("CAIRN_UPDATE_DIR", "/data/update"))
 CMDLINE = Path("/proc/cmdline")
 INSTALLING, TRIAL = "installing", "trial"   # an install begun; its slot written and switched to
@@ -62,9 +64,8 @@ def record(directory: Path, result: str, reason: str, trial: Trial | None,
             "slot": trial.slot if trial else None,
             "from_slot": trial.from_slot if trial else None}
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "last.json.tmp"
-    tmp.write_text(json.dumps(last, indent=1) + "\n")
-    os.replace(tmp, directory / "last.json")
+    write_atomically(directory / "last.json", json.dumps(last, indent=1) + "\n", mode=None,
+                     durable=False)
     for name in ends:
         (directory / name).unlink(missing_ok=True)
     return last
