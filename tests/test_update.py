@@ -160,7 +160,7 @@ def test_an_install_cut_off_after_the_slot_switch_boots_its_slot_on_trial(tmp_pa
 def test_the_last_result_is_written_whole(tmp_path, result):
     update_state.record(tmp_path, result, "why", None)
     assert json.loads((tmp_path / "last.json").read_text())["result"] == result
-    assert not (tmp_path / "last.json.tmp").exists()
+    assert os.listdir(tmp_path) == ["last.json"]   # no temporary file left
 
 
 @pytest.fixture
