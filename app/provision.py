@@ -38,6 +38,7 @@ from cairn.gateway.config import load as cfg_load
 from cairn.gateway.config_history import PROVISIONING as OUTCOME_FILE
 from cairn.gateway.config_history import History, provisioning_outcome
 from cairn.gateway.config_tools import ConfigError
+from cairn.gateway.files import fsync_dir, write_atomically
 
 log = logging.getLogger("cairn.provision")
 
@@ -500,7 +501,7 @@ def install_config(etc: Path, text: str, by: str) -> None:
             with contextlib.suppress(ConfigError, OSError, UnicodeDecodeError):
                 cfg_load(file)
                 history.mark_good(file.read_text(encoding="utf-8"))
-        atomic_write(file, text.encode(), 0o644)
+        write_atomically(file, text, mode=0o644)
         history.record(text, by, "the boot partition's cairn/cairn.toml", "restart")
     log.info("installed %s (%s)", file, by)
 
@@ -510,7 +511,7 @@ def put_back_config(etc: Path, text: str) -> None:
     file = etc / "cairn.toml"
     history = History(file)
     with history.locked():
-        atomic_write(file, text.encode(), 0o644)
+        write_atomically(file, text, mode=0o644)
         latest = history.changes()
         if latest and latest[0].state == "pending":
             history.set_state(latest[0], "rolled_back",
@@ -539,7 +540,7 @@ def write_change(change: Change, etc: Path) -> None:
     # the folders that hold secrets are no more readable than the secrets
     folder_mode = 0o750 if change.group else 0o755 if change.mode & 0o004 else 0o700
     make_parent(change.dest.parent, folder_mode, change.group)
-    atomic_write(change.dest, change.data, change.mode, group_id(change.group))
+    write_atomically(change.dest, change.data, mode=change.mode, gid=group_id(change.group))
 
 
 def restore(change: Change, before: Snapshot, etc: Path) -> None:
@@ -549,7 +550,8 @@ def restore(change: Change, before: Snapshot, etc: Path) -> None:
         elif change.config:
             put_back_config(etc, before.data.decode())
         else:
-            atomic_write(change.dest, before.data, before.mode, before.gid, before.uid)
+            write_atomically(change.dest, before.data, mode=before.mode, uid=before.uid,
+                             gid=before.gid)
     except OSError as e:  # keep putting back the others
         log.error("cannot put back %s: %s", change.dest, e)
 
@@ -574,32 +576,11 @@ def group_id(name: str | None) -> int:
         return -1
 
 
-def atomic_write(dest: Path, data: bytes, mode: int, gid: int = -1, uid: int = -1) -> None:
-    """Write ``dest`` so that a power cut leaves the old file or the new one, never a part."""
-    tmp = dest.with_name(f".{dest.name}.provision")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with open(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            if uid != -1 or gid != -1:
-                os.fchown(f.fileno(), uid, gid)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(dest.parent)
-
-
-def fsync_dir(folder: Path) -> None:
-    with contextlib.suppress(OSError):  # not every file system syncs a directory
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def sync_folder(folder: Path) -> None:
+    """The boot partition's folder on disk, as far as it goes (a card pulled, a file system
+    that does not sync a directory)."""
+    with contextlib.suppress(OSError):
+        fsync_dir(folder)
 
 
 def consume(plan: Plan, folder: Path) -> list[str]:
@@ -616,8 +597,8 @@ def consume(plan: Plan, folder: Path) -> list[str]:
         if sub != folder and not any(sub.iterdir()):
             with contextlib.suppress(OSError):
                 sub.rmdir()
-        fsync_dir(sub)
-    fsync_dir(folder)
+        sync_folder(sub)
+    sync_folder(folder)
     return problems
 
 
@@ -683,7 +664,7 @@ def write_report(folder: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, folder / "report.txt")
-        fsync_dir(folder)
+        sync_folder(folder)
     except OSError as e:  # a read-only or vanished card: the journal still has it
         log.error("cannot write %s: %s", folder / "report.txt", e)
 
@@ -735,7 +716,7 @@ def record_outcome(etc: Path, outcome: str, problems: list[str], dry_run: bool) 
     record = {"at": _now(), "boot_id": _boot_id(), "outcome": outcome,
               "problems": [str(p) for p in problems]}
     try:
-        atomic_write(etc / OUTCOME_FILE, (json.dumps(record, indent=1) + "\n").encode(), 0o644)
+        write_atomically(etc / OUTCOME_FILE, json.dumps(record, indent=1) + "\n", mode=0o644)
     except OSError as e:   # the report on the FAT still says it
         log.error("cannot record the outcome in %s: %s", etc / OUTCOME_FILE, e)
 

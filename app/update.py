@@ -46,6 +46,7 @@ from cairn.gateway.update_state import (
     booted_slot,
     last_result,
     record,
+    running_slot,
 )
 
 DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
@@ -224,7 +225,7 @@ def running_version() -> str:
     try:
         s = status()
         return s["slots"][s["booted"]]["version"] or metadata.version("cairn")
-    except (UpdateError, KeyError, ValueError):   # RAUC cannot tell: this Cairn's version
+    except (UpdateError, KeyError, ValueError):   # RAUC cannot tell (or is busy): this Cairn's
         return metadata.version("cairn")
 
 
@@ -269,8 +270,19 @@ def _rauc(*args: str) -> str:
     return run("rauc", *args, timeout=600)
 
 
+RAUC_BUSY = "already processing a different method"   # rauc's answer while it installs
+
+
 def status() -> dict[str, Any]:
-    rauc = json.loads(_rauc("status", "--detailed", "--output-format=json"))
+    """The slots as RAUC sees them and Cairn's records of the updates. While RAUC installs it
+    answers no status: the slot booted is then the kernel command line's, the slots unknown."""
+    try:
+        rauc = json.loads(_rauc("status", "--detailed", "--output-format=json"))
+    except UpdateError as e:
+        if RAUC_BUSY not in str(e).lower():
+            raise
+        return {"rauc": "busy: installing", "booted": running_slot(), "primary": None,
+                "compatible": None, "slots": {}, **_records()}
     slots = {}
     for entry in rauc.get("slots", []):
         for name, slot in entry.items():
@@ -283,21 +295,29 @@ def status() -> dict[str, Any]:
         # a slot as flashed has no bundle record: its version is the Cairn it runs
         from importlib import metadata
         booted["version"] = metadata.version("cairn")
-    return {"booted": rauc.get("booted"), "primary": rauc.get("boot_primary"),
-            "compatible": rauc.get("compatible"), "slots": slots,
-            "installing": vars(i) if (i := Trial.read(UPDATE_DIR, INSTALLING)) else None,
+    return {"rauc": "ok", "booted": rauc.get("booted"), "primary": rauc.get("boot_primary"),
+            "compatible": rauc.get("compatible"), "slots": slots, **_records()}
+
+
+def _records() -> dict[str, Any]:
+    """The install under way, the update on trial and the last update's result."""
+    return {"installing": vars(i) if (i := Trial.read(UPDATE_DIR, INSTALLING)) else None,
             "trial": vars(t) if (t := Trial.read(UPDATE_DIR)) else None,
             "last": last_result(UPDATE_DIR)}
 
 
 def render_status(s: dict[str, Any]) -> str:
-    lines = [f"booted slot {s['booted']} (next boot: {s['primary']})"]
+    busy = s.get("rauc", "ok") != "ok"
+    lines = [f"booted slot {s['booted']}" + ("" if busy else f" (next boot: {s['primary']})")]
     for name, slot in sorted(s["slots"].items()):
         lines.append(f"  slot {name}: {slot['state']}, {slot['boot_status']}, "
                      f"version {slot['version'] or '-'} ({slot['device']})")
+    after = " (RAUC is busy; slot details after the install)" if busy else ""
     if s.get("installing"):
-        lines.append(f"installing: {s['installing']['version']} into slot "
-                     f"{s['installing']['slot']}")
+        lines.append(f"installing {s['installing']['version']} into slot "
+                     f"{s['installing']['slot']}{after}")
+    elif busy:
+        lines.append(f"an install is under way{after}")
     if s["trial"]:
         lines.append(f"on trial: {s['trial']['version']} in slot {s['trial']['slot']}")
     last = s["last"]

@@ -39,6 +39,7 @@ from typing import Any
 
 from cairn.gateway.clock import rfc3339
 from cairn.gateway.config import Config, ConfigError, load
+from cairn.gateway.files import write_atomically
 
 HISTORY_DIR = "config-history"
 LAST_GOOD = "last-good.toml"
@@ -68,36 +69,9 @@ def boot_id() -> str | None:
 
 def atomic_write(path: Path, data: str, like: Path | None = None) -> None:
     """Write ``data`` to ``path`` all or nothing; with the mode and group of ``like`` (a
-    config file readable by the router's group stays so in its history)."""
+    config file readable by the router's group stays so in its history), else a new file's."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if like is not None and like.exists():
-            _copy_owner(like, tmp)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def _copy_owner(like: Path, path: Path) -> None:
-    st = like.stat()
-    os.chmod(path, st.st_mode & 0o7777)
-    with contextlib.suppress(PermissionError):  # only root may give a file away
-        os.chown(path, -1, st.st_gid)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomically(path, data, mode=None, like=like)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

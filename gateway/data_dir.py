@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from cairn.gateway.files import write_atomically
 
 DB_NAME = "cairn.db"
 LOCK_NAME = "cairn.lock"
@@ -75,10 +76,9 @@ CARRIED = {"bytes_sent": int, "budget_used": int, "budget_since": str, "budget_w
 
 
 def write_sync_status(path: Path, status: SyncStatus) -> None:
-    """Replace the file whole (a reader never sees half of it); OSError if it cannot."""
-    temp = path.with_suffix(".tmp")
-    temp.write_text(json.dumps(asdict(status), indent=1))
-    os.replace(temp, path)
+    """Replace the file whole (a reader never sees half of it); OSError if it cannot. Not
+    synced: it is rewritten at every sync run, and the next run rewrites one a power cut lost."""
+    write_atomically(path, json.dumps(asdict(status), indent=1), mode=None, durable=False)
 
 
 def read_sync_status(data_dir: Path) -> dict[str, Any] | None:
@@ -122,11 +122,4 @@ def cra_decoy_key(data_dir: Path) -> bytes:
 def _write_private(path: Path, data: bytes) -> None:
     """``data`` into ``path`` whole and durably, readable by its owner only."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temp, path)
+    write_atomically(path, data, mode=0o600)

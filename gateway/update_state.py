@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cairn.gateway.files import write_atomically
+
 UPDATE_DIR = Path(os.environ.get("CAIRN_UPDATE_DIR", "/data/update"))
 CMDLINE = Path("/proc/cmdline")
 INSTALLING, TRIAL = "installing", "trial"   # an install begun; its slot written and switched to
@@ -62,9 +64,8 @@ def record(directory: Path, result: str, reason: str, trial: Trial | None,
             "slot": trial.slot if trial else None,
             "from_slot": trial.from_slot if trial else None}
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "last.json.tmp"
-    tmp.write_text(json.dumps(last, indent=1) + "\n")
-    os.replace(tmp, directory / "last.json")
+    write_atomically(directory / "last.json", json.dumps(last, indent=1) + "\n", mode=None,
+                     durable=False)
     for name in ends:
         (directory / name).unlink(missing_ok=True)
     return last
@@ -87,9 +88,14 @@ def _booted_slot_of(cmdline: Path) -> str | None:
         return None
 
 
+def running_slot() -> str | None:
+    """The slot this boot runs, None off an A/B image."""
+    return _booted_slot_of(CMDLINE)
+
+
 def summary(directory: Path | None = None) -> dict[str, Any]:
     """The slot running now, the update on trial and the last update's result."""
     directory = directory or UPDATE_DIR
     trial = Trial.read(directory)
-    return {"slot": _booted_slot_of(CMDLINE), "trial": vars(trial) if trial else None,
+    return {"slot": running_slot(), "trial": vars(trial) if trial else None,
             "last": last_result(directory)}

@@ -20,10 +20,12 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cairn.gateway.files import write_atomically
 from cairn.gateway.urls import redact_url
 
 
@@ -81,24 +83,20 @@ class DirectorySink:
         target = self.root / name
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            temp = target.with_name(f".{target.name}.part")
-            with temp.open("wb") as f:
-                if self.pacer is None:
-                    f.write(data)
-                else:
-                    for start in range(0, len(data), self.pacer.chunk):
-                        self.pacer.take(len(data[start:start + self.pacer.chunk]))
-                        f.write(data[start:start + self.pacer.chunk])
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temp, target)
-            directory = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+            # the landing's readers (Spark) skip the hidden name it is written to first
+            write_atomically(target, self._paced(data), mode=None)
         except OSError as e:
             raise SinkError(f"cannot write {target}: {e.strerror or e}") from e
+
+    def _paced(self, data: bytes) -> Iterator[bytes]:
+        """``data`` in chunks at the pace of ``bandwidth`` (a slow link to the landing)."""
+        if self.pacer is None:
+            yield data
+            return
+        for start in range(0, len(data), self.pacer.chunk):
+            chunk = data[start:start + self.pacer.chunk]
+            self.pacer.take(len(chunk))
+            yield chunk
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:

@@ -135,7 +135,7 @@ def test_directory_sink_writes_batches_manifests_and_advances_the_watermark(tmp_
         assert m["anchors"][0]["clock_synced"] is True
     # the batches tile the seq space: each starts right after the previous one's watermark
     assert [m["after_seq"] for m in manifests] == [0] + [m["last_seq"] for m in manifests[:-1]]
-    assert not list(landing.rglob(".*.part"))  # no temporary files left behind
+    assert not list(landing.rglob(".*"))  # no temporary files left behind
 
     first = rows[0]
     assert first["gateway_id"] == GATEWAY and first["topic"] == "sensor.dev0"

@@ -160,7 +160,7 @@ def test_an_install_cut_off_after_the_slot_switch_boots_its_slot_on_trial(tmp_pa
 def test_the_last_result_is_written_whole(tmp_path, result):
     update_state.record(tmp_path, result, "why", None)
     assert json.loads((tmp_path / "last.json").read_text())["result"] == result
-    assert not (tmp_path / "last.json.tmp").exists()
+    assert os.listdir(tmp_path) == ["last.json"]   # no temporary file left
 
 
 @pytest.fixture
@@ -245,6 +245,45 @@ def test_an_install_rauc_gave_up_on_ends_its_own_record(ab_device, monkeypatch):
     with pytest.raises(update.UpdateError):
         update.install(Path("x.raucb"), "0.3.0")
     assert not (ab_device / update_state.INSTALLING).exists()
+
+
+
+def _rauc_answering(error: str):
+    def rauc(*args: str) -> str:
+        raise update.UpdateError(f"rauc {' '.join(args)}: {error}")
+    return rauc
+
+
+@pytest.fixture
+def rauc_installing(ab_device, monkeypatch) -> Path:
+    """RAUC busy writing 1.2.3 into slot B, as its pre-install handler recorded it."""
+    ab_device.mkdir(parents=True, exist_ok=True)
+    (ab_device / update_state.INSTALLING).write_text("slot=B\nversion=1.2.3\nfrom_slot=A\n")
+    monkeypatch.setattr(update, "_rauc", _rauc_answering("Already processing a different method"))
+    monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
+    return ab_device
+
+
+def test_the_status_while_rauc_installs_carries_the_install_and_the_booted_slot(
+        rauc_installing):
+    s = update.status()
+    assert s["rauc"] == "busy: installing" and s["slots"] == {}
+    assert s["booted"] == "A"
+    assert s["installing"] == {"slot": "B", "version": "1.2.3", "from_slot": "A"}
+
+
+def test_the_status_while_rauc_installs_says_so(rauc_installing):
+    text = update.render_status(update.status())
+    assert "booted slot A" in text
+    assert ("installing 1.2.3 into slot B (RAUC is busy; slot details after the install)"
+            in text), text
+
+
+def test_the_status_fails_on_any_other_rauc_failure(ab_device, monkeypatch):
+    monkeypatch.setattr(update, "_rauc", _rauc_answering("rauc is not running"))
+    monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
+    with pytest.raises(update.UpdateError, match="not running"):
+        update.status()
 
 
 # -- a USB stick (cairn update usb: the whole path runs in QEMU, test_device_update.py) ------
