@@ -5,7 +5,9 @@ history beside the config file (gateway.config_history), writes it, has the rout
 (users, roles, permissions and the reloadable [router] keys changed) or restart (anything
 else), and waits, bounded, until the router is ready on it. If it is not, the last good
 configuration is put back and the router restarted on it: the change is recorded as rolled
-back, with the router's own reason when it gave one (exit 1). ``apply --pending`` carries out
+back, with the router's own reason when it gave one (exit 1). Once the router is ready, the
+other components whose sections changed follow (:data:`COMPONENTS`: cairn-sync is started,
+restarted or stopped), and the change's action names them. ``apply --pending`` carries out
 the requests the router took over WAMP (``cairn.admin.config.apply``): run as root by the
 image's path unit when one appears, by hand elsewhere.
 """
@@ -20,9 +22,10 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,14 +47,82 @@ from cairn.gateway.ops import pid_alive, read_metrics
 DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
 READY_TIMEOUT = 90.0  # s the router has to come back ready on a change
 UNIT = "cairn-router.service"
+DONE = {"start": "started", "restart": "restarted", "stop": "stopped"}
+
+
+@dataclass(frozen=True)
+class Component:
+    """A process other than the router that reads its own section of the config file once,
+    at its start: it runs while the section is there, and a change reaches it by a restart."""
+
+    unit: str
+    section: str
+    also: tuple[tuple[str, str], ...] = ()  # (table, key) it reads beside its section
+
+    def reads(self, document: dict[str, Any]) -> tuple[Any, ...]:
+        return (document.get(self.section),
+                *(_table(document, table).get(key) for table, key in self.also))
+
+
+COMPONENTS = (
+    # `cairn sync`: [sync], and the store in [router] data_dir
+    Component("cairn-sync.service", "sync", (("router", "data_dir"),)),
+    # `cairn update pull`: a long-running loop (Type=simple, no timer) that loads [update]
+    # once, and [sync] gateway_id, which names its source's directory; without a source it
+    # exits at once
+    Component("cairn-update-pull.service", "update", (("sync", "gateway_id"),)),
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    verb: str  # start | restart | stop
+    unit: str
+    why: str
+
+
+def _table(document: dict[str, Any], name: str) -> dict[str, Any]:
+    table = document.get(name)
+    return table if isinstance(table, dict) else {}
+
+
+def component_steps(old: dict[str, Any], new: dict[str, Any]) -> list[Step]:
+    """What the components must do to run ``new``'s sections, having started on ``old``'s:
+    a section added starts its component, one removed stops it, a change restarts it."""
+    steps = []
+    for c in COMPONENTS:
+        was, now = c.section in old, c.section in new
+        if was and not now:
+            steps.append(Step("stop", c.unit, f"[{c.section}] removed"))
+        elif now and not was:
+            steps.append(Step("start", c.unit, f"[{c.section}] added"))
+        elif now and c.reads(old) != c.reads(new):
+            changed = [f"{t}.{k}" for t, k in c.also
+                       if _table(old, t).get(k) != _table(new, t).get(k)]
+            why = f"[{c.section}] changed" if old[c.section] != new[c.section] else \
+                f"{changed[0]} changed"
+            steps.append(Step("restart", c.unit, why))
+    return steps
+
+
+def document(text: str | None) -> dict[str, Any]:
+    """The TOML document of ``text``; empty when there is none or it does not parse (its
+    components could not have started on it)."""
+    try:
+        return tomllib.loads(text or "")
+    except tomllib.TOMLDecodeError:
+        return {}
 
 
 class Service(Protocol):
-    """How the router is told to reload or restart."""
+    """How the router is told to reload or restart, and the other components to start,
+    restart or stop (``component``: what was done, as the history says it)."""
 
     def reload(self) -> None: ...
 
     def restart(self) -> None: ...
+
+    def component(self, verb: str, unit: str) -> str: ...
 
 
 class Systemd:
@@ -64,12 +135,20 @@ class Systemd:
     def restart(self) -> None:
         self._systemctl("restart")
 
-    def _systemctl(self, verb: str) -> None:
+    def component(self, verb: str, unit: str) -> str:
+        # restart starts a unit that is not running: one whose section is there should run
+        done = self._systemctl(verb, unit)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            return f"{unit} not {DONE[verb]}: {why}"
+        return f"{DONE[verb]} {unit}"
+
+    def _systemctl(self, verb: str, unit: str | None = None) -> subprocess.CompletedProcess:
         # --no-block and no check: the applier waits for the router's own word that it is
         # ready on the file (its start, ExecStartPost included, is not waited for); one that
         # never is is rolled back
-        subprocess.run(["systemctl", "--no-block", verb, self.unit], capture_output=True,
-                       timeout=60)
+        return subprocess.run(["systemctl", "--no-block", verb, unit or self.unit],
+                              capture_output=True, text=True, timeout=60)
 
 
 class Signals:
@@ -85,6 +164,10 @@ class Signals:
 
     def restart(self) -> None:
         self._send(signal.SIGTERM)
+
+    def component(self, verb: str, unit: str) -> str:
+        # the other components' pids are not known here: their supervisor acts on the line
+        return f"{unit} to be {DONE[verb]} by its supervisor"
 
     def _send(self, sig: signal.Signals) -> None:
         pid = self.pid()
@@ -196,32 +279,50 @@ class Applier:
         (self.service.reload if change.action == "reload" else self.service.restart)()
         problem = self.wait_ready(new, change.sha256 or "", before)
         if problem is None:
-            history.mark_good(self._text(self.file) or "", change.id)
+            text = self._text(self.file) or ""
+            history.mark_good(text, change.id)
+            change = self.reach_components(change, previous, text)
             history.set_state(change, "good")
             self.say(f"cairn config: change {change.id} is running and marked good")
             return EXIT_OK
         self.say(f"cairn config: change {change.id} failed: {problem}; rolling back")
-        restored = self.restore(history.last_good_text() or previous)
-        history.set_state(change, "rolled_back", problem if restored is None
-                          else f"{problem} (and the rollback: {restored})")
+        # the components never left ``previous``: they follow only what the rollback changes
+        restored = self.restore(history.last_good_text() or previous, change, previous)
+        history.set_state(restored[0], "rolled_back", problem if restored[1] is None
+                          else f"{problem} (and the rollback: {restored[1]})")
         return EXIT_FAILURE
 
-    def restore(self, text: str | None) -> str | None:
-        """Put ``text`` (the last good configuration) back and restart the router on it;
-        what went wrong, if anything."""
+    def restore(self, text: str | None, change: Change, components_on: str | None
+                ) -> tuple[Change, str | None]:
+        """Put ``text`` (the last good configuration) back and restart the router on it,
+        then the components that run ``components_on``; the change with what was done to
+        them, and what went wrong, if anything."""
         if text is None:
-            return "no last good configuration to go back to"
+            return change, "no last good configuration to go back to"
         state = self.running()
         atomic_write(self.file, text, like=self.file)
         self.service.restart()
         config = self._load(self.file)
         if config is None:
-            return "the last good configuration no longer loads"
+            return change, "the last good configuration no longer loads"
         before = (state.pid, state.started, state.seq) if state else None
         problem = self.wait_ready(config, digest(text), before)
         self.say(f"cairn config: back on the last good configuration"
                  f"{'' if problem is None else f', but: {problem}'}")
-        return problem
+        if problem is None:
+            change = self.reach_components(change, components_on, text)
+        return change, problem
+
+    def reach_components(self, change: Change, old: str | None, new: str) -> Change:
+        """Start, restart or stop the components whose sections differ between ``old``
+        (what they started on) and ``new`` (what the router is ready on); the change's
+        action names what was done."""
+        done = []
+        for step in component_steps(document(old), document(new)):
+            done.append(self.service.component(step.verb, step.unit))
+            self.say(f"cairn config: {done[-1]} ({step.why})")
+        return replace(change, action="; ".join([change.action or "-", *done])) if done \
+            else change
 
     def rollback(self, by: str) -> int:
         text = self.history.last_good_text()
@@ -230,7 +331,7 @@ class Applier:
             return EXIT_FAILURE
         with self.history.locked():
             change = self.history.record(text, by, "cairn config rollback", "restart")
-            problem = self.restore(text)
+            change, problem = self.restore(text, change, self._text(self.file))
             self.history.set_state(change, "good" if problem is None else "rolled_back",
                                    problem)
         return EXIT_OK if problem is None else EXIT_FAILURE

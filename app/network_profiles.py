@@ -12,7 +12,7 @@ country = "DE"                # regulatory domain (ISO 3166 alpha-2)
 
 Every problem is a :class:`ConfigError` naming the file and key. A profile's uuid is derived
 from its name, so provisioning the same name again replaces the profile instead of adding a
-second one.
+second one. A file that holds only ``remove = true`` removes the profile of its name.
 """
 
 from __future__ import annotations
@@ -61,12 +61,31 @@ def profile_uuid(name: str) -> str:
     return str(uuid.uuid5(NAMESPACE, name))
 
 
-def parse_profile(data: dict[str, Any], source: str, stem: str) -> Profile:
-    """Validate one network file's document and render its keyfile."""
-    v = Validator(source)
+def _check_stem(source: str, stem: str) -> None:
     if not PROFILE_NAME.fullmatch(stem.lower()):
         raise ConfigError(source, "-", f"file name {stem!r}: use letters, digits, '-' and '_' "
                                        f"(it names the profile cairn-NAME)")
+
+
+def removal(data: dict[str, Any], source: str, stem: str) -> str | None:
+    """The name of the profile a ``remove = true`` file removes; None for a profile."""
+    if "remove" not in data:
+        return None
+    if data["remove"] is not True:
+        raise ConfigError(source, "remove", f"only remove = true (it removes the profile "
+                                            f"cairn-NAME), not {data['remove']!r}")
+    others = sorted(set(data) - {"remove"})
+    if others:
+        raise ConfigError(source, others[0], "not with remove = true: a file either removes "
+                                             "its profile or describes it")
+    _check_stem(source, stem)
+    return profile_name(stem)
+
+
+def parse_profile(data: dict[str, Any], source: str, stem: str) -> Profile:
+    """Validate one network file's document and render its keyfile."""
+    v = Validator(source)
+    _check_stem(source, stem)
     kind = data.get("type")
     if kind not in TYPES:
         got = "missing" if kind is None else f"unknown type {kind!r}"

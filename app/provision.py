@@ -77,6 +77,7 @@ class Change:
     group: str | None = None  # chgrp to it when the group exists
     note: str = ""            # for the report: never a secret value
     config: bool = False      # cairn.toml: written by install_config only
+    remove: bool = False      # dest is removed (data unused)
 
 
 @dataclass
@@ -428,7 +429,8 @@ def keyring_problem(text: str) -> str | None:
 
 def check_network(paths: list[Path], ctx: Context, plan: Plan) -> None:
     """network/NAME.toml -> NetworkManager keyfile cairn-NAME.nmconnection (0600: it holds
-    passphrases) on the data partition; a Wi-Fi country to /data/etc/cairn/wifi-country."""
+    passphrases) on the data partition; a Wi-Fi country to /data/etc/cairn/wifi-country.
+    One holding only ``remove = true`` removes that keyfile."""
     countries: dict[str, str] = {}
     for path in paths:
         label = label_of(path, ctx.folder)
@@ -436,6 +438,10 @@ def check_network(paths: list[Path], ctx: Context, plan: Plan) -> None:
         if loaded is None:
             continue
         try:
+            removed = network_profiles.removal(loaded[1], label, path.name[:-5])
+            if removed is not None:
+                plan.changes.append(profile_removal(path, ctx, removed))
+                continue
             profile = network_profiles.parse_profile(loaded[1], label, path.name[:-5])
         except ConfigError as e:
             plan.refuse(e.source, e.key, e.problem)
@@ -454,6 +460,15 @@ def check_network(paths: list[Path], ctx: Context, plan: Plan) -> None:
         country = next(iter(countries.values()))
         plan.changes.append(Change(None, ctx.data / "etc/cairn/wifi-country",
                                    f"{country}\n".encode(), note=country))
+
+
+def profile_removal(path: Path, ctx: Context, name: str) -> Change:
+    """A profile that is not there is reported, not refused: the same card for fifty sites
+    removes an old profile from those that have it."""
+    dest = ctx.data / NM_CONNECTIONS / f"{name}.nmconnection"
+    note = f"removed network profile {name}" if dest.exists() else \
+        f"no network profile {name} on this device: nothing to remove"
+    return Change(path, dest, b"", note=note, remove=True)
 
 
 NM_CONNECTIONS = "etc/NetworkManager/system-connections"
@@ -536,6 +551,10 @@ def apply(plan: Plan, etc: Path) -> None:
 def write_change(change: Change, etc: Path) -> None:
     if change.config:
         install_config(etc, change.data.decode(), "cairn provision from the boot partition")
+        return
+    if change.remove:
+        change.dest.unlink(missing_ok=True)
+        fsync_dir(change.dest.parent)
         return
     # the folders that hold secrets are no more readable than the secrets
     folder_mode = 0o750 if change.group else 0o755 if change.mode & 0o004 else 0o700
@@ -631,7 +650,8 @@ def report(outcome: str, plan: Plan, lines: list[str] | None = None) -> str:
     if plan.changes and not plan.problems:
         out += ["", "Applied:" if not outcome.startswith(("FAILED", "CHECKED")) else
                 "Would apply:"]
-        out += [f"  {_source(c)} -> {c.dest} ({c.note})" for c in plan.changes]
+        out += [f"  {_source(c)}: {c.note} ({c.dest})" if c.remove else
+                f"  {_source(c)} -> {c.dest} ({c.note})" for c in plan.changes]
     if plan.not_understood:
         out += ["", "Not understood, left alone:", *(f"  {n}" for n in plan.not_understood)]
     return "\n".join(out) + "\n"

@@ -67,6 +67,7 @@ class SyncStatus:
     health_only: bool = False  # the budget is spent: only health records go until it ends
     health_seq: int = 0  # the last health record shipped ahead of the watermark
     waiting_for: str | None = None  # why nothing goes now ([sync] on_metered = "wait")
+    waiting_since: str | None = None  # when this wait began (wall clock, to read)
 
 
 AGING = ("last_success", "last_attempt", "rate_events_per_s")  # what changes when idle

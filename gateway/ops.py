@@ -21,7 +21,7 @@ from typing import Any
 from cairn.gateway import clock, update_state, wear
 from cairn.gateway.config import Config, ConfigError, Endpoint, load, read_document
 from cairn.gateway.config_history import History, read_running
-from cairn.gateway.data_dir import DB_NAME, lock_path
+from cairn.gateway.data_dir import DB_NAME, lock_path, read_sync_status
 from cairn.gateway.store import SCHEMA_VERSION, Findings, inspect
 from cairn.gateway.store import repair as repair_store
 from cairn.gateway.urls import redact_url
@@ -177,6 +177,7 @@ def doctor(config_path: str | None) -> Report:
     _check_serial(report, data.get("sensors", []))
     _check_clock(report)
     _check_sink(report, data.get("sync"))
+    _check_sync_wait(report, config.router.data_dir, data.get("sync"))
     _check_wear(report, config)
     _check_update(report)
     return report
@@ -323,6 +324,19 @@ def _check_sink(report: Report, sync: dict[str, Any] | None) -> None:
     except (urllib.error.URLError, OSError) as e:
         report.add("warn", "sync sink", f"{shown} unreachable now ({getattr(e, 'reason', e)});"
                                         f" batches wait until it is back")
+
+
+def _check_sync_wait(report: Report, data_dir: Path, sync: Any) -> None:
+    """An uploader told to wait for an unmetered link (``on_metered = "wait"``) that waits:
+    nothing is broken, but nothing leaves the device either (a warning)."""
+    status = read_sync_status(data_dir) if isinstance(sync, dict) and sync else None
+    if status is None or status.get("state") != "waiting":
+        return
+    since = f" since {status['waiting_since']}" if status.get("waiting_since") else ""
+    backlog = status.get("backlog")
+    left = f"; {backlog:,} events not yet shipped" if isinstance(backlog, int) else ""
+    report.add("warn", "sync", f"waiting for {status.get('waiting_for') or 'an unmetered link'}"
+                               f"{since}{left}")
 
 
 def _check_wear(report: Report, config: Config) -> None:

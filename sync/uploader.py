@@ -278,9 +278,11 @@ class Uploader:
             if self.status.state == "waiting":
                 log.info("the link is not metered any more: syncing")
                 self.status.state, self.status.waiting_for = "ok", None
+                self.status.waiting_since = None
             return False
         if self.status.state != "waiting":
             self.status.backlog = self.reader.backlog(self.status.synced_seq)
+            self.status.waiting_since = rfc3339(int(time.time() * 1000))
             log.info("the link is metered (NetworkManager: %s) and [sync] on_metered = "
                      "\"wait\": %d events wait for an unmetered one", metered.METERED[value],
                      self.status.backlog)

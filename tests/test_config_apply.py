@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -22,8 +23,9 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import SubscribeOptions
 
+from cairn.app.config_cli import Step, Systemd, component_steps
 from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.config_history import KEEP, History
+from cairn.gateway.config_history import KEEP, Change, History
 from harness.config import EVERYTHING, permission, role, router_table, user
 from harness.process import RouterProcess, free_port
 from harness.wamp_client import connect
@@ -330,6 +332,133 @@ def test_history_keeps_the_last_ten_and_who_made_them(good):
     assert len(list((good.file.parent / "config-history").glob("[0-9]*.toml"))) == KEEP
     listed = config_cmd(good.file, "history").stdout.splitlines()
     assert len(listed) == KEEP and f"user{KEEP + 1}" in listed[0]
+
+
+
+# -- the other components follow --------------------------------------------------------------
+
+SYNC = '\n[sync]\nsink = "dir:/var/lib/cairn-sink"\n'
+UPDATE = '\n[update]\nsource = "https://updates.example/cairn/{gateway_id}/"\n'
+
+
+async def apply_over(good, tmp_path: Path, before: str, after: str
+                     ) -> tuple[subprocess.CompletedProcess, Change]:
+    """``after`` applied over a router (and components) running ``before``, a good one."""
+    good.file.write_text(before)
+    History(good.file).mark_good(before)
+    new = tmp_path / "new.toml"
+    new.write_text(after)
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+    [change] = History(good.file).changes()
+    return result, change
+
+
+async def test_sync_section_added_starts_cairn_sync(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text, good.text + SYNC)
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be started by its supervisor ([sync] added)" in \
+        result.stderr
+    assert (change.state, change.action) == \
+        ("good", "reload; cairn-sync.service to be started by its supervisor")
+
+
+async def test_sync_section_changed_restarts_cairn_sync(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text + SYNC,
+                                      good.text + SYNC.replace("cairn-sink", "other-sink"))
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be restarted by its supervisor ([sync] changed)" in \
+        result.stderr
+    assert change.action == "reload; cairn-sync.service to be restarted by its supervisor"
+
+
+async def test_sync_section_removed_stops_cairn_sync(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text + SYNC, good.text)
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be stopped by its supervisor ([sync] removed)" in \
+        result.stderr
+    assert change.action == "reload; cairn-sync.service to be stopped by its supervisor"
+
+
+async def test_sync_section_unchanged_leaves_cairn_sync_alone(good, tmp_path):
+    operator = role("operator", permission("app.", ["call"]))
+    result, change = await apply_over(good, tmp_path, good.text + SYNC,
+                                      good.text + operator + SYNC)
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync" not in result.stderr
+    assert (change.state, change.action) == ("good", "reload")
+
+
+async def test_update_section_changed_restarts_the_update_pull(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text + UPDATE,
+                                      good.text + UPDATE.replace("updates.", "mirror."))
+    assert result.returncode == 0, result.stderr
+    assert "cairn-update-pull.service to be restarted by its supervisor ([update] changed)" \
+        in result.stderr
+    assert change.action == \
+        "reload; cairn-update-pull.service to be restarted by its supervisor"
+
+
+async def test_no_component_follows_a_change_that_is_rolled_back(good, tmp_path):
+    with held_port() as taken:
+        failing = config_text(tmp_path, good.port,
+                              rawsocket=(f"127.0.0.1:{taken.getsockname()[1]}",))
+        result, change = await apply_over(good, tmp_path, good.text, failing + SYNC)
+    assert result.returncode == 1, result.stderr
+    assert "cairn-sync" not in result.stderr
+    assert (change.state, change.action) == ("rolled_back", "restart")
+
+
+async def test_rollback_command_brings_the_components_back_to_the_last_good(good):
+    good.file.write_text(good.text + SYNC)  # by hand, not applied: the last good has no [sync]
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(config_cmd, good.file, "rollback")
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be stopped by its supervisor ([sync] removed)" in \
+        result.stderr
+    [change] = History(good.file).changes()
+    assert change.action == "restart; cairn-sync.service to be stopped by its supervisor"
+
+
+def fake_systemctl(tmp_path: Path, monkeypatch, code: int) -> Path:
+    """A systemctl on PATH that records its arguments (systemd is not what is tested)."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "bin" / "systemctl"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                      f'[ {code} = 0 ] || echo "Unit $3 not found." >&2\nexit {code}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:{os.environ['PATH']}")
+    return calls
+
+
+def test_systemd_restarts_a_component_without_blocking(tmp_path, monkeypatch):
+    calls = fake_systemctl(tmp_path, monkeypatch, 0)
+    assert Systemd().component("restart", "cairn-sync.service") == \
+        "restarted cairn-sync.service"
+    assert calls.read_text() == "--no-block restart cairn-sync.service\n"
+
+
+def test_systemd_says_when_a_component_could_not_be_started(tmp_path, monkeypatch):
+    fake_systemctl(tmp_path, monkeypatch, 5)
+    assert Systemd().component("start", "cairn-update-pull.service") == \
+        "cairn-update-pull.service not started: Unit cairn-update-pull.service not found."
+
+
+def test_a_new_data_directory_restarts_sync_but_not_the_update_pull():
+    old = {"router": {"data_dir": "/var/lib/cairn"}, "sync": {"sink": "dir:/x"},
+           "update": {"source": "https://u.example/"}}
+    new = {**old, "router": {"data_dir": "/data/cairn"}}
+    assert component_steps(old, new) == \
+        [Step("restart", "cairn-sync.service", "router.data_dir changed")]
+
+
+def test_a_new_gateway_id_restarts_the_update_pull_too():
+    old = {"sync": {"sink": "dir:/x"}, "update": {"source": "https://u.example/{gateway_id}/"}}
+    new = {**old, "sync": {"sink": "dir:/x", "gateway_id": "site-7"}}
+    assert component_steps(old, new) == [
+        Step("restart", "cairn-sync.service", "[sync] changed"),
+        Step("restart", "cairn-update-pull.service", "sync.gateway_id changed")]
 
 
 # -- over WAMP --------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from cairn.gateway.config_tools import ConfigError
 from cairn.sync import metered
 from cairn.sync.cli import parse_sync
 from cairn.sync.sinks import DirectorySink
+from tests.test_ops import cairn, doctor_lines, write_config
 from tests.test_sync import fill_store, status_of, uploader_for
 
 UNKNOWN, YES, NO, GUESS_YES, GUESS_NO = range(5)  # NMMetered
@@ -94,11 +95,27 @@ def test_the_uploader_waits_on_a_metered_link_and_says_so(tmp_path, caplog):
     assert not landing.exists()
     status = status_of(data_dir)
     assert status["state"] == "waiting" and "unmetered" in status["waiting_for"]
-    assert status["backlog"] == 50
+    assert status["backlog"] == 50 and status["waiting_since"].endswith("Z")
     assert "the link is metered (NetworkManager: yes)" in caplog.text
     link.value = NO
     assert uploader.once() == 50
-    assert status_of(data_dir)["waiting_for"] is None
+    assert (status_of(data_dir)["waiting_for"], status_of(data_dir)["waiting_since"]) == \
+        (None, None)
+
+
+def test_doctor_warns_while_sync_waits_for_an_unmetered_link(tmp_path):
+    data_dir, sink = tmp_path / "data", tmp_path / "sink"
+    fill_store(data_dir, 1234)
+    sink.mkdir()
+    uploader = uploader_for(data_dir, DirectorySink(sink), on_metered="wait", metered=Link(YES))
+    assert uploader.once() == 0
+    since = status_of(data_dir)["waiting_since"]
+    config = write_config(tmp_path / "cairn.toml", data_dir,
+                          f'[sync]\nsink = "dir:{sink}"\non_metered = "wait"\n')
+    result = cairn("doctor", "--config", str(config))
+    assert result.returncode == 0, result.stdout  # a warning: nothing is broken
+    assert ("warn", f"waiting for an unmetered link (on_metered = \"wait\") since {since}; "
+                    f"1,234 events not yet shipped") in doctor_lines(result.stdout)["sync"]
 
 
 def test_the_running_uploader_sends_once_the_link_is_unmetered(tmp_path):

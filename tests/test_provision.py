@@ -152,6 +152,10 @@ BAD_INPUTS = {
                              "network/radio.toml: type: unknown type 'lora'"),
     "unknown_network_key": ("network/wifi.toml", WIFI + 'band = "5GHz"\n',
                             "network/wifi.toml: band: unknown key"),
+    "network_remove_with_a_profile": ("network/wifi.toml", WIFI + "remove = true\n",
+                                      "network/wifi.toml: country: not with remove = true"),
+    "network_remove_false": ("network/wifi.toml", "remove = false\n",
+                             "network/wifi.toml: remove: only remove = true"),
     "bad_sensor": ("sensors/greenhouse.toml", '[[sensors]]\nid = "x"\nkind = "teapot"\n',
                    "sensors/greenhouse.toml: sensors[0]"),
     "config_naming_a_missing_secret": (
@@ -296,6 +300,27 @@ def test_two_wifi_profiles_in_different_countries_are_refused(device):
     write(device["folder"], "network/b.toml", WIFI.replace('"de"', '"fr"'))
     assert provision(device) == 2
     assert "network: country: the profiles name different countries" in report(device)
+
+
+def test_a_remove_file_removes_its_profile_and_says_so(device):
+    write(device["folder"], "network/wifi.toml", WIFI)
+    write(device["folder"], "network/lte.toml", CELLULAR)
+    assert provision(device) == 0
+    write(device["folder"], "network/wifi.toml", "remove = true\n")
+    assert provision(device) == 0, report(device)
+    assert {p.name for p in (device["data"] / NM).iterdir()} == {"cairn-lte.nmconnection"}
+    assert "network/wifi.toml: removed network profile cairn-wifi (" in report(device)
+    assert not (device["folder"] / "network").exists()  # consumed, as any applied input
+
+
+def test_removing_a_profile_the_device_does_not_have_is_reported_not_refused(device):
+    write(device["folder"], "network/old-wifi.toml", "remove = true\n")
+    write(device["folder"], "hostname", "greenhouse-7\n")
+    assert provision(device) == 0, report(device)
+    assert (device["data"] / "etc/hostname").read_text() == "greenhouse-7\n"
+    assert "network/old-wifi.toml: no network profile cairn-old-wifi on this device: " \
+           "nothing to remove" in report(device)
+    assert not (device["folder"] / "network/old-wifi.toml").exists()
 
 
 def test_a_dry_run_writes_nothing(device, capsys):
