@@ -553,8 +553,9 @@ def write_change(change: Change, etc: Path) -> None:
         install_config(etc, change.data.decode(), "cairn provision from the boot partition")
         return
     if change.remove:
-        change.dest.unlink(missing_ok=True)
-        fsync_dir(change.dest.parent)
+        with contextlib.suppress(FileNotFoundError):  # nothing to remove: nothing to sync
+            change.dest.unlink()
+            fsync_dir(change.dest.parent)
         return
     # the folders that hold secrets are no more readable than the secrets
     folder_mode = 0o750 if change.group else 0o755 if change.mode & 0o004 else 0o700
