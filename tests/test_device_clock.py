@@ -161,6 +161,7 @@ def test_readings_taken_while_the_link_is_down_reach_the_table_once_and_the_gate
     try:
         _play_sensor(device.serial_pty, temperatures)
         time.sleep(20)   # several of the uploader's tries (interval 5 s) fail meanwhile
+        assert not _landed(sink.root, "sensor.uart-1", "temperature") & set(temperatures)
     finally:
         device.monitor("set_link nic on")
     _wait_landed(sink.root, "sensor.uart-1", "temperature", set(temperatures))
