@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "router":  # a bad file with a last good one beside it runs that
             config, running = startup_config(args.config)
         else:
-            config, running = cfg.load(args.config), None
+            config, running = cfg.check_whole(*cfg.read_document(args.config)), None
     except cfg.ConfigError as e:
         print(f"cairn: bad config: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cairn.app import network_profiles
+from cairn.gateway.config import check_whole
 from cairn.gateway.config import load as cfg_load
 from cairn.gateway.config_history import PROVISIONING as OUTCOME_FILE
 from cairn.gateway.config_history import History, provisioning_outcome
@@ -269,22 +270,9 @@ def checked(check: Callable[[dict[str, Any], str], object], data: dict[str, Any]
 
 def check_cairn_toml(path: Path, ctx: Context, plan: Plan) -> None:
     loaded = load_document(path, ctx, plan)
-    if loaded and checked(cairn_toml_checks, loaded[1], label_of(path, ctx.folder), ctx, plan):
+    if loaded and checked(check_whole, loaded[1], label_of(path, ctx.folder), ctx, plan):
         plan.changes.append(Change(path, ctx.etc / "cairn.toml", loaded[0].encode(),
                                    note="the router's config", config=True))
-
-
-def cairn_toml_checks(data: dict[str, Any], source: str) -> None:
-    """What the router, ``cairn sync`` and ``cairn update pull`` check of the file."""
-    from cairn.app.update_pull import parse_update
-    from cairn.gateway.config import parse
-    from cairn.sync.cli import parse_sync
-
-    parse(data, source)
-    if "sync" in data:
-        parse_sync(data, source)
-    if "update" in data:
-        parse_update(data, source)
 
 
 def check_sensor(data: dict[str, Any], source: str) -> None:

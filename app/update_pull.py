@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.config import read_document
+from cairn.gateway.config import SECTION_CHECKS, read_document
 from cairn.gateway.config_tools import ConfigError, Validator
 from cairn.gateway.update_state import UPDATE_DIR, Trial, last_result
 from cairn.sync import metered
@@ -89,6 +89,9 @@ def parse_update(data: dict[str, Any], path: str) -> UpdateSource | None:
         redirect_hosts=tuple(h.lower() for h in redirect_hosts))
     return UpdateSource(source, float(v.positive_number(t, at, "interval", 3600.0)),
                         v.get(t, at, "reboot", bool, True), metered.parse_policy(v, t, at))
+
+
+SECTION_CHECKS["update"] = parse_update  # a change of cairn.toml is checked whole
 
 
 def load(config_path: str) -> UpdateSource | None:

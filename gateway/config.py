@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -228,9 +229,25 @@ def restart_needed(running: Config, new: Config) -> list[str]:
     return keys
 
 
+# The checks of the sections other components read (``[sync]``: sync.cli, ``[update]``:
+# app.update_pull), each registered by the module that owns it when it is imported: gateway
+# imports none of them, and the router itself must not refuse to start on them.
+SECTION_CHECKS: dict[str, Callable[[dict[str, Any], str], object]] = {}
+
+
 def load(path: str | Path | None) -> Config:
     """Load and validate a config file; ``None`` gives the embedded default."""
     return parse(*read_document(path))
+
+
+def check_whole(data: dict[str, Any], source: str) -> Config:
+    """``parse``, and each registered check of a section ``data`` has: what a change of the
+    file must pass, so that no component is left unable to start on it."""
+    config = parse(data, source)
+    for section, check in SECTION_CHECKS.items():
+        if section in data:
+            check(data, source)
+    return config
 
 
 def read_document(path: str | Path | None) -> tuple[dict[str, Any], str]:

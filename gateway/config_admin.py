@@ -20,8 +20,8 @@ from cairn.gateway.config import (
     Config,
     ConfigError,
     Permission,
+    check_whole,
     covers_everything,
-    parse,
     read_text,
     restart_needed,
 )
@@ -54,8 +54,9 @@ def require_admin(realm: Realm, caller: Session, uri: str) -> None:
 
 
 def validate(text: str, source: str) -> Config:
-    """``text`` as the file ``source`` would be: ConfigError naming the key if it is bad."""
-    return parse(read_text(text, source), source)
+    """``text`` as the file ``source`` would be, every section checked (``[sync]`` and
+    ``[update]`` too, where their owners registered): ConfigError naming the key if bad."""
+    return check_whole(read_text(text, source), source)
 
 
 def invalid(e: ConfigError) -> WampError:

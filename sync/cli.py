@@ -128,6 +128,9 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
         on_metered=metered.parse_policy(v, t, at), **numbers)
 
 
+gateway_config.SECTION_CHECKS["sync"] = parse_sync  # a change of cairn.toml is checked whole
+
+
 def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
     if config.sink.startswith("dir:"):
         return DirectorySink(Path(config.sink.removeprefix("dir:")), config.bandwidth)

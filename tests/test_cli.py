@@ -120,6 +120,15 @@ def test_check_config_rejects_a_bad_file(tmp_path):
            f"wildcard, not 'glob'" in result.stderr
 
 
+def test_check_config_checks_the_sections_sync_and_update_read(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(write_config(tmp_path).read_text()
+                   + '\n[update]\nsource = "ftp://updates.example/"\n')
+    result = cairn("check-config", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}: update.source:" in result.stderr, result.stderr
+
+
 # -- a real router process -----------------------------------------------------------------
 
 

@@ -237,6 +237,22 @@ def test_apply_of_an_invalid_file_is_refused_and_nothing_changes(good, tmp_path)
     assert "realms[0].roles[1].name" in change.reason
 
 
+BAD_SYNC = '\n[sync]\nsink = "http://127.0.0.1:9/landing/{name}"\ninterval = "soon"\n'
+
+
+def test_apply_of_a_file_whose_sync_section_is_bad_is_refused_and_nothing_changes(good, tmp_path):
+    """The router does not read [sync], but cairn-sync would not start on it: a change is
+    checked whole."""
+    bad = tmp_path / "new.toml"
+    bad.write_text(good.text + BAD_SYNC)
+    result = config_cmd(good.file, "apply", str(bad), "--by", "olga")
+    assert result.returncode == 2, result.stderr
+    assert f"{good.file}: sync.interval: must be a positive number" in result.stderr
+    assert good.file.read_text() == good.text
+    [change] = History(good.file).changes()
+    assert (change.state, change.action) == ("refused", None) and "sync.interval" in change.reason
+
+
 async def test_reload_only_change_is_applied_without_dropping_a_session(good, tmp_path):
     async with Supervised(good.file, good.port) as router:
         pid = router.router.pid
@@ -494,6 +510,17 @@ async def test_invalid_text_over_wamp_is_refused_naming_file_key_and_problem(goo
     assert refused.value.error == "cairn.error.invalid_config"
     assert refused.value.kwargs["file"] == str(good.file)
     assert "invalid TOML" in refused.value.kwargs["problem"]
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
+async def test_a_bad_sync_section_over_wamp_is_refused_naming_its_key(good):
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", good.text + BAD_SYNC)
+        await session.leave()
+    assert refused.value.error == "cairn.error.invalid_config"
+    assert refused.value.kwargs["key"] == "sync.interval"
     assert not (good.file.parent / "data" / "config-requests").exists()
 
 
