@@ -153,8 +153,9 @@ def restarted(router: RouterProcess) -> str | None:
     """None when the router started again, else how it failed."""
     try:
         router.start()
-    except RuntimeError as e:
-        return str(e).splitlines()[0]
+    except RuntimeError as e:  # "router exited with N:" and its log's tail
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        return f"{lines[0].rstrip(':')}: {lines[-1].strip()[:80]}"
     return None
 
 
