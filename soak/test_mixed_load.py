@@ -12,15 +12,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.config import history_rule, open_realm
+from harness.config import EVERYTHING, history_rule, open_realm, permission, role, user
 from harness.landing import landed
 from harness.process import RouterProcess
 from harness.wamp_client import Client
 from soak import procstat
 from soak.hostile import (
     HANDSHAKE_TIMEOUT,
+    MAX_RETAINED,
+    MAX_RETAINED_PER_SESSION,
+    SEND_BUFFER_LIMIT,
     STORM_KEPT,
     STORM_TOPIC,
+    BigRetained,
+    Lockout,
+    RetainedSlotAttacker,
     Slowloris,
     Storm,
     SubscriptionFlood,
@@ -38,9 +44,17 @@ from soak.load import (
     sleep_or_stop,
 )
 
+# the real users whose logins the lockout attacker guesses: (authid, secret, authmethod)
+USERS = (("operator", "operator-s3cret", "ticket"), ("logger", "logger-s3cret", "wampcra"))
 REALM = open_realm(history=[history_rule("sensor", max_events=1_000_000, max_age="90d"),
-                            history_rule("storm", max_events=STORM_KEPT)])
-LIMITS = f'[router.limits]\nhandshake_timeout = "{HANDSHAKE_TIMEOUT:g}s"\n'
+                            history_rule("storm", max_events=STORM_KEPT)],
+                   extra=role("operator", permission("", EVERYTHING))
+                   + "".join(user(authid, "operator", secret=secret)
+                             for authid, secret, _ in USERS))
+LIMITS = (f"send_buffer_limit = {SEND_BUFFER_LIMIT}\n"
+          f'[router.limits]\nhandshake_timeout = "{HANDSHAKE_TIMEOUT:g}s"\n'
+          f"max_retained = {MAX_RETAINED}\nmax_retained_per_session = "
+          f"{MAX_RETAINED_PER_SESSION}\n")
 
 WAMP_PUBLISHERS = 8        # + 6 serial sensors = 14 topics at 10 Hz
 DASHBOARDS = 50
@@ -86,12 +100,18 @@ class MixedLoad:
         self.prober = HistoryProber(self.router, [p.topic for p in self.publishers],
                                     self.problems)
         self.sync = SyncRunner(self.router.data_dir, self.workdir, self.problems)
+        self.big = BigRetained(self.router, self.problems) if HOSTILE else None
+        sensors = frozenset(p.topic for p in self.publishers) | set(self.sensors.topics)
         self.hostile = [Slowloris(self.router, self.problems), Storm(self.router, self.problems),
-                        SubscriptionFlood(self.router, self.problems)] if HOSTILE else []
+                        SubscriptionFlood(self.router, self.problems),
+                        RetainedSlotAttacker(self.router, self.problems, sensors), self.big,
+                        Lockout(self.router, self.problems, USERS)] if HOSTILE else []
 
     @property
     def topics(self) -> set[str]:
-        return {p.topic for p in self.publishers} | set(self.sensors.topics)
+        """What every dashboard must see: the sensors', and the big retained values'."""
+        big = self.big.topics if self.big is not None else set()
+        return {p.topic for p in self.publishers} | set(self.sensors.topics) | big
 
     async def run(self, seconds: float) -> None:
         stop = asyncio.Event()
@@ -120,8 +140,9 @@ class MixedLoad:
             "dashboards": {d.name: {"connections": d.connections, "live": d.live,
                                     "retained": d.retained} for d in self.dashboards},
             "history_queries": self.prober.queries, "sync_runs": self.sync.runs,
-            "hostile": {type(a).__name__: vars(a) | {"router": None, "problems": None,
-                                                     "_held": None} for a in self.hostile},
+            "hostile": {type(a).__name__: {k: v for k, v in vars(a).items()
+                                           if isinstance(v, int | float)}
+                        for a in self.hostile},
             "trends": [{**vars(t), "growth": t.growth, "fitted_growth": t.fitted_growth}
                        for t in trends], "problems": self.problems}, self.samples)
         print(f"\nrouter resources every {SAMPLE_EVERY:g} s ({path}):")
