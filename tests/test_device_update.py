@@ -13,7 +13,9 @@ gate's and the pull's logic on this host (tests/test_update.py, tests/test_updat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -351,6 +353,47 @@ def test_power_cuts_during_an_install_keep_the_running_slot_and_every_reading(de
           f"ready after each {boots} s; {len(all_acked)} acknowledged readings, all kept")
 
 
+class SensorOnTheLine:
+    """A THS sensor on the host end of the guest's second UART, a sentence every 0.5 s until
+    ``stop``, whatever the guest does meanwhile (a reboot: what QEMU cannot pass on waits in
+    the pty, or is dropped when that is full)."""
+
+    def __init__(self, pty: str) -> None:
+        import tty
+
+        self.fd = os.open(pty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+        tty.setraw(self.fd)
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from cairn.drivers.line import ths_sentence
+
+        seq = 0
+        while not self.stopped.wait(0.5):
+            seq += 1
+            with contextlib.suppress(BlockingIOError):
+                os.write(self.fd, f"{ths_sentence('uart-1', seq, 21.5, 40.0)}\r\n".encode())
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        os.close(self.fd)
+
+
+def _readings_by_boot(device: qemu_device.Guest, topic: str) -> list[tuple[str, float, float]]:
+    """(boot id, first, last receipt by the wall clock, s) of the stored history of
+    ``topic``, one per boot in seq order, read from the device's store."""
+    query = ("SELECT boot_id, min(wall_ms), max(wall_ms) FROM publications WHERE topic = ? "
+             "GROUP BY boot_id ORDER BY min(seq)")
+    script = ("import json, sqlite3, sys; db = sqlite3.connect('file:/var/lib/cairn/cairn.db"
+              f"?mode=ro', uri=True); print(json.dumps(db.execute({query!r}, "
+              "(sys.argv[1],)).fetchall()))")
+    rows = json.loads(device.ssh(f'sudo python3 -c "{script}" {topic}').stdout)
+    return [(boot, first / 1000, last / 1000) for boot, first, last in rows]
+
+
 def test_a_good_update_pulled_from_the_central_side_resumes_after_the_link_drops(device,
                                                                                  bundles):
     """A→B the way an online device updates: [update] source names the central side (a
@@ -365,7 +408,9 @@ def test_a_good_update_pulled_from_the_central_side_resumes_after_the_link_drops
         assert asyncio.run(_publish_and_read_retained(port, 1)) == 1
     device.ssh("echo kept | sudo tee /etc/cairn/site-note > /dev/null && "
                f"printf '%s' '{qemu_device.SERIAL_SENSOR_CONFIG}' | "
-               "sudo tee /etc/cairn/sensors/uart.toml > /dev/null")
+               "sudo tee /etc/cairn/sensors/uart.toml > /dev/null && "
+               "sudo systemctl start cairn-sensor@uart")
+    sensor = SensorOnTheLine(device.serial_pty)   # reads all through the update
     pulled = bundles.make("9.3.0+pulled", files={"marker": "the newer build\n"},
                           edits=["write {files}/marker /etc/cairn-build-marker"])
     central = Central(port=device.host_services[qemu_device.CENTRAL])
@@ -412,7 +457,12 @@ def test_a_good_update_pulled_from_the_central_side_resumes_after_the_link_drops
         assert 'cairn_update_last_failed{version="9.3.0+pulled"} 0' in metrics, metrics[-800:]
         device.ssh("timeout 180 sh -c 'until journalctl -b 0 -u cairn-update-pull -o cat "
                    "| grep -q \"up to date (9.3.0+pulled)\"; do sleep 2; done'", timeout=240)
+        (_, _, old_last), (_, new_first, _) = _readings_by_boot(device, "sensor.uart-1")[-2:]
+        print(f"[appliance] the router's downtime in the update: {new_first - old_last:.1f} s "
+              "from the sensor's last reading stored before it to the first after")
+        assert new_first > old_last
     finally:
+        sensor.stop()
         central.close()
         device.ssh("sudo sed -i '/^\\[update\\]$/,$d' /etc/cairn/cairn.toml", check=False)
 
