@@ -186,22 +186,24 @@ class Broker:
 
     def _room_to_keep(self, maker: Hashable, out: Outbox) -> bool:
         """Room for one more kept subscription that is no rule's, made by ``maker``. A maker
-        at its share (``max_history_subscriptions_per_client``) makes room among its own;
+        at its share (``max_history_subscriptions_per_client``; those made before the start
+        have none, only the realm's bound) makes room among its own;
         else, in a full realm, the maker holding the most does (subscriptions made before
         the start count as one maker's). Room is made by forgetting the oldest one without
         subscribers (its id then names nothing; subscribing again to its topic gives a new
         one). One client churning through topics once forgot everyone's, a dashboard's
         included; now it forgets its own."""
         made, limits = self._made, self.limits
-        if made[maker] >= limits.max_history_subscriptions_per_client:
-            idle = next((s for s in self._kept.values()
-                         if not s.subscribers and self._makers[s.id] == maker), None)
+        if maker != RESTORED and made[maker] >= limits.max_history_subscriptions_per_client:
+            idle = self._oldest_idle(maker)
         elif len(self._kept) < limits.max_history_subscriptions:
             return True
         else:  # the oldest idle one of the maker holding the most (this one, if it does)
-            idle = min((s for s in self._kept.values() if not s.subscribers
-                        and made[self._makers[s.id]] >= made[maker]),
-                       key=lambda s: -made[self._makers[s.id]], default=None)
+            idle = None
+            for whose in sorted(made, key=made.__getitem__, reverse=True):
+                if made[whose] < made[maker] or idle is not None:
+                    break
+                idle = self._oldest_idle(whose)
         if idle is None:
             self.hits.hit("max_history_subscriptions",
                           f"{made[maker]} subscriptions with history made by {maker} are "
@@ -210,6 +212,10 @@ class Broker:
             return False
         self._forget(idle, out)
         return True
+
+    def _oldest_idle(self, maker: Hashable) -> Subscription | None:
+        return next((s for s in self._kept.values()
+                     if not s.subscribers and self._makers[s.id] == maker), None)
 
     def _forget(self, sub: Subscription, out: Outbox) -> None:
         self.subscriptions.remove(sub.uri, sub.match)
