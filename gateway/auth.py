@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 import secrets
 import string
@@ -294,6 +295,27 @@ class Peer:
 
     address: str
     local: bool
+
+
+def login_peer(peer: str | None) -> Peer:
+    """'tcp4:10.0.0.7:53211' -> 'tcp4:10.0.0.7', not local: failed logins are counted per
+    address, and the device's own peers (Unix socket, loopback) apart."""
+    if not peer:
+        return Peer("unknown", False)
+    kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return Peer("unix", True)
+    if kind.startswith("tcp") and ":" in rest:
+        host = rest.rpartition(":")[0]
+        return Peer(f"{kind}:{host}", _is_loopback(host))
+    return Peer(peer, False)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 class _Failures:

@@ -15,13 +15,15 @@ event can come between them.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from autobahn.wamp import message as m
 
-from cairn.gateway.auth import Authorizer
+from cairn.gateway.auth import Authorizer, login_peer
 from cairn.gateway.clock import StepDetector
 from cairn.gateway.config import HEALTH_TOPIC, Limits
 from cairn.gateway.core import (
@@ -99,6 +101,17 @@ def _audience_filter(publish: m.Publish):
     return eligible_session
 
 
+RESTORED = ("restored",)  # the maker of a kept subscription made before the start
+
+
+def maker_of(session: Session) -> Hashable:
+    """Whose share a kept subscription counts in: a user who logged in, across its
+    sessions; anyone else by address (reconnecting gives no new share)."""
+    if session.authmethod not in (None, "anonymous"):
+        return ("user", session.authid)
+    return ("address", login_peer(session.transport.get("peer")).address)
+
+
 class Broker:
     """One realm's broker. What it works with is given to it, nothing more: the realm's
     name, who may do what, which topics keep history, the retained slots, the clock and the
@@ -112,8 +125,12 @@ class Broker:
         self.clock, self.sequence, self.limits, self.hits = clock, sequence, limits, hits
         self.subscriptions = PatternMap[Subscription]()
         self.by_id: dict[int, Subscription] = {}
-        # kept subscriptions that are no history rule's own, oldest first: bounded
+        # kept subscriptions that are no history rule's own, oldest first: bounded, and
+        # shared out by who made them (a user, else an address; RESTORED: made before the
+        # start, its maker not known)
         self._kept: dict[int, Subscription] = {}
+        self._makers: dict[int, Hashable] = {}
+        self._made: Counter[Hashable] = Counter()
         self._own = Session(authid=OWN_AUTHID, authrole=OWN_AUTHROLE)  # the router, publishing
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
@@ -129,7 +146,7 @@ class Broker:
                                 f"subscriptions")
         created = sub is None
         if sub is None:
-            sub = self.create_subscription(msg.topic, match, out)
+            sub = self.create_subscription(msg.topic, match, out, maker=maker_of(session))
         if not already:
             session.subscriptions += 1
             sub.subscribers[session] = object()
@@ -145,45 +162,69 @@ class Broker:
             self.publish_internal("wamp.subscription.on_subscribe", [session.id, sub.id], out)
 
     def create_subscription(self, uri: str, match: str, out: Outbox, sub_id: int | None = None,
-                            created: str | None = None) -> Subscription:
+                            created: str | None = None,
+                            maker: Hashable = RESTORED) -> Subscription:
         """A new subscription (``created``: restored from the store). One with history is
         kept without subscribers, with an id that is stable across restarts: a history
-        rule's own always, others up to ``max_history_subscriptions``, the one made
-        longest ago without a subscriber forgotten for a new one."""
+        rule's own always, others as :meth:`_room_to_keep` finds room."""
         if sub_id is None:
             sub_id = global_id()
             while sub_id in self.by_id:
                 sub_id = global_id()
         sub = Subscription(sub_id, uri, match, created=created or utc_now())
         rule = self.history.is_rule(uri, match)
-        sub.kept = self.history.covers(uri, match) and (rule or self._room_to_keep(out))
+        sub.kept = self.history.covers(uri, match) and (rule or self._room_to_keep(maker, out))
         if sub.kept and not rule:
             self._kept[sub.id] = sub
+            self._makers[sub.id] = maker
+            self._made[maker] += 1
         if sub.kept and created is None:
             out.store(KeepSubscription(sub.id, self.realm, uri, match, sub.created))
         self.subscriptions.add(uri, match, sub)
         self.by_id[sub.id] = sub
         return sub
 
-    def _room_to_keep(self, out: Outbox) -> bool:
-        """Room for one more kept subscription that is no rule's: forget the oldest one
-        without subscribers if need be (its id then names nothing; subscribing again to its
-        topic gives a new one)."""
-        if len(self._kept) < self.limits.max_history_subscriptions:
+    def _room_to_keep(self, maker: Hashable, out: Outbox) -> bool:
+        """Room for one more kept subscription that is no rule's, made by ``maker``. A maker
+        at its share (``max_history_subscriptions_per_client``; those made before the start
+        have none, only the realm's bound) makes room among its own;
+        else, in a full realm, the maker holding the most does (subscriptions made before
+        the start count as one maker's). Room is made by forgetting the oldest one without
+        subscribers (its id then names nothing; subscribing again to its topic gives a new
+        one). One client churning through topics once forgot everyone's, a dashboard's
+        included; now it forgets its own."""
+        made, limits = self._made, self.limits
+        if maker != RESTORED and made[maker] >= limits.max_history_subscriptions_per_client:
+            idle = self._oldest_idle(maker)
+        elif len(self._kept) < limits.max_history_subscriptions:
             return True
-        idle = next((s for s in self._kept.values() if not s.subscribers), None)
+        else:  # the oldest idle one of the maker holding the most (this one, if it does)
+            idle = None
+            for whose in sorted(made, key=made.__getitem__, reverse=True):
+                if made[whose] < made[maker] or idle is not None:
+                    break
+                idle = self._oldest_idle(whose)
         if idle is None:
             self.hits.hit("max_history_subscriptions",
-                           f"{len(self._kept)} subscriptions with history are held: a new "
-                           f"one is not kept beyond its subscribers")
+                          f"{made[maker]} subscriptions with history made by {maker} are "
+                          f"held ({len(self._kept)} in all): a new one is not kept beyond "
+                          f"its subscribers")
             return False
         self._forget(idle, out)
         return True
+
+    def _oldest_idle(self, maker: Hashable) -> Subscription | None:
+        return next((s for s in self._kept.values()
+                     if not s.subscribers and self._makers[s.id] == maker), None)
 
     def _forget(self, sub: Subscription, out: Outbox) -> None:
         self.subscriptions.remove(sub.uri, sub.match)
         del self.by_id[sub.id]
         if self._kept.pop(sub.id, None) is not None:
+            maker = self._makers.pop(sub.id)
+            self._made[maker] -= 1
+            if not self._made[maker]:
+                del self._made[maker]
             out.store(ForgetSubscription(sub.id))
 
     def unsubscribe(self, session: Session, msg: m.Unsubscribe, out: Outbox) -> None:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import http.client
 import os
 import shutil
 import sqlite3
 import ssl
 import sys
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +27,7 @@ from cairn.gateway.config_history import History, read_running
 from cairn.gateway.data_dir import DB_NAME, lock_path, read_sync_status
 from cairn.gateway.store import SCHEMA_VERSION, Findings, inspect
 from cairn.gateway.store import repair as repair_store
-from cairn.gateway.urls import redact_url
+from cairn.gateway.urls import cut_connection, redact_url
 
 MIN_FREE_BYTES = 64 * 1024 * 1024
 
@@ -314,16 +317,47 @@ def _check_sink(report: Report, sync: dict[str, Any] | None) -> None:
                    f"{path} {'is writable' if ok else 'is missing or not writable'}")
         return
     base = sink.split("{name}")[0]
-    shown = redact_url(base)
+    level, what = _probe_sink(base)
+    report.add(level, "sync sink", f"{redact_url(base)} {what}")
+
+
+SINK_PROBE_S = 5.0  # the whole HEAD of a sink's URL, connect to the end of its head
+NO_ANSWER = f"gave no whole answer within {SINK_PROBE_S:g} s; batches wait until it answers"
+
+
+def _probe_sink(url: str) -> tuple[str, str]:
+    """(level, what) of one HEAD of ``url`` within :data:`SINK_PROBE_S` in all: a sink that
+    sent its head a byte a second held the doctor forever, and one that sent endless
+    headers crashed it. Redirects are named, not followed (the uploader follows only a
+    307/308 to the sink's own host or ``redirect_hosts``)."""
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname, parts.port, timeout=SINK_PROBE_S)
+    expired = threading.Event()
+    deadline = threading.Timer(SINK_PROBE_S, cut_connection, [connection, expired])
+    deadline.start()
     try:
-        with urllib.request.urlopen(urllib.request.Request(base, method="HEAD"), timeout=5):
-            pass
-        report.add("ok", "sync sink", f"{shown} answers")
-    except urllib.error.HTTPError as e:  # the server is there; HEAD may be refused
-        report.add("ok", "sync sink", f"{shown} answers (HTTP {e.code})")
-    except (urllib.error.URLError, OSError) as e:
-        report.add("warn", "sync sink", f"{shown} unreachable now ({getattr(e, 'reason', e)});"
-                                        f" batches wait until it is back")
+        connection.request("HEAD", (parts.path or "/") + (f"?{parts.query}" if parts.query
+                                                          else ""))
+        reply = connection.getresponse()
+    except (OSError, http.client.HTTPException) as e:
+        if expired.is_set() or isinstance(e, TimeoutError):
+            return "warn", NO_ANSWER
+        if isinstance(e, http.client.HTTPException):
+            return "warn", f"answers, but not as an HTTP server ({type(e).__name__}: {e})"
+        return "warn", f"unreachable now ({e}); batches wait until it is back"
+    finally:
+        deadline.cancel()
+        connection.close()
+    if expired.is_set():  # the head was cut: what it said is not an answer
+        return "warn", NO_ANSWER
+    if 300 <= reply.status < 400:
+        location = redact_url(urllib.parse.urljoin(url, reply.getheader("Location") or ""))
+        return "warn", f"answers with a redirect (HTTP {reply.status} to {location})"
+    if "html" in (reply.getheader("Content-Type") or "").lower():
+        return "warn", (f"answers with a web page (HTTP {reply.status}, text/html): a login "
+                        f"page of the network in between?")
+    return "ok", f"answers (HTTP {reply.status})"
 
 
 def _check_sync_wait(report: Report, data_dir: Path, sync: Any) -> None:

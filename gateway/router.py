@@ -7,7 +7,6 @@ session with ``wamp.error.protocol_violation`` and leaves everyone else untouche
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import secrets
 from collections.abc import Callable, Mapping
@@ -16,7 +15,7 @@ from typing import Any
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from cairn.gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, Peer
+from cairn.gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, login_peer
 from cairn.gateway.broker import Broker
 from cairn.gateway.clock import StepDetector
 from cairn.gateway.config import HEALTH_TOPIC, Config, HistoryRule, Limits, RealmConfig
@@ -147,27 +146,6 @@ class Realm:
         self.dealer.session_left(session, out)
         self.meta_event("wamp.session.on_leave", [session.id, session.authid, session.authrole],
                         out)
-
-
-def login_peer(peer: str | None) -> Peer:
-    """'tcp4:10.0.0.7:53211' -> 'tcp4:10.0.0.7', not local: failed logins are counted per
-    address, and the device's own peers (Unix socket, loopback) apart."""
-    if not peer:
-        return Peer("unknown", False)
-    kind, _, rest = peer.partition(":")
-    if kind == "unix":
-        return Peer("unix", True)
-    if kind.startswith("tcp") and ":" in rest:
-        host = rest.rpartition(":")[0]
-        return Peer(f"{kind}:{host}", _is_loopback(host))
-    return Peer(peer, False)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
 
 
 class Router:

@@ -39,6 +39,12 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 2  # of the manifest and the rows the uploader writes
 DATA_SUFFIXES = {1: ".jsonl.gz", 2: ".jsonl.bz2"}  # by schema; a job refuses other schemas
 MANIFEST_SUFFIX = ".manifest.json"
+# What the job reads of a batch at most. A line holds one publication, which the router
+# bounds (max_message_size, 1 MiB by default; JSON escapes and base64 grow it by up to 6x);
+# a manifest holds kilobytes of anchors and gaps. A landed file past these is refused
+# unread: a gzip of 1 MiB holding one line of 1 GiB ran the job's heap out, every run.
+MAX_LINE_BYTES = 32 * 1024 * 1024
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 class RowField(NamedTuple):

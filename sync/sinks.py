@@ -12,10 +12,8 @@ chunks, so a large batch never bursts over a slow uplink at full speed.
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import os
-import socket
 import ssl
 import threading
 import time
@@ -26,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cairn.gateway.files import write_atomically
-from cairn.gateway.urls import redact_url
+from cairn.gateway.urls import cut_connection, redact_url
 
 
 class SinkError(Exception):
@@ -211,7 +209,7 @@ class HttpSink(HttpEndpoint):
                    "Content-Length": str(len(data)), **self._credentials(url)}
         limit = self.timeout + (len(data) / self.bandwidth if self.bandwidth else 0.0)
         expired = threading.Event()
-        deadline = threading.Timer(limit, _cut, [connection, expired])
+        deadline = threading.Timer(limit, cut_connection, [connection, expired])
         deadline.start()
         try:
             connection.request("PUT", path, body=body, headers=headers)
@@ -348,12 +346,3 @@ class WholeHeadResponse(http.client.HTTPResponse):
         if lines.torn:
             self.close()
             raise TornHead("the answer ended in the middle of its head")
-
-
-def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
-    """The deadline: shut the socket, so a blocked send or read returns at once."""
-    expired.set()
-    sock = connection.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)

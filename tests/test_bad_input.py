@@ -440,13 +440,15 @@ async def test_random_and_mutated_messages_areanswered_or_aborted(router, client
 # -- a subscriber that stops reading -------------------------------------------------------
 
 
-async def _stalled_subscriber(port: int, topic: str) -> RawSocketPeer:
-    """A RawSocket client with a tiny receive buffer that subscribes, then never reads."""
+async def _stalled_subscriber(port: int | str, topic: str) -> RawSocketPeer:
+    """A RawSocket client with a tiny receive buffer that subscribes, then never reads
+    (``port``: a TCP port on loopback, or a Unix socket's path)."""
     loop = asyncio.get_running_loop()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    unix = isinstance(port, str)
+    sock = socket.socket(socket.AF_UNIX if unix else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.setblocking(False)
-    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_connect(sock, port if unix else ("127.0.0.1", port))
     # a small StreamReader limit: the client stops reading once 16 kB are buffered
     reader, writer = await asyncio.open_connection(sock=sock, limit=8192)
     writer.write(bytes([0x7F, 0xF1, 0, 0]))

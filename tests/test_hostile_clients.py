@@ -27,6 +27,7 @@ from harness.config import history_rule, permission, realm, role, user
 from harness.process import RouterProcess
 from harness.waiting import until
 from harness.wamp_client import RawSocketPeer, connect
+from tests.test_bad_input import _stalled_subscriber
 from tests.test_ops import parse_prometheus
 
 pytestmark = pytest.mark.slow
@@ -375,6 +376,82 @@ async def test_subscriptions_with_history_a_client_left_behind_are_bounded(tmp_p
         assert (await session.call("wamp.subscription.get_events", subs[1].id)).results[0] == []
         assert (await session.subscribe(noop, "sensor.new")).id == newest.id  # kept: same id
         await session.leave()
+    finally:
+        router.stop()
+
+
+async def has_history(router: RouterProcess, sub_id: int) -> bool:
+    """Does ``sub_id`` still name a kept subscription (get_events answers for it)?"""
+    session = await connect(router)
+    try:
+        await session.call("wamp.subscription.get_events", sub_id)
+        return True
+    except ApplicationError as e:
+        assert e.error == "wamp.error.no_such_subscription"
+        return False
+    finally:
+        await session.leave()
+
+
+async def test_a_client_churning_through_history_topics_forgets_only_its_own(tmp_path):
+    """The attack: one client (another address) subscribing to 1,000 history topics forgot
+    every kept subscription of the realm, a dashboard's that had stepped away included."""
+    router = local_router(tmp_path, "max_history_subscriptions = 20\n")
+    try:
+        dashboard = await connect(router)
+        kept = await dashboard.subscribe(noop, "sensor.dash")
+        await dashboard.leave()
+        attacker = await connect(router, local_addr=("127.0.0.2", 0))
+        for i in range(50):
+            await attacker.subscribe(noop, f"sensor.junk{i}")
+        await attacker.leave()
+        assert await has_history(router, kept.id)
+    finally:
+        router.stop()
+
+
+async def test_a_client_holding_its_share_of_kept_subscriptions_leaves_others_room(tmp_path):
+    """While one client held 1,000 subscriptions with history, a dashboard's new one was
+    not kept: its id was gone once it stepped away."""
+    router = local_router(tmp_path, "max_history_subscriptions = 20\n"
+                                    "max_history_subscriptions_per_client = 5\n")
+    try:
+        attacker = await connect(router, local_addr=("127.0.0.2", 0))
+        for i in range(30):
+            await attacker.subscribe(noop, f"sensor.junk{i}")
+        dashboard = await connect(router)
+        kept = await dashboard.subscribe(noop, "sensor.dash")
+        await dashboard.leave()
+        assert await has_history(router, kept.id)
+        assert hits(router, "max_history_subscriptions") == 25
+    finally:
+        router.stop()
+
+
+def slow_consumers_cut(router: RouterProcess) -> float:
+    return sum(v for _, _, v in metrics(router)["cairn_slow_consumer_disconnects_total"][
+        "samples"])
+
+
+async def test_a_unix_socket_subscriber_that_stops_reading_is_cut_like_any_other(tmp_path):
+    """The device's own socket gets no pass: a local subscriber that never reads is
+    disconnected once send_buffer_limit waits for it, and the others lose nothing."""
+    router = RouterProcess(tmp_path, REALM, unix=True,
+                           router_toml="send_buffer_limit = 262144\n").start()
+    try:
+        healthy, received = await connect(router), []
+        await healthy.subscribe(lambda i, blob: received.append(i), "sensor.flood")
+        slow = await _stalled_subscriber(str(router.unix_path), "sensor.flood")
+        publisher, published = await connect(router), 0
+        while not slow_consumers_cut(router) and published < 500:
+            await publisher.publish("sensor.flood", published, "x" * 10_000,
+                                    options=PublishOptions(acknowledge=True))
+            published += 1
+        assert published < 500, "the stalled Unix socket subscriber was not cut"
+        await until(lambda: len(received) == published)
+        assert received == list(range(published))
+        assert await slow.closed(timeout=5)
+        slow.close()
     finally:
         router.stop()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import http.server
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from cairn.gateway.store import SCHEMA_VERSION, Store, StoredPublication
 from harness.config import history_rule, open_realm
 from harness.process import ROOT, RouterProcess, free_port
 from harness.wamp_client import connect
+from tests.test_sync import ScriptedServer
 
 CAIRN = Path(sys.executable).with_name("cairn")
 COMMAND = [str(CAIRN)] if CAIRN.exists() else [sys.executable, "-m", "cairn.app.cli"]
@@ -206,6 +208,60 @@ def test_doctor_reports_an_unreachable_http_sink_without_failing(healthy):
     warned = [d for level, d in doctor_lines(result.stdout).get("sync sink", [])
               if level == "warn"]
     assert warned and "unreachable" in warned[0], result.stdout
+    assert result.returncode == 0
+
+
+def endless_head(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """"HTTP/1.1 200 OK", then a header byte a second, never done."""
+    with contextlib.suppress(OSError):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        while True:
+            handler.wfile.write(b"X")
+            handler.wfile.flush()
+            time.sleep(1)
+
+
+def endless_headers(handler: http.server.BaseHTTPRequestHandler) -> None:
+    with contextlib.suppress(OSError):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 10_000)
+
+
+def redirect_loop(handler: http.server.BaseHTTPRequestHandler) -> None:
+    handler.send_response(302)
+    handler.send_header("Location", handler.path + "x")
+    handler.send_header("Content-Length", "0")
+    handler.end_headers()
+
+
+def web_page(handler: http.server.BaseHTTPRequestHandler) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/html; charset=utf-8")
+    handler.send_header("Content-Length", "1000")
+    handler.end_headers()
+
+
+@pytest.mark.parametrize("answer, expected", [
+    (endless_head, "gave no whole answer within 5 s"),
+    (endless_headers, "answers, but not as an HTTP server"),
+    (redirect_loop, "answers with a redirect (HTTP 302 to "),
+    (web_page, "answers with a web page (HTTP 200, text/html)"),
+], ids=["head-a-byte-a-second", "endless-headers", "redirect-loop", "html-page"])
+def test_doctor_names_a_hostile_sink_within_seconds(healthy, answer, expected):
+    """Before: the byte-a-second head held the doctor forever, endless headers crashed it
+    (exit 1, a traceback), and a redirect loop or a login page was "ok ... answers"."""
+    config, data_dir, port, sink = healthy
+    server = ScriptedServer(answer)
+    try:
+        config.write_text(config.read_text().replace(f'sink = "dir:{sink}"',
+                                                     f'sink = "{server.url}/cairn/{{name}}"'))
+        started = time.monotonic()
+        result = cairn("doctor", "--config", str(config), timeout=30)
+    finally:
+        server.close()
+    assert time.monotonic() - started < 15, result.stdout
+    warned = [d for level, d in doctor_lines(result.stdout).get("sync sink", [])
+              if level == "warn"]
+    assert warned and expected in warned[0], result.stdout + result.stderr
     assert result.returncode == 0
 
 

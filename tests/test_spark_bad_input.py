@@ -17,7 +17,12 @@ if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
 from cairn.sync import spark as jobs  # noqa: E402
-from cairn.sync.batch_format import encode_rows, manifest_name  # noqa: E402
+from cairn.sync.batch_format import (  # noqa: E402
+    MAX_LINE_BYTES,
+    MAX_MANIFEST_BYTES,
+    encode_rows,
+    manifest_name,
+)
 from cairn.sync.uploader import build_batch  # noqa: E402
 from tests.test_spark import events, land  # noqa: E402
 
@@ -179,3 +184,44 @@ def test_a_large_landing_is_ingested_a_chunk_of_batches_at_a_time(spark, tmp_pat
     got = spark.read.parquet(str(table)).select("gateway_id", "seq").collect()
     assert sorted((r.gateway_id, r.seq) for r in got) == [
         (gw, s) for gw in ("g1", "g2", "g3") for s in range(1, 21)]
+
+
+def test_a_manifest_whose_gateway_id_climbs_out_keeps_its_batch_in_the_quarantine(
+        spark, ingested, tmp_path):
+    """The quarantine is named after the landing directory, never after what the manifest
+    says: ``../..`` once moved the batch and wrote its note outside it."""
+    landing, _, quarantine, _ = ingested
+    batch = land(landing, "gw-x", events(range(1, 11)), 0)
+    manifest = landing / manifest_name(batch.name)
+    manifest.write_text(json.dumps(dict(json.loads(manifest.read_text()),
+                                        gateway_id="../../escaped")))
+    assert list(ingest_bad(spark, ingested)) == [batch.name]
+    assert not (tmp_path / "escaped").exists()
+    assert sorted(p.name for p in (quarantine / "gw-x").iterdir()
+                  if not p.name.startswith(".")) == [
+        Path(batch.name).name, Path(manifest_name(batch.name)).name,
+        Path(batch.name.replace(".jsonl.bz2", ".reason.json")).name]
+
+
+def padded(line: bytes, size: int) -> bytes:
+    """An event's JSON line grown to ``size`` bytes by a field the reader ignores."""
+    return line[:-2] + b',"pad":"' + b"x" * (size - len(line) - 9) + b'"}\n'
+
+
+def test_a_line_longer_than_a_line_may_be_is_quarantined_without_being_held(spark, ingested):
+    """A gzip of a few KiB whose one line decompresses past MAX_LINE_BYTES (a 1 GiB one ran
+    the heap out): skipped as it is read, so the batch is a line short."""
+    line = gzip.decompress(encode_rows("gw-a", events([101])))
+    name = land_lines(ingested, {0: padded(line, MAX_LINE_BYTES + 1)})
+    assert ingest_bad(spark, ingested) == {name: "9 lines, the manifest says 10"}
+
+
+def test_a_manifest_over_the_size_a_manifest_may_have_is_quarantined_unread(spark, ingested):
+    landing = ingested[0]
+    batch = land(landing, "gw-a", events(range(101, 111)), 100)
+    text = json.dumps(batch.manifest).encode()
+    (landing / manifest_name(batch.name)).write_bytes(padded(text + b"\n",
+                                                             MAX_MANIFEST_BYTES + 1))
+    assert ingest_bad(spark, ingested) == {
+        batch.name: f"manifest of {MAX_MANIFEST_BYTES + 1} bytes, over the "
+                    f"{MAX_MANIFEST_BYTES} a manifest may have: not read"}

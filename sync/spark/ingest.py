@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 
 from cairn.sync.batch_format import (
     MANIFEST_SUFFIX,
+    MAX_MANIFEST_BYTES,
     ManifestError,
     data_candidates,
     data_of,
@@ -38,6 +39,7 @@ from cairn.sync.spark.dedupe import _check_lines, _one_pass_batches, _touching
 from cairn.sync.spark.files import Files, _name, _now
 from cairn.sync.spark.landing import (
     LandedManifest,
+    _Landed,
     _landed,
     _manifest_columns,
     _move_batch,
@@ -97,23 +99,27 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table_path: 
                 _move_batch(files, manifest_path, data_path, f"{archive}/{gateway}")
     for start in range(0, max(len(manifest_uris), 1), chunk):
         stats.add(_ingest_paths(spark, files, manifest_uris[start:start + chunk], table_path,
-                                quarantine, landed.uris, archive))
+                                quarantine, landed, archive))
     return stats
 
 
 def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
-                  table_path: str, quarantine: str | None, landed: set[str],
+                  table_path: str, quarantine: str | None, landed: _Landed,
                   archive: str | None) -> IngestStats:
-    """Read the manifests ``manifest_uris`` (one Spark job) and ingest their batches."""
+    """Read the manifests ``manifest_uris`` (one Spark job) and ingest their batches. An
+    oversized manifest is not read (a whole text of 1 GiB ran the driver's heap out)."""
     started = time.monotonic()
-    manifests: list[LandedManifest] = []
-    if manifest_uris:
+    manifests = [LandedManifest(u, None, *landed.oversized[u]) for u in manifest_uris
+                 if u in landed.oversized]
+    readable = [u for u in manifest_uris if u not in landed.oversized]
+    if readable:
         # (text()'s own wholetext argument would override an option)
-        frame = (spark.read.text([files.from_uri(u) for u in manifest_uris], wholetext=True)
+        frame = (spark.read.text([files.from_uri(u) for u in readable], wholetext=True)
                  .select(*_manifest_columns()))
-        manifests = [LandedManifest(*r) for r in frame.collect()]
+        manifests += [LandedManifest(*r) for r in frame.collect()]
     read_s = time.monotonic() - started
-    stats = ingest_manifests(spark, manifests, table_path, quarantine, files, landed, archive)
+    stats = ingest_manifests(spark, manifests, table_path, quarantine, files, landed.uris,
+                             archive)
     stats.phases["manifests"] = stats.phases.get("manifests", 0.0) + read_s
     if len(manifest_uris) > 1:
         log.info("%s", stats.summary())
@@ -222,9 +228,12 @@ class IngestRun:
     def parse(self) -> list[_Candidate]:
         """The batches whose manifest parses; the others are rejected."""
         parsed: list[_Candidate] = []
-        for manifest_uri, text, *_ in self.manifests:
+        for manifest_uri, text, size, _ in self.manifests:
             manifest_path = self.files.from_uri(manifest_uri)
             try:
+                if text is None:
+                    raise ManifestError(f"manifest of {size} bytes, over the "
+                                        f"{MAX_MANIFEST_BYTES} a manifest may have: not read")
                 m = parse_manifest(text)
             except ManifestError as e:  # whichever data file it has goes aside with it
                 data_path = next((d for d in data_candidates(manifest_path)
@@ -374,8 +383,7 @@ class IngestRun:
         """Quarantine a batch, count it, and keep its log row for the end of the run."""
         m = manifest or {}
         gateway = m.get("gateway_id") if isinstance(m.get("gateway_id"), str) else None
-        where = _quarantine(self.files, self.quarantine, manifest_path, data_path, gateway,
-                            reason)
+        where = _quarantine(self.files, self.quarantine, manifest_path, data_path, reason)
         name = _name(data_path)
         self.stats.quarantined.append((name, reason))
         log.warning("quarantined %s: %s (%s)", name, reason, where)

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.sync.batch_format import MANIFEST_SUFFIX, stem
+from cairn.sync.batch_format import MANIFEST_SUFFIX, MAX_MANIFEST_BYTES, stem
 from cairn.sync.spark.files import Files, _name, _now
 from cairn.sync.spark.table import Table
 
@@ -24,6 +24,8 @@ class LandingError(RuntimeError):
 class _Landed:
     """What a listing of the landing found."""
     uris: set[str]  # the files in its gateway directories, as _metadata.file_path gives them
+    # {manifest URI: (bytes, mtime_ms)} of the manifests over MAX_MANIFEST_BYTES: not read
+    oversized: dict[str, tuple[int, int]]
     # {manifest URI: (path, gateway)} of the manifests ingested before and listed with the
     # size and modification time they had then: not read again
     unchanged: dict[str, tuple[str, str]]
@@ -33,7 +35,7 @@ def _landed(spark: SparkSession, files: Files, landing: str, table: Table) -> _L
     from py4j.protocol import Py4JJavaError
 
     if not files.exists(landing):
-        return _Landed(set(), {})
+        return _Landed(set(), {}, {})
     try:
         # listing the tree from the top lists a directory per call (a glob of gateway/file
         # checked each of 20,000 files on its own: 9-18 s against 6)
@@ -50,9 +52,11 @@ def _landed(spark: SparkSession, files: Files, landing: str, table: Table) -> _L
             "spark.driver.memory=4g); --archive DIR keeps the landing to what is pending"
         ) from None
     batch_files = [r for r in listed if r.path[len(landing) + 1:].count("/") == 1]
+    manifests = [r for r in batch_files if r.uri.endswith(MANIFEST_SUFFIX)]
     return _Landed({r.uri for r in batch_files},  # files deeper down are not batches
-                   _unchanged(spark, table, [r for r in batch_files
-                                             if r.uri.endswith(MANIFEST_SUFFIX)]))
+                   {r.uri: (r.bytes, r.mtime_ms) for r in manifests
+                    if r.bytes > MAX_MANIFEST_BYTES},
+                   _unchanged(spark, table, manifests))
 
 
 def _unchanged(spark: SparkSession, table: Table,
@@ -75,7 +79,7 @@ def _unchanged(spark: SparkSession, table: Table,
 class LandedManifest(NamedTuple):
     """A manifest as read, with the size and modification time a later listing compares."""
     uri: str  # as Spark's _metadata.file_path gives it
-    text: str
+    text: str | None  # None: over MAX_MANIFEST_BYTES, not read
     bytes: int | None = None
     mtime_ms: int | None = None
 
@@ -96,11 +100,13 @@ def _move_batch(files: Files, manifest_path: str, data_path: str, target: str) -
 
 
 def _quarantine(files: Files, quarantine: str | None, manifest_path: str, data_path: str,
-                gateway: str | None, reason: str) -> str:
-    """Move a bad batch (both files, whichever exist) aside with a note of why."""
+                reason: str) -> str:
+    """Move a bad batch (both files, whichever exist) aside with a note of why, under the
+    name of the landing directory it came from: never a name its manifest gives (a
+    ``gateway_id`` of ``../..`` moved the files and wrote the note outside the quarantine)."""
     if quarantine is None:
         return "left in place: no quarantine directory given"
-    target = f"{quarantine}/{gateway or manifest_path.rstrip('/').split('/')[-2]}"
+    target = f"{quarantine}/{manifest_path.rstrip('/').split('/')[-2]}"
     _move_batch(files, manifest_path, data_path, target)
     files.write_text(f"{target}/{stem(data_path.rsplit('/', 1)[-1])}.reason.json", json.dumps(
         {"batch": _name(data_path), "reason": reason, "quarantined": _now().isoformat() + "Z",

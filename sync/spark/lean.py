@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from cairn.gateway.publication_ids import BITS, MULTIPLIERS, SHIFT
 from cairn.sync.batch_format import NS_PER_MS
 from cairn.sync.spark.schemas import EVENT_SCHEMA, LEAN_SCHEMA
+from cairn.sync.spark.session import batch_reader
 
 _MASK = (1 << BITS) - 1
 _HALF = 27  # a 53-bit number as 26 high and 27 low bits: their products fit in a long
@@ -75,8 +76,7 @@ def _running(delta: str, order: Any) -> Column:
 
 def parse_lean(spark: SparkSession, batches: list[Any]) -> DataFrame:
     """The lines of schema 2 ``batches`` as EVENT_SCHEMA columns with their file's ``uri``."""
-    lines = (spark.read.option("ignoreCorruptFiles", True)
-             .schema(LEAN_SCHEMA).json([c.data_path for c in batches])
+    lines = (batch_reader(spark).schema(LEAN_SCHEMA).json([c.data_path for c in batches])
              .withColumn("uri", F.col("_metadata.file_path"))
              .withColumn("line", F.monotonically_increasing_id()))
     order = (Window.partitionBy("uri").orderBy("line")

@@ -8,8 +8,9 @@ import logging
 import os
 import sys
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrameReader, SparkSession
 
+from cairn.sync.batch_format import MAX_LINE_BYTES
 from cairn.sync.spark.schemas import JOB_CONF
 
 
@@ -35,6 +36,14 @@ def session(master: str = "local[*]", conf: dict[str, str] | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def batch_reader(spark: SparkSession) -> DataFrameReader:
+    """A reader of batches' lines: a short gzip is read as far as it goes, and a line
+    longer than :data:`MAX_LINE_BYTES` is skipped by Hadoop's line reader as it decompresses
+    (never held whole: the batch then has fewer lines than its manifest counts)."""
+    return (spark.read.option("ignoreCorruptFiles", True)
+            .option("mapreduce.input.linerecordreader.line.maxlength", MAX_LINE_BYTES))
 
 
 def _prepare(spark: SparkSession) -> None:

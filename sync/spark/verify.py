@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 from cairn.sync.spark.files import _name
 from cairn.sync.spark.lean import parse_lean
 from cairn.sync.spark.schemas import EVENT_SCHEMA, REQUIRED
+from cairn.sync.spark.session import batch_reader
 
 
 @dataclass
@@ -68,8 +69,8 @@ def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
     lean = [c for c in batches if c.manifest["schema"] == 2]
     frames = [parse_lean(spark, lean)] if lean else []
     if full or not lean:
-        frames.insert(0, spark.read.option("ignoreCorruptFiles", True)  # a short gzip
-                      .schema(EVENT_SCHEMA).json([c.data_path for c in full])
+        frames.insert(0, batch_reader(spark).schema(EVENT_SCHEMA)
+                      .json([c.data_path for c in full])
                       .withColumn("uri", F.col("_metadata.file_path")))
     return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
