@@ -84,7 +84,8 @@ def test_an_ingest_waits_for_the_lock_before_writing(spark, tmp_path, caplog):
     land(landing, "gw", events(range(1, 11)), 0)
     holder = hold_lock(table, released)
     ingest = in_thread(lambda: jobs.ingest(spark, str(landing), str(table), wait=120))
-    blocking_until(logged(caplog, WAITING), 300, "the ingest to wait for the lock")
+    blocking_until(lambda: ingest.done() or logged(caplog, WAITING)(), 300,
+                   "the ingest to wait for the lock")
     holder.stdin.close()
     stats = ingest.result(timeout=300)
     holder.wait()
@@ -129,17 +130,15 @@ def held_by(table: Path, process: subprocess.Popen) -> bool:
         return f"(pid {process.pid} " in str(busy)
 
 
-def read_until(spark, table: Path, stop: threading.Event, scanned: threading.Event,
-               scans: list[list[list]]) -> None:
-    """A reader of the table, as a report reads it (under the shared lock), scanning until
-    ``stop`` is set and once more after; ``scanned`` is set after its first scan."""
+def read_until(spark, table: Path, stop: threading.Event, scans: list[list[list]]) -> None:
+    """A reader of the table, as a report reads it (under the shared lock), adding a scan
+    to ``scans`` until ``stop`` is set and once more after."""
     files = jobs.Files(spark)
     qualified = files.qualify(str(table))
     while True:
         last = stop.is_set()
         with locked(qualified, files, exclusive=False, wait=600, what="a reader"):
             scans.append(state(spark, table))
-        scanned.set()
         if last:
             return
         time.sleep(0.3)  # a reader's pause between scans
@@ -159,9 +158,10 @@ def test_a_reader_sees_the_table_before_or_after_an_ingest_never_between(spark, 
         land(second, f"c{n}", rows1[10:] + rows2, 10, anchors)
     jobs.ingest(spark, str(landing), str(table))
     before = state(spark, table)
-    stop, scanned, scans = threading.Event(), threading.Event(), []
-    reader = in_thread(lambda: read_until(spark, table, stop, scanned, scans))
-    assert scanned.wait(300), "the reader made no scan"
+    stop, scans = threading.Event(), []
+    reader = in_thread(lambda: read_until(spark, table, stop, scans))
+    blocking_until(lambda: scans or reader.done(), 300, "the reader's first scan")
+    assert scans, reader.result()
     shutil.copytree(second, landing, dirs_exist_ok=True)
     done = cairn("spark", "ingest", "--landing", str(landing), "--table", str(table),
                  "--master", "local[1]", "--conf", "spark.ui.enabled=false")
