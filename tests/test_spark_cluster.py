@@ -28,6 +28,7 @@ if shutil.which("java") is None:
 
 from cairn.sync import spark as jobs  # noqa: E402
 from harness import spark_cluster  # noqa: E402
+from harness.spark_cluster import QUICK_JVM  # noqa: E402
 from tests.test_spark import T0_MS, clock_boots, events, land  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -41,10 +42,11 @@ def cluster(tmp_path_factory):
     """Launched, not waited for: its JVMs boot while the local reference runs (``both``
     asks for it first); one worker with one core is a whole cluster to ship code to. Its
     drivers take the local session's two shuffle partitions (200, the default, are tasks
-    for the cores of a real cluster)."""
+    for the cores of a real cluster) and JVM options for short jobs."""
+    quick = {"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": QUICK_JVM,
+             "spark.executor.extraJavaOptions": QUICK_JVM}
     with spark_cluster.running(tmp_path_factory.mktemp("spark-cluster"), ready=False,
-                               workers=1, memory="512m",
-                               settings={"spark.sql.shuffle.partitions": "2"}) as c:
+                               workers=1, memory="512m", settings=quick) as c:
         yield c
 
 

@@ -27,11 +27,15 @@ if shutil.which("java") is None:
 
 from cairn.sync import spark as jobs  # noqa: E402
 from cairn.sync.table_lock import TableBusy, locked  # noqa: E402
+from harness.spark_cluster import QUICK_JVM  # noqa: E402
 from harness.waiting import blocking_until  # noqa: E402
 from tests.test_spark import clock_boots, events, keys, land  # noqa: E402
 from tests.test_spark_cluster import CAIRN, cairn  # noqa: E402
 
 WAITING = "waiting for the lock"  # what a run logs when it finds the lock taken
+# a ``cairn`` process's own Spark: one core, no UI, the JVM options of a short job
+OWN_SPARK = ["--master", "local[1]", "--conf", "spark.ui.enabled=false",
+             "--conf", f"spark.driver.extraJavaOptions={QUICK_JVM}"]
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -105,8 +109,7 @@ def test_two_ingests_at_once_add_every_row_exactly_once(spark, tmp_path, caplog)
         land(two, "x", events(range(lo + 1, lo + 101)), lo)
         land(two, "y", events(range(lo + 1, lo + 101)), lo)
     other = subprocess.Popen([*CAIRN, "spark", "ingest", "--landing", str(one), "--table",
-                              str(table), "--master", "local[1]", "--conf",
-                              "spark.ui.enabled=false"], stdout=subprocess.PIPE,
+                              str(table), *OWN_SPARK], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     blocking_until(lambda: held_by(table, other), 600, "the other ingest to take the lock")
     jobs.ingest(spark, str(two), str(table), wait=600)
@@ -164,7 +167,7 @@ def test_a_reader_sees_the_table_before_or_after_an_ingest_never_between(spark, 
     assert scans, reader.result()
     shutil.copytree(second, landing, dirs_exist_ok=True)
     done = cairn("spark", "ingest", "--landing", str(landing), "--table", str(table),
-                 "--master", "local[1]", "--conf", "spark.ui.enabled=false")
+                 *OWN_SPARK)
     stop.set()
     reader.result(timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
