@@ -97,7 +97,8 @@ async def client(router):
 def spark():
     """One local[2] Spark session for every Spark test (starting one costs ~15 s): two
     shuffle partitions, no UI, the JVM options of short jobs (each test's jobs are small:
-    five of tests/test_spark.py's heaviest took 117 s of CPU with them, 152-156 s without)."""
+    five of tests/test_spark.py's heaviest took 98-117 s of CPU with them, 152-156 s
+    without)."""
     from cairn.sync import spark as jobs
     from harness.spark_cluster import QUICK_JVM
 
