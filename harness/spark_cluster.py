@@ -2,7 +2,9 @@
 started with the ``spark-class`` of the pip ``pyspark`` distribution (no download).
 
 Used by the cluster tests (a session-scoped fixture) and by ``bench/spark_fleet.py``.
-Readiness is the master's JSON status page listing every worker ALIVE, not a sleep.
+Readiness is the master's JSON status page listing every worker ALIVE, not a sleep; the
+tests launch the daemons first and wait for them only where a driver needs the cluster,
+so that they boot while other work runs.
 The executors run :func:`python_without_cairn`: the driver's Python with ``-S`` (no site
 packages, so neither Cairn nor PySpark are importable but what Spark itself puts on the
 path), so the jobs must ship their own code, as on a cluster whose workers lack Cairn.
@@ -28,6 +30,11 @@ from harness.process import free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 READY_TIMEOUT = 120.0  # seconds; two JVMs on a busy two-core machine can take a while
+# For the JVMs of the tests' small jobs (the tests' session, their drivers and executors):
+# the client compiler only (no C2 compiler threads taking the cores from the job) and the
+# serial collector. On two busy cores a cluster driver's session and a short job took a
+# third less CPU and wall time (tests/conftest.py's ``spark`` has the figures of its own).
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def python_without_cairn(directory: Path) -> str:
@@ -50,6 +57,7 @@ class Cluster:
     ui_port: int = 0
     processes: list[subprocess.Popen] = field(default_factory=list)
     worker_python: str = ""
+    settings: dict[str, str] = field(default_factory=dict)  # more for its drivers' conf
 
     @property
     def master(self) -> str:
@@ -59,7 +67,8 @@ class Cluster:
         """What a driver of this cluster sets: loopback, the executors' Python."""
         return {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.pyspark.python": self.worker_python,
-                "spark.executor.memory": self.memory, "spark.ui.enabled": "false"}
+                "spark.executor.memory": self.memory, "spark.ui.enabled": "false",
+                **self.settings}
 
     def conf_args(self) -> list[str]:
         return [arg for k, v in self.conf().items() for arg in ("--conf", f"{k}={v}")]
@@ -77,7 +86,8 @@ class Cluster:
             [str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=log,
             stderr=subprocess.STDOUT, env=self._env(), start_new_session=True))
 
-    def start(self) -> Cluster:
+    def launch(self) -> Cluster:
+        """Start the daemons without waiting for them (:meth:`wait_ready`)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.worker_python = python_without_cairn(self.directory)
         self.port, self.ui_port = free_port(), free_port()
@@ -90,7 +100,10 @@ class Cluster:
                 "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                 "--cores", str(self.cores), "--memory", self.memory,
                 "--webui-port", str(free_port()), "--work-dir", str(work), self.master])
-        self.wait_ready()
+        return self
+
+    def start(self) -> Cluster:
+        self.launch().wait_ready()
         return self
 
     def status(self) -> dict:
@@ -128,9 +141,11 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def running(directory: Path, **kwargs) -> Iterator[Cluster]:
+def running(directory: Path, ready: bool = True, **kwargs) -> Iterator[Cluster]:
+    """A cluster for the block, stopped after it; ``ready=False`` yields it launched but
+    maybe still booting (call :meth:`Cluster.wait_ready` before a driver uses it)."""
     cluster = Cluster(directory, **kwargs)
     try:
-        yield cluster.start()
+        yield cluster.start() if ready else cluster.launch()
     finally:
         cluster.stop()

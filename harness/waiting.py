@@ -15,3 +15,13 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0,
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
         await asyncio.sleep(0.01)
+
+
+def blocking_until(condition: Callable[[], Any], timeout: float = 10.0,
+                   what: str = "condition") -> None:
+    """:func:`until` for code without an event loop (another process's or thread's
+    progress, polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.05)

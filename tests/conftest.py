@@ -96,12 +96,17 @@ async def client(router):
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] Spark session for every Spark test (starting one costs ~15 s): two
-    shuffle partitions, no UI."""
+    shuffle partitions, no UI, the JVM options of short jobs (each test's jobs are small:
+    five of tests/test_spark.py's heaviest took 98-117 s of CPU with them, 152-156 s
+    without)."""
     from cairn.sync import spark as jobs
+    from harness.spark_cluster import QUICK_JVM
 
     session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
                                         "spark.default.parallelism": "2",
-                                        "spark.ui.enabled": "false"}, app="cairn-tests")
+                                        "spark.ui.enabled": "false",
+                                        "spark.driver.extraJavaOptions": QUICK_JVM},
+                           app="cairn-tests")
     yield session
     session.stop()
 

@@ -35,12 +35,21 @@ def snapshot(table: Path) -> dict[str, tuple[int, int]]:
             for p in table.glob("date=*/*.parquet")}
 
 
+@pytest.fixture(scope="module")
+def ingested_once(spark, tmp_path_factory) -> Path:
+    """A landing and a table holding gw-a's seqs 1..100, ingested once for the module."""
+    root = tmp_path_factory.mktemp("ingested")
+    land(root / "landing", "gw-a", events(range(1, 101)), 0)
+    jobs.ingest(spark, str(root / "landing"), str(root / "table"), str(root / "q"))
+    return root
+
+
 @pytest.fixture
-def ingested(spark, tmp_path):
-    """A table holding gw-a's seqs 1..100; returns (landing, table, quarantine, files)."""
+def ingested(ingested_once, tmp_path):
+    """A copy of ``ingested_once`` of this test's own (times kept, so its manifest is one
+    the table's log has seen); returns (landing, table, quarantine, files)."""
+    shutil.copytree(ingested_once, tmp_path, dirs_exist_ok=True)
     landing, table, quarantine = tmp_path / "landing", tmp_path / "table", tmp_path / "q"
-    land(landing, "gw-a", events(range(1, 101)), 0)
-    jobs.ingest(spark, str(landing), str(table), str(quarantine))
     return landing, table, quarantine, snapshot(table)
 
 

@@ -1,10 +1,13 @@
-"""The central jobs on a real Spark standalone cluster: a master and two workers, each its
-own JVM (``harness/spark_cluster.py``), bound to 127.0.0.1, torn down after the session.
+"""The central jobs on a real Spark standalone cluster: a master and a worker, each its own
+JVM (``harness/spark_cluster.py``), bound to 127.0.0.1, torn down after the session.
 
-``cairn spark ingest|report --master spark://...`` run as their own processes (a driver of
-their own, as a user runs them) and must give exactly what ``local[2]`` gives from the same
-landing data. The executors run a Python without site-packages, so Cairn reaches them only
-in the zip the job ships. Slow (two JVM daemons, three drivers): ``pytest -m spark``.
+``cairn spark ingest|report --master spark://...`` must give exactly what ``local[2]`` gives
+from the same landing data. The first ingest runs as a user runs it, ``cairn`` in a process
+of its own (a driver of its own); the second ingest and the report run through the same
+command line in one more driver process, which also asks the executors where they import
+Cairn from: a Python without site-packages, so only the zip the job ships. Each driver is
+a new application (a driver JVM and an executor JVM), the most expensive thing here, so
+there are two. Slow: ``pytest -m spark``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ if shutil.which("java") is None:
 
 from cairn.sync import spark as jobs  # noqa: E402
 from harness import spark_cluster  # noqa: E402
+from harness.spark_cluster import QUICK_JVM  # noqa: E402
 from tests.test_spark import T0_MS, clock_boots, events, land  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -35,7 +39,14 @@ RUN_TIME = {"last_batch_ingested"}  # the time of the run, not of the data
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    with spark_cluster.running(tmp_path_factory.mktemp("spark-cluster")) as c:
+    """Launched, not waited for: its JVMs boot while the local reference runs (``both``
+    asks for it first); one worker with one core is a whole cluster to ship code to. Its
+    drivers take the local session's two shuffle partitions (200, the default, are tasks
+    for the cores of a real cluster) and JVM options for short jobs."""
+    quick = {"spark.sql.shuffle.partitions": "2", "spark.driver.extraJavaOptions": QUICK_JVM,
+             "spark.executor.extraJavaOptions": QUICK_JVM}
+    with spark_cluster.running(tmp_path_factory.mktemp("spark-cluster"), ready=False,
+                               workers=1, memory="512m", settings=quick) as c:
         yield c
 
 
@@ -75,29 +86,60 @@ def run_local(spark, landing: Path, waves: tuple[Path, Path], out: Path) -> None
     jobs.report(spark, str(out / "table"), str(out / "reports"))
 
 
-def run_cluster(cluster, landing: Path, waves: tuple[Path, Path], out: Path) -> list[str]:
-    printed = []
-    for wave in waves:
-        shutil.copytree(wave, landing, dirs_exist_ok=True)
-        done = cairn("spark", "ingest", "--landing", str(landing), "--table", str(out / "table"),
-                     "--quarantine", str(out / "quarantine"), "--master", cluster.master,
-                     *cluster.conf_args())
-        assert done.returncode == 0, done.stderr[-3000:]
-        printed.append(done.stdout)
-    done = cairn("spark", "report", "--table", str(out / "table"), "--out", str(out / "reports"),
-                 "--master", cluster.master, *cluster.conf_args())
+# The second driver: where executors import Cairn from before and after a job ships it,
+# around ``cairn spark ...`` commands run through the command line's main() in this process
+# (they use the session made here: one application for all of them).
+DRIVER = textwrap.dedent("""
+    import json, sys
+    from cairn.app.cli import main
+    from cairn.sync import spark as jobs
+
+    def where(_):
+        import importlib.util, os
+        spec = importlib.util.find_spec("cairn") and importlib.util.find_spec("cairn.sync")
+        return (os.environ.get("CAIRN_WORKER_PYTHON"), spec and spec.origin)
+
+    spark = jobs.session(sys.argv[1], json.loads(sys.argv[2]), app="cairn-tests-driver")
+    sc = spark.sparkContext
+    before = sc.parallelize(range(4), 4).map(where).collect()
+    for command in json.loads(sys.argv[3]):
+        assert main(command) == 0, command
+    after = sc.parallelize(range(4), 4).map(where).collect()
+    print(json.dumps({"before": before, "after": after}))
+    spark.stop()
+""")
+
+
+def run_cluster(cluster, landing: Path, waves: tuple[Path, Path],
+                out: Path) -> tuple[list[str], dict]:
+    """Both waves ingested and the report written on the cluster. Returns what the two
+    ingests printed and where the executors imported Cairn from (``DRIVER``)."""
+    table = ["--table", str(out / "table"), "--master", cluster.master, *cluster.conf_args()]
+    ingest = ["spark", "ingest", "--landing", str(landing), "--quarantine",
+              str(out / "quarantine"), *table]
+    cluster.wait_ready()
+    shutil.copytree(waves[0], landing, dirs_exist_ok=True)
+    done = cairn(*ingest)
     assert done.returncode == 0, done.stderr[-3000:]
-    return printed + [done.stdout]
+    shutil.copytree(waves[1], landing, dirs_exist_ok=True)
+    report = ["spark", "report", "--out", str(out / "reports"), *table]
+    driven = subprocess.run([sys.executable, "-c", DRIVER, cluster.master,
+                             json.dumps(cluster.conf()), json.dumps([ingest, report])],
+                            capture_output=True, text=True, timeout=600)
+    assert driven.returncode == 0, driven.stderr[-3000:]
+    *printed, seen = driven.stdout.strip().splitlines()
+    return [done.stdout, "\n".join(printed)], json.loads(seen)
 
 
 @pytest.fixture(scope="module")
-def both(spark, cluster, tmp_path_factory):
-    """(local output, cluster output, what the cluster runs printed)."""
+def both(cluster, spark, tmp_path_factory):
+    """(local output, cluster output, what the cluster runs printed, where the executors
+    imported Cairn from)."""
     root = tmp_path_factory.mktemp("cluster-vs-local")
     waves = land_waves(root)
     run_local(spark, root / "landing-local", waves, root / "local")
-    printed = run_cluster(cluster, root / "landing-cluster", waves, root / "cluster")
-    return root / "local", root / "cluster", printed
+    printed, seen = run_cluster(cluster, root / "landing-cluster", waves, root / "cluster")
+    return root / "local", root / "cluster", printed, seen
 
 
 def table_rows(spark, table: Path) -> list[tuple]:
@@ -107,7 +149,7 @@ def table_rows(spark, table: Path) -> list[tuple]:
 
 
 def test_ingest_on_the_cluster_writes_the_same_rows_as_local(spark, both):
-    local, on_cluster, printed = both
+    local, on_cluster, printed, _ = both
     expected = table_rows(spark, local / "table")
     assert len(expected) == 33 + 300 + 150  # c: 33, a: 1..300, b: 1..100 and 151..200
     assert table_rows(spark, on_cluster / "table") == expected
@@ -115,7 +157,7 @@ def test_ingest_on_the_cluster_writes_the_same_rows_as_local(spark, both):
 
 
 def test_ingest_on_the_cluster_quarantines_what_local_quarantines(both):
-    local, on_cluster, _ = both
+    local, on_cluster, *_ = both
 
     def reasons(root: Path) -> dict[str, str]:
         return {p.name: json.loads(p.read_text())["reason"]
@@ -126,7 +168,7 @@ def test_ingest_on_the_cluster_quarantines_what_local_quarantines(both):
 
 @pytest.mark.parametrize("name", REPORTS)
 def test_report_on_the_cluster_is_the_same_as_local(both, name):
-    local, on_cluster, _ = both
+    local, on_cluster, *_ = both
     expected = csv_rows(local / "reports" / f"{name}.csv")
     assert len(expected) > 1  # a header and rows
     assert csv_rows(on_cluster / "reports" / f"{name}.csv") == expected
@@ -140,31 +182,8 @@ def csv_rows(path: Path) -> list[list[str]]:
     return [[row[i] for i in keep] for row in rows]
 
 
-PROBE = textwrap.dedent("""
-    import importlib.util, json, os, sys
-    from cairn.sync import spark as jobs
-
-    def where(_):
-        import importlib.util, os
-        spec = importlib.util.find_spec("cairn") and importlib.util.find_spec("cairn.sync")
-        return (os.environ.get("CAIRN_WORKER_PYTHON"), spec and spec.origin)
-
-    spark = jobs.session(sys.argv[1], json.loads(sys.argv[2]), app="cairn-probe")
-    sc = spark.sparkContext
-    before = sc.parallelize(range(4), 4).map(where).collect()
-    jobs.ship_code(spark)
-    after = sc.parallelize(range(4), 4).map(where).collect()
-    print(json.dumps({"before": before, "after": after}))
-    spark.stop()
-""")
-
-
-def test_executors_import_cairn_only_from_the_zip_the_job_ships(cluster):
-    done = subprocess.run([sys.executable, "-c", PROBE, cluster.master,
-                           json.dumps(cluster.conf())], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+def test_executors_import_cairn_only_from_the_zip_the_job_ships(both):
+    seen = both[3]
     assert seen["before"] == [["without-cairn", None]] * 4
     zipped = Path(jobs.code_zip()).name
     assert all(python == "without-cairn" and f"{zipped}/cairn/sync/__init__.py" in origin
