@@ -69,6 +69,16 @@ def test_the_wheel_puts_nothing_but_cairn_at_the_top_of_site_packages(wheel_file
 
 
 @pytest.mark.slow
+def test_every_module_of_the_source_tree_is_in_the_wheel(wheel_files):
+    """A package folder left out of pyproject's list installs a cairn that cannot import
+    itself (it happened: app/provision/ became a package and the installed `cairn` failed)."""
+    root = Path(__file__).resolve().parent.parent
+    sources = {f"cairn/{path.relative_to(root)}" for top in ("gateway", "drivers", "sync", "app")
+               for path in (root / top).rglob("*.py")}
+    assert sources - set(wheel_files) == set()
+
+
+@pytest.mark.slow
 def test_a_wheel_build_without_npm_stops_naming_what_is_missing(tmp_path):
     source = fresh_checkout(tmp_path / "src")
     done = pip_wheel(source, tmp_path / "out", path=str(Path(sys.executable).parent))
