@@ -513,7 +513,9 @@ async def hidden_behind_one_public(cairn: Cairn, hidden: int) -> tuple[Client, i
     sub = await lookup(user, "hist", "prefix")
     for i in range(hidden):
         user.publish("hist.secret.key", i)
-    return user, sub, await acked(user, "hist.public", "visible")
+    # its ack comes once the router has stored everything before it: seconds on a CI
+    # machine building the image beside the tests
+    return user, sub, await acked(user, "hist.public", "visible", timeout=60)
 
 
 async def test_hidden_events_cost_a_pattern_subscriptions_history_no_extra_reads(cairn):

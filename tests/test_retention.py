@@ -120,12 +120,12 @@ async def cairn(tmp_path):
 
 
 async def acked(session: Client, topic: str, *args: Any, kw: dict[str, Any] | None = None,
-                **options: Any) -> int:
+                timeout: float = TIMEOUT, **options: Any) -> int:
     """Publish ``args`` and keyword arguments ``kw`` with acknowledge=True and the given
     options; return the publication id."""
     publication = await asyncio.wait_for(session.publish(
         topic, *args, options=PublishOptions(acknowledge=True, **options), **(kw or {})),
-        TIMEOUT)
+        timeout)
     return publication.id
 
 
