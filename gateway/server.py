@@ -335,11 +335,14 @@ async def serve(config: Config, ready: asyncio.Event | None = None,
     on that one."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    # before start(): a signal that comes once "listening" is logged must stop us cleanly
+    # before start(): a signal that comes once the ports are open must stop us cleanly, or
+    # reload once started (SIGHUP's default action would end the process)
+    hangup = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hangup.set)
     node = await _start(config, running)
-    loop.add_signal_handler(signal.SIGHUP, node.reload)
+    reloads = loop.create_task(_reload_on_hangup(node, hangup))
     # What exists now (modules, config, retained events) lives as long as the process: keep
     # it out of the collector's full passes, which otherwise stall the loop for 10-30 ms.
     gc.collect()
@@ -351,9 +354,17 @@ async def serve(config: Config, ready: asyncio.Event | None = None,
     await stop.wait()
     notify("STOPPING=1")
     watchdog.cancel()
+    reloads.cancel()
     log.info("stopping: saying GOODBYE to %d sessions", len(node.router.sessions))
     await node.stop()
     log.info("stopped")
+
+
+async def _reload_on_hangup(node: Node, hangup: asyncio.Event) -> None:
+    while True:
+        await hangup.wait()
+        hangup.clear()
+        node.reload()
 
 
 async def _start(config: Config, running: RunningConfig | None) -> Node:

@@ -776,6 +776,17 @@ async def sighup(router: RouterProcess, marker: str = "SIGHUP: reloaded") -> str
     return "\n".join(router.log_lines()[logged:])
 
 
+async def test_a_sighup_the_moment_the_ports_open_reloads_and_does_not_end_the_router(tmp_path):
+    """A SIGHUP from `cairn config apply` or a test, sent as soon as the router accepts
+    connections, used to land before its handler: SIGHUP's default action ended the router."""
+    router = RouterProcess(tmp_path, REALM).start()  # (returns as soon as the port accepts)
+    try:
+        await sighup(router)
+        assert router.proc is not None and router.proc.poll() is None
+    finally:
+        router.stop()
+
+
 async def test_a_rotated_status_token_is_the_only_one_after_sighup(lan_router, tmp_path):
     """The attack (N9): the token file rotated after a leak and SIGHUP sent, the old token
     still read /status and the new one got 401 until a restart."""
