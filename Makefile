@@ -7,7 +7,7 @@ run: setup
 
 test: setup-test
 	.venv/bin/ruff check .
-	.venv/bin/pytest -n 2 --dist loadfile --durations=25
+	.venv/bin/pytest -n 3 --dist loadfile --durations=25
 
 lint: setup-test
 	.venv/bin/ruff check .

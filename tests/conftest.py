@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,11 +15,12 @@ from cairn.gateway.server import Node
 from harness.config import open_realm, router_table
 from harness.wamp_client import Client, connect
 
-# The longest modules, started first: `make test` runs the suite on two workers a module at
-# a time (pytest-xdist, --dist loadfile), and a long module dealt out last would run alone
-# while the other worker idles.
-LONGEST_FIRST = ("test_spark_cluster.py", "test_spark_concurrency.py", "test_spark.py",
-                 "test_spark_bad_input.py")
+# The longest modules, started first: `make test` runs the suite on three workers a module at
+# a time (pytest-xdist, --dist loadfile; most tests wait on sockets and processes, so a third
+# worker fills the two cores), and a long module dealt out last would run alone while the
+# other workers idle.
+LONGEST_FIRST = ("test_spark_cluster.py", "test_spark.py", "test_spark_bad_input.py",
+                 "test_spark_clock_and_reports.py", "test_spark_concurrency.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -91,6 +93,34 @@ async def client(router):
     """A factory of joined autobahn sessions; every one is closed at teardown."""
     async with sessions_on(router) as make:
         yield make
+
+
+@contextlib.contextmanager
+def restored_logging() -> Iterator[None]:
+    """The CLI configures logging for the whole process: put the root logger back after."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            if handler not in handlers:
+                root.removeHandler(handler)
+        for handler in handlers:
+            if handler not in root.handlers:
+                root.addHandler(handler)
+        root.setLevel(level)
+
+
+@pytest.fixture
+def cairn_cli() -> Iterator[Callable[[list[str]], int]]:
+    """``app.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
+    from cairn.app import cli
+
+    with restored_logging():
+        yield cli.main
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,6 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.app import cli
 from cairn.gateway.clock import Anchor, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.core import Sequence
@@ -209,32 +208,6 @@ def test_resumes_after_restart_and_never_resends_confirmed_batches(tmp_path):
     manifests, rows = landed(landing)
     assert manifests[-1]["after_seq"] == watermark and manifests[-1]["first_seq"] == more[0]
     assert len(rows) == 2200 and len({r["seq"] for r in rows}) == 2200
-
-
-@contextlib.contextmanager
-def restored_logging():
-    """The CLI configures logging for the whole process: put the root logger back after."""
-    import logging
-
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    try:
-        yield
-    finally:
-        for handler in list(root.handlers):
-            if handler not in handlers:
-                root.removeHandler(handler)
-        for handler in handlers:
-            if handler not in root.handlers:
-                root.addHandler(handler)
-        root.setLevel(level)
-
-
-@pytest.fixture
-def cairn_cli():
-    """``app.cli.main`` (``cairn ...`` in this process), logging restored afterwards."""
-    with restored_logging():
-        yield cli.main
 
 
 def _write_config(path: Path, data_dir: Path, sink: str, extra: str = "") -> Path:
