@@ -4,10 +4,12 @@ the card for a commit and for a prune."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import sqlite3
 import struct
+import time
 import weakref
 from pathlib import Path
 
@@ -227,6 +229,27 @@ async def ten_readings(tmp_path: Path) -> Store:
     await store.flush()
     return store
 
+
+
+async def test_a_read_whose_caller_was_cancelled_holds_no_snapshot_of_the_store(tmp_path):
+    """The caller is cancelled just after its answer came back (the health record's read, at
+    a stop) and its task is kept (with its CancelledError, so its frames): the WAL still
+    checkpoints to the end at once, not after a busy timeout at close, nor never while it
+    runs."""
+    store = await ten_readings(tmp_path)
+    read = asyncio.create_task(store.reader.query("SELECT seq FROM publications", ()))
+    await asyncio.sleep(0)  # the read is queued on the reader's thread
+    time.sleep(0.2)  # which answers while this loop is held
+    await asyncio.sleep(0)  # the answer is in; the reading task has not resumed yet
+    read.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await read
+    store.append(reading(store, "sensor.a", 11.0))
+    await store.flush()
+    with contextlib.closing(sqlite3.connect(store.path, timeout=0)) as other:
+        busy, _, _ = other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    await store.close()
+    assert read.cancelled() and busy == 0
 
 
 async def test_max_events_drops_the_oldest_and_counts_them(tmp_path):

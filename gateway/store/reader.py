@@ -143,8 +143,11 @@ class StoreReader:
             self._read_deadline = time.monotonic() + (timeout or self.query_timeout)
             self._read_abandoned = abandoned or _never
             try:
-                async with self._reader.execute(sql, tuple(params)) as cur:
-                    return [tuple(row) for row in await cur.fetchall()]
+                # fetched whole on the reader's thread: a cursor handed back to this task
+                # would keep its read snapshot open (and the WAL from being checkpointed)
+                # for as long as a cancelled caller's traceback holds it
+                return [tuple(row) for row in
+                        await self._reader.execute_fetchall(sql, tuple(params))]
             except sqlite3.OperationalError as e:
                 if "interrupt" not in str(e):
                     raise
