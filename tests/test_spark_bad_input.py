@@ -225,12 +225,28 @@ def test_a_line_longer_than_a_line_may_be_is_quarantined_without_being_held(spar
     assert ingest_bad(spark, ingested) == {name: "9 lines, the manifest says 10"}
 
 
-def test_a_manifest_over_the_size_a_manifest_may_have_is_quarantined_unread(spark, ingested):
-    landing = ingested[0]
+def land_oversized_manifest(landing: Path) -> str:
+    """A batch whose manifest is one byte over MAX_MANIFEST_BYTES; returns its name."""
     batch = land(landing, "gw-a", events(range(101, 111)), 100)
     text = json.dumps(batch.manifest).encode()
     (landing / manifest_name(batch.name)).write_bytes(padded(text + b"\n",
                                                              MAX_MANIFEST_BYTES + 1))
-    assert ingest_bad(spark, ingested) == {
-        batch.name: f"manifest of {MAX_MANIFEST_BYTES + 1} bytes, over the "
-                    f"{MAX_MANIFEST_BYTES} a manifest may have: not read"}
+    return batch.name
+
+
+NOT_READ = (f"manifest of {MAX_MANIFEST_BYTES + 1} bytes, over the {MAX_MANIFEST_BYTES} a "
+            "manifest may have: not read")
+
+
+def test_a_manifest_over_the_size_a_manifest_may_have_is_quarantined_unread(spark, ingested):
+    name = land_oversized_manifest(ingested[0])
+    assert ingest_bad(spark, ingested) == {name: NOT_READ}
+
+
+def test_a_streaming_ingest_quarantines_an_oversized_manifest_unread(spark, ingested, tmp_path):
+    landing, table, quarantine, before = ingested
+    name = land_oversized_manifest(landing)
+    stats = jobs.ingest_stream(spark, str(landing), str(table), str(tmp_path / "checkpoint"),
+                               str(quarantine))
+    assert stats.rows_added == 0 and snapshot(table) == before
+    assert dict(stats.quarantined) == {name: NOT_READ}

@@ -109,14 +109,7 @@ def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
     """Read the manifests ``manifest_uris`` (one Spark job) and ingest their batches. An
     oversized manifest is not read (a whole text of 1 GiB ran the driver's heap out)."""
     started = time.monotonic()
-    manifests = [LandedManifest(u, None, *landed.oversized[u]) for u in manifest_uris
-                 if u in landed.oversized]
-    readable = [u for u in manifest_uris if u not in landed.oversized]
-    if readable:
-        # (text()'s own wholetext argument would override an option)
-        frame = (spark.read.text([files.from_uri(u) for u in readable], wholetext=True)
-                 .select(*_manifest_columns()))
-        manifests += [LandedManifest(*r) for r in frame.collect()]
+    manifests = _read_manifests(spark, files, manifest_uris, landed.oversized)
     read_s = time.monotonic() - started
     stats = ingest_manifests(spark, manifests, table_path, quarantine, files, landed.uris,
                              archive)
@@ -124,6 +117,21 @@ def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
     if len(manifest_uris) > 1:
         log.info("%s", stats.summary())
     return stats
+
+
+def _read_manifests(spark: SparkSession, files: Files, manifest_uris: list[str],
+                    oversized: dict[str, tuple[int, int]]) -> list[LandedManifest]:
+    """The manifests ``manifest_uris``, read in one Spark job; those in ``oversized`` ({URI:
+    (bytes, mtime_ms)}) are not read (a whole text of 1 GiB ran the driver's heap out)."""
+    manifests = [LandedManifest(u, None, *oversized[u]) for u in manifest_uris
+                 if u in oversized]
+    readable = [u for u in manifest_uris if u not in oversized]
+    if readable:
+        # (text()'s own wholetext argument would override an option)
+        frame = (spark.read.text([files.from_uri(u) for u in readable], wholetext=True)
+                 .select(*_manifest_columns()))
+        manifests += [LandedManifest(*r) for r in frame.collect()]
+    return manifests
 
 
 def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str,
@@ -149,6 +157,10 @@ def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str
     return total
 
 
+# binaryFile's own schema: a streaming source must be given one
+_BINARY_FILE = "path string, modificationTime timestamp, length long, content binary"
+
+
 def _stream_locked(spark: SparkSession, files: Files, landing: str, table_path: str,
                    checkpoint: str, quarantine: str | None, max_batches: int,
                    archive: str | None) -> IngestStats:
@@ -156,17 +168,23 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table_path: 
     total = IngestStats()
 
     def each(frame: DataFrame, batch_id: int) -> None:
-        manifests = [LandedManifest(*r) for r in frame.collect()]
+        listed = {r.uri: (r.bytes, r.mtime_ms) for r in frame.collect()}
+        oversized = {uri: stamp for uri, stamp in listed.items()
+                     if stamp[0] > MAX_MANIFEST_BYTES}
+        manifests = _read_manifests(frame.sparkSession, files, sorted(listed), oversized)
         stats = ingest_manifests(frame.sparkSession, manifests, table_path, quarantine,
                                  files, archive=archive)
         total.add(stats)
         total.micro_batches += 1
         log.info("micro-batch %d: %s", batch_id, stats.summary())
 
-    stream = (spark.readStream.format("text").option("wholetext", True)
+    # listed, not read (binaryFile reads no content unless asked for it): a manifest is
+    # read by the batch path's reader, which leaves an oversized one unread
+    stream = (spark.readStream.format("binaryFile").schema(_BINARY_FILE)
               .option("maxFilesPerTrigger", max_batches)
               .load(f"{landing}/*/*{MANIFEST_SUFFIX}")
-              .select(*_manifest_columns()))
+              .select(F.col("_metadata.file_path").alias("uri"), F.col("length").alias("bytes"),
+                      F.unix_millis("modificationTime").alias("mtime_ms")))
     query = (stream.writeStream.foreachBatch(each)
              .option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
