@@ -29,9 +29,16 @@ PROBLEMS_CAP = 200  # a broken router would otherwise fill memory with the same 
 
 
 class Problems(list):
+    """What went wrong, each with the second of the run it was noted in: set beside the
+    router's CPU samples, it tells which neighbour was busy then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = time.monotonic()
+
     def note(self, text: str) -> None:
         if len(self) < PROBLEMS_CAP:
-            self.append(text)
+            self.append(f"t={time.monotonic() - self.started:.0f} s: {text}")
 
 
 def log_errors(log: Path) -> list[str]:
