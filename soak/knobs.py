@@ -23,3 +23,7 @@ INJECT_LEAK = os.environ.get("CAIRN_SOAK_INJECT_LEAK", "") not in ("", "0")
 # Issue 19's hostile phase in the mixed load: slowloris, publish storm, subscription flood,
 # alongside the well-behaved actors; CAIRN_SOAK_HOSTILE=0 leaves them out.
 HOSTILE = os.environ.get("CAIRN_SOAK_HOSTILE", "1") not in ("", "0")
+# Only these hostile neighbours (class names, comma-separated, e.g. "Storm,Lockout"): to
+# tell which one a problem comes with. Empty: all of them.
+HOSTILE_ONLY = {name for name in os.environ.get("CAIRN_SOAK_HOSTILE_ONLY", "").split(",")
+                if name}

@@ -31,7 +31,7 @@ from soak.hostile import (
     Storm,
     SubscriptionFlood,
 )
-from soak.knobs import ARTIFACTS, HOSTILE, INJECT_LEAK, SECONDS
+from soak.knobs import ARTIFACTS, HOSTILE, HOSTILE_ONLY, INJECT_LEAK, SECONDS
 from soak.load import (
     Dashboard,
     HistoryProber,
@@ -62,6 +62,11 @@ CHURN_EVERY = 10.0         # seconds a churning dashboard stays, on average
 CHURNING = 20              # of the 50: ~120 reconnects a minute
 SAMPLE_EVERY = max(1.0, min(3.0, SECONDS / 50))
 TRANSPORTS = [("websocket", "json"), ("rawsocket-tcp", "msgpack"), ("websocket", "cbor")]
+
+
+def chosen(neighbour: type) -> bool:
+    """Whether this run has the hostile ``neighbour`` (CAIRN_SOAK_HOSTILE, _HOSTILE_ONLY)."""
+    return HOSTILE and (not HOSTILE_ONLY or neighbour.__name__ in HOSTILE_ONLY)
 
 
 def _publishers(router: RouterProcess, problems: Problems) -> list[Publisher]:
@@ -100,12 +105,13 @@ class MixedLoad:
         self.prober = HistoryProber(self.router, [p.topic for p in self.publishers],
                                     self.problems)
         self.sync = SyncRunner(self.router.data_dir, self.workdir, self.problems)
-        self.big = BigRetained(self.router, self.problems) if HOSTILE else None
+        self.big = BigRetained(self.router, self.problems) if chosen(BigRetained) else None
         sensors = frozenset(p.topic for p in self.publishers) | set(self.sensors.topics)
-        self.hostile = [Slowloris(self.router, self.problems), Storm(self.router, self.problems),
-                        SubscriptionFlood(self.router, self.problems),
-                        RetainedSlotAttacker(self.router, self.problems, sensors), self.big,
-                        Lockout(self.router, self.problems, USERS)] if HOSTILE else []
+        self.hostile = [neighbour for neighbour in (
+            Slowloris(self.router, self.problems), Storm(self.router, self.problems),
+            SubscriptionFlood(self.router, self.problems),
+            RetainedSlotAttacker(self.router, self.problems, sensors), self.big,
+            Lockout(self.router, self.problems, USERS)) if chosen(type(neighbour))]
 
     @property
     def topics(self) -> set[str]:
