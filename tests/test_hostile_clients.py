@@ -506,7 +506,10 @@ async def test_a_restart_after_a_flood_loads_only_what_the_bounds_allow(tmp_path
                   .split("VmRSS:")[1].split()[0]) // 1024
         retained = [v for n, _, v in metrics(router)["cairn_retained_slots"]["samples"]]
         assert retained == [10_000]
-        assert rss < 150, f"{rss} MiB after loading"
+        # 329 MiB when every row was kept; 124-149 measured (same code, beside other tests)
+        # for loading the 100,000 rows and trimming them: the peak varies with when the
+        # garbage collector runs, so the bound tells the two apart, not the runs
+        assert rss < 200, f"{rss} MiB after loading"
     finally:
         router.stop()
     with contextlib.closing(sqlite3.connect(router.db_path)) as db:
