@@ -7,7 +7,8 @@ run: setup
 
 test: setup-test
 	.venv/bin/ruff check .
-	.venv/bin/pytest -n 3 --dist loadfile --durations=25
+	.venv/bin/python -m harness.spark_cds  # the Spark JVMs' class archive, once (~40 s)
+	.venv/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: setup-test
 	.venv/bin/ruff check .

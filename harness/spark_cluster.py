@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pyspark
 
+from harness import spark_cds
 from harness.process import free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
@@ -34,7 +35,8 @@ READY_TIMEOUT = 120.0  # seconds; two JVMs on a busy two-core machine can take a
 # the client compiler only (no C2 compiler threads taking the cores from the job) and the
 # serial collector. On two busy cores a cluster driver's session and a short job took a
 # third less CPU and wall time (tests/conftest.py's ``spark`` has the figures of its own).
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+BASE_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+QUICK_JVM = f"{BASE_JVM} {spark_cds.jvm_options()}".strip()  # and the classes' archive
 
 
 def python_without_cairn(directory: Path) -> str:
@@ -76,8 +78,9 @@ class Cluster:
     def _env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("PYSPARK_", "SPARK_")) and k != "PYTHONPATH"}
+        # the master and workers only hand out work: the quick JVM's options suit them too
         env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1",
-                   SPARK_NO_DAEMONIZE="1")
+                   SPARK_NO_DAEMONIZE="1", SPARK_DAEMON_JAVA_OPTS=QUICK_JVM)
         return env
 
     def _start(self, name: str, args: list[str]) -> None:

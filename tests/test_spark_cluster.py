@@ -2,12 +2,12 @@
 JVM (``harness/spark_cluster.py``), bound to 127.0.0.1, torn down after the session.
 
 ``cairn spark ingest|report --master spark://...`` must give exactly what ``local[2]`` gives
-from the same landing data. The first ingest runs as a user runs it, ``cairn`` in a process
-of its own (a driver of its own); the second ingest and the report run through the same
-command line in one more driver process, which also asks the executors where they import
-Cairn from: a Python without site-packages, so only the zip the job ships. Each driver is
-a new application (a driver JVM and an executor JVM), the most expensive thing here, so
-there are two. Slow: ``pytest -m spark``.
+from the same landing data. Both ingests and the report run through the command line's
+``main()`` in a driver process of its own, which also asks the executors where they import
+Cairn from, before and after the jobs: a Python without site-packages, so only the zip the
+job ships. One application (a driver JVM and an executor JVM, the most expensive thing here)
+serves all three commands; ``cairn spark`` making its own session from ``--master`` is
+tests/test_spark_concurrency.py's. Slow: ``pytest -m spark``.
 """
 
 from __future__ import annotations
@@ -50,15 +50,6 @@ def cluster(tmp_path_factory):
         yield c
 
 
-# ``cairn`` in a process of its own (its own Spark driver)
-CAIRN = [sys.executable, "-c", "import sys; from cairn.app.cli import main; "
-         "sys.exit(main(sys.argv[1:]))"]
-
-
-def cairn(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*CAIRN, *args], capture_output=True, text=True, timeout=timeout)
-
-
 def land_waves(root: Path) -> tuple[Path, Path]:
     """Two waves of landed batches: the first with clocks not yet set; the second with the
     anchors that re-base rows of the first (a partition rewrite), an overlapping re-send,
@@ -86,11 +77,12 @@ def run_local(spark, landing: Path, waves: tuple[Path, Path], out: Path) -> None
     jobs.report(spark, str(out / "table"), str(out / "reports"))
 
 
-# The second driver: where executors import Cairn from before and after a job ships it,
-# around ``cairn spark ...`` commands run through the command line's main() in this process
-# (they use the session made here: one application for all of them).
+# The driver: where executors import Cairn from before and after the jobs ship it, around
+# ``cairn spark ...`` commands run through the command line's main() in this process (they
+# use the session made here: one application for all of them). A step is a command, after
+# copying a wave of landed batches into the landing when it names one.
 DRIVER = textwrap.dedent("""
-    import json, sys
+    import json, shutil, sys
     from cairn.app.cli import main
     from cairn.sync import spark as jobs
 
@@ -102,7 +94,9 @@ DRIVER = textwrap.dedent("""
     spark = jobs.session(sys.argv[1], json.loads(sys.argv[2]), app="cairn-tests-driver")
     sc = spark.sparkContext
     before = sc.parallelize(range(4), 4).map(where).collect()
-    for command in json.loads(sys.argv[3]):
+    for wave, landing, command in json.loads(sys.argv[3]):
+        if wave:
+            shutil.copytree(wave, landing, dirs_exist_ok=True)
         assert main(command) == 0, command
     after = sc.parallelize(range(4), 4).map(where).collect()
     print(json.dumps({"before": before, "after": after}))
@@ -111,30 +105,28 @@ DRIVER = textwrap.dedent("""
 
 
 def run_cluster(cluster, landing: Path, waves: tuple[Path, Path],
-                out: Path) -> tuple[list[str], dict]:
-    """Both waves ingested and the report written on the cluster. Returns what the two
-    ingests printed and where the executors imported Cairn from (``DRIVER``)."""
+                out: Path) -> tuple[str, dict]:
+    """Both waves ingested and the report written on the cluster. Returns what the
+    commands printed and where the executors imported Cairn from (``DRIVER``)."""
     table = ["--table", str(out / "table"), "--master", cluster.master, *cluster.conf_args()]
     ingest = ["spark", "ingest", "--landing", str(landing), "--quarantine",
               str(out / "quarantine"), *table]
-    cluster.wait_ready()
-    shutil.copytree(waves[0], landing, dirs_exist_ok=True)
-    done = cairn(*ingest)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shutil.copytree(waves[1], landing, dirs_exist_ok=True)
     report = ["spark", "report", "--out", str(out / "reports"), *table]
+    steps = [(str(waves[0]), str(landing), ingest), (str(waves[1]), str(landing), ingest),
+             (None, None, report)]
+    cluster.wait_ready()
     driven = subprocess.run([sys.executable, "-c", DRIVER, cluster.master,
-                             json.dumps(cluster.conf()), json.dumps([ingest, report])],
+                             json.dumps(cluster.conf()), json.dumps(steps)],
                             capture_output=True, text=True, timeout=600)
     assert driven.returncode == 0, driven.stderr[-3000:]
     *printed, seen = driven.stdout.strip().splitlines()
-    return [done.stdout, "\n".join(printed)], json.loads(seen)
+    return "\n".join(printed), json.loads(seen)
 
 
 @pytest.fixture(scope="module")
 def both(cluster, spark, tmp_path_factory):
-    """(local output, cluster output, what the cluster runs printed, where the executors
-    imported Cairn from)."""
+    """(local output, cluster output, what the cluster's commands printed, where the
+    executors imported Cairn from)."""
     root = tmp_path_factory.mktemp("cluster-vs-local")
     waves = land_waves(root)
     run_local(spark, root / "landing-local", waves, root / "local")
@@ -153,7 +145,7 @@ def test_ingest_on_the_cluster_writes_the_same_rows_as_local(spark, both):
     expected = table_rows(spark, local / "table")
     assert len(expected) == 33 + 300 + 150  # c: 33, a: 1..300, b: 1..100 and 151..200
     assert table_rows(spark, on_cluster / "table") == expected
-    assert "earlier rows re-based" in printed[1]  # the partition rewrite ran there too
+    assert "earlier rows re-based" in printed  # the partition rewrite ran there too
 
 
 def test_ingest_on_the_cluster_quarantines_what_local_quarantines(both):

@@ -30,7 +30,15 @@ from cairn.sync.table_lock import TableBusy, locked  # noqa: E402
 from harness.spark_cluster import QUICK_JVM  # noqa: E402
 from harness.waiting import blocking_until  # noqa: E402
 from tests.test_spark import clock_boots, events, keys, land  # noqa: E402
-from tests.test_spark_cluster import CAIRN, cairn  # noqa: E402
+
+# ``cairn`` in a process of its own (its own Spark driver), as a user runs it
+CAIRN = [sys.executable, "-c", "import sys; from cairn.app.cli import main; "
+         "sys.exit(main(sys.argv[1:]))"]
+
+
+def cairn(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*CAIRN, *args], capture_output=True, text=True, timeout=timeout)
+
 
 WAITING = "waiting for the lock"  # what a run logs when it finds the lock taken
 # a ``cairn`` process's own Spark: one core, no UI, the JVM options of a short job
