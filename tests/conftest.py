@@ -19,10 +19,15 @@ from harness.wamp_client import Client, connect
 # a time (pytest-xdist, --dist loadfile --no-loadscope-reorder: xdist would otherwise deal the
 # modules out by their number of tests; most tests wait on sockets and processes, so a third
 # worker fills the two cores), and a long module dealt out last would run alone while the
-# other workers idle. By their time alone, longest first (108, 73, 62, 58, 57, 40, 25 s).
-LONGEST_FIRST = ("test_spark.py", "test_spark_cluster.py", "test_spark_bad_input.py",
-                 "test_spark_clock_and_reports.py", "test_spark_concurrency.py",
-                 "test_spark_lean.py", "test_spark_fleet.py")
+# other workers idle. Ordered by their time in a whole run (153 s for the first, 10 for the
+# last); the rest follow in name order.
+LONGEST_FIRST = ("test_spark.py", "test_spark_bad_input.py", "test_spark_cluster.py",
+                 "test_spark_clock_and_reports.py", "test_hostile_clients.py",
+                 "test_spark_concurrency.py", "test_appliance.py", "test_sync_links.py",
+                 "test_spark_lean.py", "test_config_apply.py", "test_ops.py",
+                 "test_dashboard.py", "test_serial_driver.py", "test_spark_fleet.py",
+                 "test_sync.py", "test_auth.py", "test_history.py", "test_cli.py",
+                 "test_boot_chooser.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
