@@ -1,15 +1,16 @@
 """A class-data-sharing archive of a Spark JVM's classes, for the tests' short-lived JVMs.
 
-A Spark JVM loads and verifies some 15,000 classes before its first job; the tests start a
-dozen of them (a local session per worker, a cluster's master, worker, driver and executor,
-``cairn spark`` processes). The JDK can map the classes one run loaded from an archive
-instead (AppCDS: ``-XX:ArchiveClassesAtExit`` writes it, ``-XX:SharedArchiveFile`` uses
-it). Measured on two cores: a session's start and its first ingest took 16.4 CPU-s without
-the archive and 11.4 with it.
+A Spark JVM loads and verifies some 23,000 classes by the end of its first ingest; the tests
+start a dozen such JVMs (a local session per worker; a cluster's master, worker, driver and
+executor; ``cairn spark`` processes). The JDK can map the classes one run loaded from an
+archive instead (AppCDS: ``-XX:ArchiveClassesAtExit`` writes it, ``-XX:SharedArchiveFile``
+uses it; 16,000 of those classes came from it, the rest are generated at run time).
+Measured on two cores: a session's start and its first ingest took 16.4 CPU-s without the
+archive and 11.4 with it.
 
 The archive is only good for the JDK and the class path that wrote it (the JVM checks both
 and, on a mismatch, runs without it), so its name carries this ``pyspark``'s place and
-version and the ``java`` binary's. :func:`build` writes it once (``make setup-test``) into
+version and the ``java`` binary's. :func:`build` writes it once into
 ``~/.cache/cairn/spark-cds/`` (``make test`` asks for it; a new clone's virtualenv is a new
 class path, so a new archive: ~40 s, and archives unused for two weeks are deleted);
 :func:`jvm_options` names it when it is there.
