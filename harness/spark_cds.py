@@ -54,7 +54,7 @@ def jvm_options() -> str:
 
 
 # What the archive's run loads: a session, and an ingest and a report of batches of both
-# schemas (with a clock anchor, a re-sent overlap and a loss record), as the tests do.
+# schemas (with an overlapping re-send and a loss record), as the tests do.
 WORKLOAD = """
 import json, sys
 from pathlib import Path
@@ -87,9 +87,9 @@ gateway.proc.wait(timeout=300)
 """
 
 
-def build(quiet: bool = False) -> Path | None:
+def build() -> Path | None:
     """Write the archive unless it is there (a run of :data:`WORKLOAD` in a JVM of its own,
-    ~20 s); returns its path, or None without a JDK or when the JVM wrote none."""
+    ~40 s); returns its path, or None without a JDK or when the JVM wrote none."""
     from harness.spark_cluster import BASE_JVM
 
     path = archive_path()
@@ -109,8 +109,7 @@ def build(quiet: bool = False) -> Path | None:
               f"tests run without it:\n{done.stderr[-2000:]}", file=sys.stderr)
         return None
     os.replace(temp, path)  # whole or not at all: other JVMs may be starting
-    if not quiet:
-        print(f"harness.spark_cds: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
+    print(f"harness.spark_cds: {path} ({path.stat().st_size / 2**20:.0f} MiB)")
     return path
 
 

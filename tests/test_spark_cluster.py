@@ -79,8 +79,9 @@ def run_local(spark, landing: Path, waves: tuple[Path, Path], out: Path) -> None
 
 # The driver: where executors import Cairn from before and after the jobs ship it, around
 # ``cairn spark ...`` commands run through the command line's main() in this process (they
-# use the session made here: one application for all of them). A step is a command, after
-# copying a wave of landed batches into the landing when it names one.
+# use the session made here: one application for all of them). Arguments: the master, its
+# conf, the landing and the steps, each (a wave of landed batches to copy into the landing
+# first, or null; a command).
 DRIVER = textwrap.dedent("""
     import json, shutil, sys
     from cairn.app.cli import main
@@ -94,9 +95,9 @@ DRIVER = textwrap.dedent("""
     spark = jobs.session(sys.argv[1], json.loads(sys.argv[2]), app="cairn-tests-driver")
     sc = spark.sparkContext
     before = sc.parallelize(range(4), 4).map(where).collect()
-    for wave, landing, command in json.loads(sys.argv[3]):
+    for wave, command in json.loads(sys.argv[4]):
         if wave:
-            shutil.copytree(wave, landing, dirs_exist_ok=True)
+            shutil.copytree(wave, sys.argv[3], dirs_exist_ok=True)
         assert main(command) == 0, command
     after = sc.parallelize(range(4), 4).map(where).collect()
     print(json.dumps({"before": before, "after": after}))
@@ -112,11 +113,10 @@ def run_cluster(cluster, landing: Path, waves: tuple[Path, Path],
     ingest = ["spark", "ingest", "--landing", str(landing), "--quarantine",
               str(out / "quarantine"), *table]
     report = ["spark", "report", "--out", str(out / "reports"), *table]
-    steps = [(str(waves[0]), str(landing), ingest), (str(waves[1]), str(landing), ingest),
-             (None, None, report)]
+    steps = [(str(waves[0]), ingest), (str(waves[1]), ingest), (None, report)]
     cluster.wait_ready()
     driven = subprocess.run([sys.executable, "-c", DRIVER, cluster.master,
-                             json.dumps(cluster.conf()), json.dumps(steps)],
+                             json.dumps(cluster.conf()), str(landing), json.dumps(steps)],
                             capture_output=True, text=True, timeout=600)
     assert driven.returncode == 0, driven.stderr[-3000:]
     *printed, seen = driven.stdout.strip().splitlines()
