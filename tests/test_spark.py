@@ -354,6 +354,17 @@ def test_a_landing_whose_path_needs_url_encoding_is_ingested(spark, tmp_path):
     assert (quarantine / bad.name).exists() and not (landing / bad.name).exists()
 
 
+def test_names_with_quotes_backslashes_and_sql_are_matched_as_themselves(spark):
+    """The filter on a run's file names and gateways (one SQL expression, not a JVM call
+    per name) reads a name only as a value, whatever it holds."""
+    from cairn.sync.spark.session import one_of
+
+    names = ["gw'a/1.jsonl.bz2", "gw\\b/2", "é/3') OR (1=1", "gw-d"]
+    frame = spark.createDataFrame([(n,) for n in [*names, "gw-e", "gw\\b/2x"]], "file string")
+    assert sorted(r.file for r in frame.where(one_of("file", names)).collect()) == sorted(names)
+    assert frame.where(one_of("file", [])).count() == 0
+
+
 def test_a_fleet_of_a_thousand_gateways_lands_on_an_existing_table(spark, tmp_path):
     """One run with batches of 1,000 gateways into a table that holds rows of each: the
     anti-join looks up each gateway's seq range (it once built one OR per gateway, and the

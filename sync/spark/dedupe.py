@@ -12,6 +12,7 @@ from collections import defaultdict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cairn.sync.spark.session import one_of
 from cairn.sync.spark.table import Table
 from cairn.sync.spark.verify import _Candidate, _line_problems, _read_lines
 
@@ -68,7 +69,7 @@ def _in_ranges(spark: SparkSession, table: DataFrame,
     one OR per range (a thousand of those overflowed the JVM's stack), behind a coarse
     filter that lets Parquet skip row groups."""
     bounds = spark.createDataFrame(ranges, "range_gateway string, lo long, hi long, tag string")
-    coarse = (F.col("gateway_id").isin(sorted({gw for gw, _, _, _ in ranges}))
+    coarse = (one_of("gateway_id", sorted({gw for gw, _, _, _ in ranges}))
               & F.col("seq").between(min(lo for _, lo, _, _ in ranges),
                                      max(hi for _, _, hi, _ in ranges)))
     return (table.where(coarse).select("gateway_id", "seq")
@@ -107,7 +108,7 @@ def _conflicts(spark: SparkSession, table: Table, lines: DataFrame | None,
     if not compared:
         return {}
     ranges = _ranges(spark, compared)
-    new = (lines.where(F.col("uri").isin([c.data_uri for c in compared]))
+    new = (lines.where(one_of("uri", [c.data_uri for c in compared]))
            .select("gateway_id", "seq", "uri", *IDENTITY))
     old = (existing.join(F.broadcast(ranges),
                          (existing.gateway_id == F.col("gw"))

@@ -47,7 +47,7 @@ from cairn.sync.spark.landing import (
 )
 from cairn.sync.spark.rebase import _Anchors, _anchors, _rebase
 from cairn.sync.spark.schemas import ANCHOR_SCHEMA, BATCH_LOG_SCHEMA, GAP_SCHEMA
-from cairn.sync.spark.session import _prepare
+from cairn.sync.spark.session import _prepare, one_of
 from cairn.sync.spark.stats import IngestStats
 from cairn.sync.spark.table import LOCK_WAIT_S, Table
 from cairn.sync.spark.verify import _bytes_problems, _Candidate, _triage
@@ -277,7 +277,7 @@ class IngestRun:
             return set()
         names = sorted({c.manifest["file"] for c in parsed})
         return {(r.file, r.sha256) for r in self.table.batch_frame()
-                .where((F.col("status") == "ingested") & F.col("file").isin(names))
+                .where((F.col("status") == "ingested") & one_of("file", names))
                 .select("file", "sha256").collect()}
 
     def landed_data(self, c: _Candidate) -> bool:

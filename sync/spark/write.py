@@ -17,6 +17,7 @@ from cairn.sync.spark.dedupe import _in_ranges, _overlapping, _ranges, _touched_
 from cairn.sync.spark.files import Files
 from cairn.sync.spark.rebase import _Anchors, _with_event_time
 from cairn.sync.spark.schemas import REQUIRED, TABLE_COLUMNS
+from cairn.sync.spark.session import one_of
 from cairn.sync.spark.stats import IngestStats
 from cairn.sync.spark.table import Table
 from cairn.sync.spark.verify import _Candidate, _parse
@@ -65,12 +66,12 @@ def _append_checked(spark: SparkSession, table: Table, read: list[DataFrame],
     for more in read[1:]:
         lines = lines.unionByName(more)
     uris = [c.data_uri for c in good]
-    rows = lines.where(F.col("uri").isin(uris))
+    rows = lines.where(one_of("uri", uris))
     # only batches that overlap another of this run are deduped among themselves: a
     # shuffle of every row would cost more than the whole read
     overlapping = _overlapping(good)
     if overlapping:
-        shared = F.col("uri").isin([c.data_uri for c in good if c.data_path in overlapping])
+        shared = one_of("uri", [c.data_uri for c in good if c.data_path in overlapping])
         rows = rows.where(~shared).unionByName(
             rows.where(shared).dropDuplicates(["gateway_id", "seq"]))
     existing = table.events()
