@@ -255,13 +255,13 @@ def _report_locked(spark: SparkSession, files: Files, table_path: str,
               .orderBy("gateway_id", "date"),
               "fleet": fleet_report(spark, events, gateways, now)}
     counts = {}
-    for name, frame in frames.items():
-        frame = frame.cache()
+    for name, frame in frames.items():  # each read by the summary and the page below too
+        frames[name] = frame = frame.cache()
         counts[name] = frame.count()
         frame.coalesce(1).write.mode("overwrite").parquet(f"{out}/{name}")
         _write_csv(files, frame, f"{out}/{name}.csv")
     lines = []
-    for g in gateways.collect():
+    for g in frames["gateways"].collect():
         lines.append(
             f"{g.gateway_id}: {g.events} events, seq {g.min_seq}..{g.max_seq}, "
             f"{g.not_landed} not landed, {g.dropped_on_gateway} dropped on the gateway "
@@ -276,7 +276,8 @@ def _report_locked(spark: SparkSession, files: Files, table_path: str,
                  + "".join(f"\n  {g.urgency}. {g.gateway_id}: {g.reasons}"
                            for g in flagged.limit(FLEET_LINES).collect()))
     _write_html(files, frames, f"{out}/report.html")
-    events.unpersist()
+    for frame in [*frames.values(), events]:
+        frame.unpersist()
     return SparkReport(out, counts, lines)
 
 
