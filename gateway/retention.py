@@ -38,8 +38,9 @@ What the slots may hold, so that no client can turn them against the others
 
 What the router holds for a slot is its packed payload (``max_retained_bytes`` counts
 those) and a small record; no decoded copy. A retained EVENT is encoded when it is sent;
-the encoded parts of recent ones are kept in a cache of at most ``max_retained_bytes // 16``
-bytes (:class:`EncodedCache`), so dashboards that subscribe one after the other share them.
+the encoded parts of the retained ones are kept in a cache of at most
+``max_retained_bytes // 16`` bytes (:class:`EncodedCache`), so dashboards that subscribe one
+after the other share them; they go with their slot's publication.
 
 A subscriber's retained events are a :class:`RetainedStream`: a cursor over the slots in
 receive order, which the shell asks for the next event whenever the subscriber's connection
@@ -78,12 +79,19 @@ def session_eligible(pub: StoredPublication, session: Session) -> bool:
 
 
 class EncodedCache:
-    """The encoded parts of recent retained EVENTs (publication id, details and payload,
-    per serializer and pattern-ness), least recently used first out, at most ``limit``
-    bytes in all; a part larger than an eighth of that is not kept."""
+    """The encoded parts of retained EVENTs (publication id, details and payload, per
+    serializer and pattern-ness), least recently used first out, at most ``limit`` bytes in
+    all, each entry counted with what Python holds for it besides its bytes; a part larger
+    than an eighth of that is not kept. A publication's parts go when its slot is replaced or
+    removed (:meth:`forget`): dashboards coming and going while readings change would
+    otherwise fill it with parts no one can ask for again."""
 
-    def __init__(self, limit: int) -> None:
+    ENTRY = 280  # bytes an entry costs besides its encoded bytes: key, value, int, node
+    _KINDS = [(name, pattern) for name in ("json", "msgpack", "cbor") for pattern in (False, True)]
+
+    def __init__(self, limit: int, retained: Callable[[int], bool] = lambda seq: True) -> None:
         self.limit = limit
+        self._retained = retained  # whether a seq is still retained: parts of others go
         self.bytes = 0
         self._parts: OrderedDict[tuple[int, str, bool], tuple[int, bytes]] = OrderedDict()
 
@@ -94,14 +102,22 @@ class EncodedCache:
         return found
 
     def put(self, key: tuple[int, str, bool], value: tuple[int, bytes]) -> None:
-        size = len(value[1])
-        if size > self.limit // 8 or key in self._parts:
-            return
+        size = len(value[1]) + self.ENTRY
+        if size > self.limit // 8 or key in self._parts or not self._retained(key[0]):
+            return  # (a stream still sending a publication replaced since)
         self._parts[key] = value
         self.bytes += size
         while self.bytes > self.limit:
             _, (_, dropped) = self._parts.popitem(last=False)
-            self.bytes -= len(dropped)
+            self.bytes -= len(dropped) + self.ENTRY
+
+    def forget(self, seq: int) -> None:
+        """The publication ``seq`` is no longer retained."""
+        if self._parts:
+            for name, pattern in self._KINDS:
+                found = self._parts.pop((seq, name, pattern), None)
+                if found is not None:
+                    self.bytes -= len(found[1]) + self.ENTRY
 
 
 class RetainedEvent:
@@ -215,7 +231,9 @@ class Retention:
         self.rule_for = FirstMatch([(r.uri, r.match) for r in self.rules])
         self._users = {u.authid: u.role for u in config.users}
         self._next_seq = next_seq or (lambda: 1 << 62)
-        self.cache = EncodedCache(max(limits.max_retained_bytes // 16, 1))
+        self._by_seq: dict[int, _Slot] = {}
+        self.cache = EncodedCache(max(limits.max_retained_bytes // 16, 1),
+                                  self._by_seq.__contains__)
         self._slots: dict[str, dict[str, _Slot]] = {}  # topic -> audience key -> slot
         # standings 0 and 1, least recently published first: who makes room
         self._evictable: tuple[dict[_Slot, None], ...] = ({}, {})
@@ -225,7 +243,6 @@ class Retention:
         # an owner's share of the bytes: as its share of the slots
         self.share_bytes = limits.max_retained_bytes * min(
             limits.max_retained_per_session, limits.max_retained) // limits.max_retained
-        self._by_seq: dict[int, _Slot] = {}
         self._seqs: list[int] = []  # every seq of _by_seq, ascending, and some gone since
         self.count = 0
         self.bytes = 0
@@ -403,6 +420,7 @@ class Retention:
 
     def _unindex(self, slot: _Slot) -> None:
         del self._by_seq[slot.pub.seq]  # its seq stays in _seqs until they are compacted
+        self.cache.forget(slot.pub.seq)
         if len(self._seqs) > 1024 and len(self._seqs) > 2 * len(self._by_seq):
             self._seqs = [seq for seq in self._seqs if seq in self._by_seq]
 
