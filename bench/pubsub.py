@@ -59,7 +59,7 @@ from typing import Any
 
 from bench.wire import TOPIC, Publisher, SubscriberSession, serve_fake_broker
 from cairn.gateway.metrics import quantile
-from harness.config import history_rule, open_realm
+from harness.config import NO_READ_BUDGET, history_rule, open_realm
 from harness.process import (
     CLK_TCK,
     free_port,
@@ -86,7 +86,8 @@ def machine_busy_seconds() -> tuple[float, float]:
 
 class RouterProcess(HarnessRouterProcess):
     """``cairn router`` as benchmarked: the installed entry point (or ``command``), warnings
-    only in its log, optionally a history rule or a traced garbage collector."""
+    only in its log, no read budget per connection, optionally a history rule or a traced
+    garbage collector."""
 
     name = "cairn"
 
@@ -105,7 +106,8 @@ class RouterProcess(HarnessRouterProcess):
             env["BENCH_GC_LOG"] = str(self.gc_log)
         if command:
             cmd = shlex.split(command)
-        super().__init__(workdir, realm, env=env, log_level="warning", command=cmd)
+        super().__init__(workdir, realm, env=env, log_level="warning", command=cmd,
+                         router_toml=f"[router.limits]\n{NO_READ_BUDGET}")
         self.start()
         self.ws_port, self.rs_port = self.port, self.rawsocket_port
 

@@ -116,7 +116,7 @@ from bench.store_data import (
     reading,
 )
 from cairn.gateway.metrics import quantile
-from harness.config import history_rule, open_realm
+from harness.config import NO_READ_BUDGET, history_rule, open_realm
 from harness.process import RouterProcess
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -427,7 +427,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def run(opts: argparse.Namespace, workdir: Path, report: dict[str, Any]) -> None:
     # the populated store holds --retained slots besides the publishers' own
     router = RouterProcess(workdir, REALM, router_toml=(
-        f"[router.limits]\nmax_retained = {opts.retained + 100_000}"))
+        f"[router.limits]\nmax_retained = {opts.retained + 100_000}\n{NO_READ_BUDGET}"))
     data_dir = router.data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     report["filesystem"] = filesystem_of(data_dir)

@@ -145,6 +145,8 @@ class Limits:
                                             # max_payload sets it per rule)
     max_store_queue_bytes: int = 4 * 2**20   # publications waiting for their commit: past
                                             # it, publishers that add to it are paused
+    max_messages_per_second: int = 1000     # what one connection may send (a second's worth
+    max_bytes_per_second: int = 2**20       # at once); past it, it is not read for a while
     get_events_timeout: float = 5.0         # s one get_events query may run
 
 

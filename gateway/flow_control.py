@@ -6,7 +6,9 @@
 - :class:`Pacer` sends a session's retained events as the peer reads them, and what the
   session is sent after them behind them;
 - :class:`StoreBackpressure` stops reading the connections that fill the store's queue
-  while it is over its bound (TCP backpressure instead of unbounded memory).
+  while it is over its bound (TCP backpressure instead of unbounded memory);
+- :class:`ReadBudget` stops reading a connection that sends more than its share of messages
+  or bytes a second, so that one client cannot take the router's time from the others.
 """
 
 from __future__ import annotations
@@ -202,14 +204,41 @@ class Pacer:
         self._next = None
 
 
+class ReadBudget:
+    """What one connection may send the router: ``messages`` and ``size`` bytes a second,
+    up to one second's worth at once (a token bucket). Past it, the connection is not read
+    until the budget is back: TCP backpressure, as for the store's queue. Nothing is
+    refused, the sender waits, and a client pipelining as fast as its socket takes cannot
+    take the router's time from everyone else."""
+
+    def __init__(self, messages: float, size: float, now: float) -> None:
+        self.messages, self.size = messages, size  # per second
+        self._messages, self._bytes = messages, size  # left, negative when in debt
+        self._at = now
+
+    def spend(self, messages: int, size: int, now: float) -> tuple[str, float] | None:
+        """Spends what one read brought; None while within budget, else the budget that
+        ran out (its limit's name) and the seconds until it is back."""
+        elapsed, self._at = now - self._at, now
+        self._messages = min(self.messages, self._messages + elapsed * self.messages) - messages
+        self._bytes = min(self.size, self._bytes + elapsed * self.size) - size
+        wait_messages, wait_bytes = -self._messages / self.messages, -self._bytes / self.size
+        if wait_messages <= 0 and wait_bytes <= 0:
+            return None
+        if wait_messages >= wait_bytes:
+            return "max_messages_per_second", wait_messages
+        return "max_bytes_per_second", wait_bytes
+
+
 class Readable(Protocol):
-    """A connection as backpressure needs it."""
+    """A connection as backpressure needs it: its reading is paused for one or more reasons
+    (``"store"``, ``"rate"``) and goes on once none is left."""
 
     session: Any
 
-    def pause_reading(self) -> None: ...
+    def pause_reading(self, reason: str) -> None: ...
 
-    def resume_reading(self) -> None: ...
+    def resume_reading(self, reason: str) -> None: ...
 
 
 class StoreBackpressure:
@@ -237,7 +266,7 @@ class StoreBackpressure:
     def _pause(self, connection: Readable) -> None:
         if connection not in self.paused:
             self.paused.add(connection)
-            connection.pause_reading()
+            connection.pause_reading("store")
             self.hits.hit("max_store_queue_bytes",
                           f"paused session {connection.session.id}: "
                           f"{self.store.queued_bytes} bytes wait for a commit")
@@ -246,4 +275,4 @@ class StoreBackpressure:
         self.shares.clear()
         paused, self.paused = self.paused, set()
         for connection in paused:
-            connection.resume_reading()
+            connection.resume_reading("store")

@@ -24,7 +24,7 @@ from autobahn.wamp.exception import ProtocolError
 
 from cairn.gateway.admission import Admission, Ticket
 from cairn.gateway.core import Session
-from cairn.gateway.flow_control import Pacer, WriteBatcher
+from cairn.gateway.flow_control import Pacer, ReadBudget, WriteBatcher
 from cairn.gateway.retention import RetainedStream
 from cairn.gateway.wire import CborWire, JsonWire, MsgPackWire, decode
 
@@ -75,6 +75,9 @@ class Connection:
         self._ticket: Ticket | None = None  # until the session is established
         self._pacer: Pacer | None = None  # once open: retained streams, what waits behind
         self._waiting: Any = ()  # once open: its pacer's deque (empty: nothing is paced)
+        self._budget: ReadBudget | None = None  # once open
+        self._paused: set[str] = set()  # why it is not read (flow_control.Readable)
+        self._resume: asyncio.TimerHandle | None = None  # when its read budget is back
 
     # autobahn's ITransportHandler
     def onOpen(self, transport: Any) -> None:
@@ -101,9 +104,14 @@ class Connection:
         # per-session statistics wrapper; /metrics counts messages.)
         self._serializer = transport._serializer.objects
         self._binary = self._serializer.BINARY
+        limits = self.state.config.router.limits
+        self._budget = ReadBudget(limits.max_messages_per_second, limits.max_bytes_per_second,
+                                  asyncio.get_running_loop().time())
 
     def onClose(self, was_clean: bool) -> None:
         self._open = False
+        if self._resume is not None:
+            self._resume.cancel()
         self.state.connections.discard(self)
         self.callbacks.lost(self.session)
 
@@ -121,6 +129,9 @@ class Connection:
             return
         for msg, extra in messages:  # (Node.receive charges what they queue in the store)
             self.callbacks.receive(self.session, msg, extra)
+        over = self._budget.spend(len(messages), len(payload), asyncio.get_running_loop().time())
+        if over is not None and self._open:
+            self._wait_for_budget(*over)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None
@@ -128,13 +139,28 @@ class Connection:
     def violation(self, reason: str) -> None:
         self.callbacks.violation(self.session, reason)
 
-    def pause_reading(self) -> None:
-        if self._open:
-            self.transport.transport.pause_reading()
+    def _wait_for_budget(self, limit: str, seconds: float) -> None:
+        """Not read for ``seconds``: it sent more than its read budget allows."""
+        if "rate" not in self._paused:
+            self.state.limit_hits.hit(limit, f"session {self.session.id} is not read for "
+                                             f"{seconds:.2f} s")
+            self.pause_reading("rate")
+        if self._resume is not None:  # a read already in the socket's buffer added to it
+            self._resume.cancel()
+        self._resume = asyncio.get_running_loop().call_later(
+            seconds, self.resume_reading, "rate")
 
-    def resume_reading(self) -> None:
+    def pause_reading(self, reason: str) -> None:
         if self._open:
-            self.transport.transport.resume_reading()
+            if not self._paused:
+                self.transport.transport.pause_reading()
+            self._paused.add(reason)
+
+    def resume_reading(self, reason: str) -> None:
+        if self._open and reason in self._paused:
+            self._paused.discard(reason)
+            if not self._paused:
+                self.transport.transport.resume_reading()
 
     def send(self, msg: m.Message | RetainedStream) -> None:
         """Write ``msg``; a retained stream's events as the peer reads them, and what comes

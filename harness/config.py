@@ -44,6 +44,12 @@ def open_realm(name: str = "realm1", allow: Iterable[str] = EVERYTHING,
             f'  ]\n' + "".join(history) + extra)
 
 
+# Lines of [router.limits] that lift the read budget of each connection (1,000 messages and
+# 1 MiB a second by default): benchmarks measure what the router can do, not what one client
+# is allowed.
+NO_READ_BUDGET = "max_messages_per_second = 1000000000\nmax_bytes_per_second = 1099511627776\n"
+
+
 def router_table(data_dir: Path | str, listen: str = "127.0.0.1:0",
                  rawsocket: Iterable[str] = (), log_level: str = "info", extra: str = "") -> str:
     """A ``[router]`` table: WebSocket on ``listen``, RawSocket on each of ``rawsocket``

@@ -79,9 +79,9 @@ class Slowloris:
 @dataclass
 class Storm:
     """A session pipelining 4 KiB publishes to a history topic for ``burst`` seconds every
-    ``every`` seconds, as fast as the router reads them (it pauses reading while its store
-    queue is over its bound). It runs in a process of its own: in the test's event loop it
-    would starve the well-behaved actors, not the router."""
+    ``every`` seconds, as fast as the router reads them (at its read budget, 1 MiB a second,
+    and not while the store's queue is over its bound). It runs in a process of its own: in
+    the test's event loop it would starve the well-behaved actors, not the router."""
 
     router: RouterProcess
     problems: Problems

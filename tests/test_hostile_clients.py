@@ -23,6 +23,7 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 
 from cairn.gateway.config import HEALTH_TOPIC
+from cairn.gateway.flow_control import ReadBudget
 from harness.config import history_rule, permission, realm, role, user
 from harness.process import RouterProcess
 from harness.waiting import until
@@ -535,8 +536,11 @@ def store_files_mib(router: RouterProcess) -> float:
 async def test_a_publish_storm_is_paused_not_buffered_and_the_store_stays_in_bounds(tmp_path):
     """The attack: one session pipelining 64 KiB publishes to a history topic for 4 s took
     the router from 45 MiB to 2.5 GiB, the store to 2.6 GB with max_store_bytes 20 MiB and
-    another client's acknowledged publishes to 16 s; the file did not shrink afterwards."""
-    router = RouterProcess(tmp_path, REALM, router_toml="max_store_bytes = 20971520").start()
+    another client's acknowledged publishes to 16 s; the file did not shrink afterwards.
+    (The session's read budget is lifted: this is the store queue's own bound.)"""
+    router = RouterProcess(tmp_path, REALM, router_toml=(
+        "max_store_bytes = 20971520\n[router.limits]\nmax_messages_per_second = 1000000\n"
+        "max_bytes_per_second = 1073741824")).start()
     try:
         peer = await RawSocketPeer.open(router.rawsocket_port, "msgpack")
         peer.send([1, "realm1", {"roles": {"publisher": {}}}])
@@ -584,6 +588,117 @@ async def test_a_publish_storm_is_paused_not_buffered_and_the_store_stays_in_bou
     assert stored < 20 * 2**20 * 1.3
     assert hits_in(families, "max_store_queue_bytes") >= 1
     assert families["cairn_store_queued_bytes"]["samples"][0][2] < 4 * 2**20
+
+
+def test_a_read_budget_allows_a_seconds_worth_at_once_then_its_rate():
+    budget = ReadBudget(messages=100, size=10_000, now=0.0)
+    assert budget.spend(100, 1_000, now=0.0) is None  # a second's worth at once
+    assert budget.spend(10, 100, now=0.1) is None  # refilled at the rate
+    limit, wait = budget.spend(50, 100, now=0.1)  # 50 in debt: half a second to wait
+    assert limit == "max_messages_per_second" and wait == pytest.approx(0.5)
+    assert budget.spend(1, 1, now=10.0) is None  # refilled, to a second's worth only
+    assert budget.spend(100, 1, now=10.0) is not None
+
+
+def test_a_read_budget_names_the_budget_that_ran_out():
+    budget = ReadBudget(messages=100, size=10_000, now=0.0)
+    limit, wait = budget.spend(1, 30_000, now=0.0)  # one big message: 2 s of bytes in debt
+    assert limit == "max_bytes_per_second" and wait == pytest.approx(2.0)
+
+
+class PipeliningPublisher:
+    """Acknowledged publishes pipelined as fast as the socket takes them, counting the
+    PUBLISHED answers as they come (never an error or ABORT)."""
+
+    def __init__(self, peer: RawSocketPeer) -> None:
+        self.peer = peer
+        self.sent = self.acked = 0
+        self._counting: asyncio.Task | None = None
+
+    async def run(self, payload: str, count: int, wave: int | None = None) -> None:
+        """``count`` publishes; with ``wave``, that many at a time, each wave once the one
+        before was acknowledged (so that the router cannot read them all at once)."""
+        self.peer.send([1, "realm1", {"roles": {"publisher": {}}}])
+        assert (await self.peer.receive())[0] == 2
+        self._counting = asyncio.create_task(self._count())
+        while self.sent < count:
+            self.peer.send([16, self.sent + 1, {"acknowledge": True}, "sensor.storm",
+                            [self.sent, payload]])
+            self.sent += 1
+            await self.peer.writer.drain()  # blocks while the router does not read
+            if wave and self.sent % wave == 0:
+                await until(lambda: self.acked == self.sent, timeout=30)
+
+    async def _count(self) -> None:
+        while (msg := await self.peer.receive(timeout=30)) is not None:
+            assert msg[0] == 17, f"expected PUBLISHED, got {msg}"
+            self.acked += 1
+
+    async def all_acknowledged(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.acked < self.sent and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self._counting.cancel()
+        return self.acked == self.sent
+
+
+async def test_a_session_past_its_message_budget_is_slowed_and_gets_every_publish_acknowledged(
+        tmp_path):
+    """Past max_messages_per_second the router stops reading the session for a while (TCP
+    backpressure): nothing is refused, nobody is cut off, the sender just waits."""
+    router = RouterProcess(tmp_path, REALM, router_toml=(
+        "[router.limits]\nmax_messages_per_second = 200")).start()
+    try:
+        storm = PipeliningPublisher(await RawSocketPeer.open(router.rawsocket_port, "msgpack"))
+        started = time.monotonic()
+        await storm.run("x", count=1000, wave=100)
+        everything = await storm.all_acknowledged(timeout=30)
+        took = time.monotonic() - started
+        families = metrics(router)
+        storm.peer.close()
+    finally:
+        router.stop()
+    print(f"{storm.acked} of {storm.sent} acknowledged in {took:.2f} s")
+    assert everything, f"{storm.acked} of {storm.sent} acknowledged"
+    # a second's worth at once, then 200 a second (the last wave read at once, in debt)
+    assert took >= (1000 - 200 - 100) / 200 * 0.9
+    assert hits_in(families, "max_messages_per_second") >= 1
+
+
+async def test_a_pipelining_session_is_read_at_its_byte_budget_while_a_neighbour_stays_fast(
+        tmp_path):
+    """The soak's storm: one session pipelining 4 KiB publishes as fast as its socket takes
+    them took 90 % of the router's CPU, and the dashboards' publishers' acknowledgements
+    slowed to 2-3 s. With the default budget (1 MiB a second) it is read at that rate."""
+    router = RouterProcess(tmp_path, REALM).start()
+    try:
+        calm = await connect(router)
+        latencies: list[float] = []
+
+        async def acknowledged() -> None:
+            for i in range(15):
+                started = time.monotonic()
+                await calm.publish("sensor.calm", i, options=PublishOptions(acknowledge=True))
+                latencies.append(time.monotonic() - started)
+                await asyncio.sleep(0.2)
+
+        storm = PipeliningPublisher(await RawSocketPeer.open(router.rawsocket_port, "msgpack"))
+        started = time.monotonic()
+        await asyncio.gather(storm.run("x" * 4096, count=2048), acknowledged())  # 8 MiB
+        acked, took = storm.acked, time.monotonic() - started
+        assert await storm.all_acknowledged(timeout=30)
+        families = metrics(router)
+        await calm.leave()
+        storm.peer.close()
+    finally:
+        router.stop()
+    print(f"storm: {storm.sent} sent, {acked} acknowledged in {took:.2f} s; neighbour's "
+          f"acknowledged publish max {max(latencies):.3f} s")
+    budget = (1 + took) * 2**20 / 4096  # a second's worth at once, then a second's a second
+    assert acked <= budget * 1.1
+    assert acked >= budget * 0.4
+    assert max(latencies) < 1.0
+    assert hits_in(families, "max_bytes_per_second") >= 1
 
 
 def hits_in(families: dict[str, dict], limit: str) -> float:
