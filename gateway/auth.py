@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from cairn.gateway.config import Permission, RealmConfig, User
 from cairn.gateway.core import Session, WampError, global_id
-from cairn.gateway.patterns import matches
+from cairn.gateway.patterns import CACHED_URIS, matches
 
 _KIND_RANK = {"exact": 3, "wildcard": 2, "prefix": 1}
 
@@ -71,7 +71,7 @@ class Authorizer:
             pass
         rule = self.rule_for(role, uri)
         decision = rule if rule is not None and action in rule.allow else None
-        if len(self._cache) > 50_000:
+        if len(self._cache) >= CACHED_URIS:
             self._cache.clear()
         self._cache[key] = decision
         return decision

@@ -30,6 +30,12 @@ def matches(pattern: str, match: str, uri: str) -> bool:
     return wildcard_matches(pattern, uri)
 
 
+# URIs a per-URI cache holds before it starts over. Sized for a gateway's topics; a client
+# publishing to ever new ones (junk topics, a counter in the URI) then costs each cache at most
+# this many entries, ~1 MiB, where 10,000-50,000 let the router climb by 15 MiB first.
+CACHED_URIS = 4096
+
+
 class FirstMatch:
     """Which of a list of rules (``(pattern, match policy)`` pairs, in order) is the first to
     match a URI, cached per URI: a config's rules, asked on every publication."""
@@ -45,7 +51,7 @@ class FirstMatch:
             pass
         found = next((i for i, (pattern, match) in enumerate(self.patterns)
                       if matches(pattern, match, uri)), None)
-        if len(self._cache) > 10_000:
+        if len(self._cache) >= CACHED_URIS:
             self._cache.clear()
         self._cache[uri] = found
         return found
@@ -83,7 +89,7 @@ class PatternMap(Generic[T]):
         found = self._cache.get(uri)
         if found is None:
             found = list(self._compute_matches(uri))
-            if len(self._cache) > 10_000:
+            if len(self._cache) >= CACHED_URIS:
                 self._cache.clear()
             self._cache[uri] = found
         return found

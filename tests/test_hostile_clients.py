@@ -24,10 +24,10 @@ from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOption
 
 from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.flow_control import ReadBudget
-from harness.config import history_rule, permission, realm, role, user
+from harness.config import NO_READ_BUDGET, history_rule, permission, realm, role, user
 from harness.process import RouterProcess
 from harness.waiting import until
-from harness.wamp_client import RawSocketPeer, connect
+from harness.wamp_client import Client, RawSocketPeer, connect
 from tests.test_bad_input import _stalled_subscriber
 from tests.test_ops import parse_prometheus
 
@@ -533,6 +533,15 @@ def store_files_mib(router: RouterProcess) -> float:
     return sum(f.stat().st_size for f in router.data_dir.glob("cairn.db*")) / 2**20
 
 
+async def calm_publishes(session: Client, count: int, latencies: list[float]) -> None:
+    """``count`` acknowledged publishes, one every 0.2 s, each one's latency noted."""
+    for i in range(count):
+        started = time.monotonic()
+        await session.publish("sensor.calm", i, options=PublishOptions(acknowledge=True))
+        latencies.append(time.monotonic() - started)
+        await asyncio.sleep(0.2)
+
+
 async def test_a_publish_storm_is_paused_not_buffered_and_the_store_stays_in_bounds(tmp_path):
     """The attack: one session pipelining 64 KiB publishes to a history topic for 4 s took
     the router from 45 MiB to 2.5 GiB, the store to 2.6 GB with max_store_bytes 20 MiB and
@@ -557,20 +566,13 @@ async def test_a_publish_storm_is_paused_not_buffered_and_the_store_stays_in_bou
                 sent += 1
                 await peer.writer.drain()  # blocks while the router does not read
 
-        async def acknowledged() -> None:
-            for i in range(20):
-                started = time.monotonic()
-                await calm.publish("sensor.calm", i, options=PublishOptions(acknowledge=True))
-                latencies.append(time.monotonic() - started)
-                await asyncio.sleep(0.2)
-
         async def watch() -> None:
             while len(latencies) < 20:
                 peaks.append(rss_mib(router.proc.pid))
                 await asyncio.sleep(0.1)
 
         async with asyncio.timeout(30):  # a publisher paused for good would hang here
-            await asyncio.gather(storm(), acknowledged(), watch())
+            await asyncio.gather(storm(), calm_publishes(calm, 20, latencies), watch())
         await asyncio.sleep(3)  # the store catches up, prunes and shrinks
         files = store_files_mib(router)
         families = metrics(router)
@@ -675,16 +677,10 @@ async def test_a_pipelining_session_is_read_at_its_byte_budget_while_a_neighbour
         calm = await connect(router)
         latencies: list[float] = []
 
-        async def acknowledged() -> None:
-            for i in range(15):
-                started = time.monotonic()
-                await calm.publish("sensor.calm", i, options=PublishOptions(acknowledge=True))
-                latencies.append(time.monotonic() - started)
-                await asyncio.sleep(0.2)
-
         storm = PipeliningPublisher(await RawSocketPeer.open(router.rawsocket_port, "msgpack"))
         started = time.monotonic()
-        await asyncio.gather(storm.run("x" * 4096, count=2048), acknowledged())  # 8 MiB
+        await asyncio.gather(storm.run("x" * 4096, count=2048),  # 8 MiB
+                             calm_publishes(calm, 15, latencies))
         acked, took = storm.acked, time.monotonic() - started
         assert await storm.all_acknowledged(timeout=30)
         families = metrics(router)
@@ -699,6 +695,27 @@ async def test_a_pipelining_session_is_read_at_its_byte_budget_while_a_neighbour
     assert acked >= budget * 0.4
     assert max(latencies) < 1.0
     assert hits_in(families, "max_bytes_per_second") >= 1
+
+
+async def test_publishing_to_ever_new_topics_does_not_grow_the_router(tmp_path):
+    """The soak's junk-slot attacker: each refused publish to a topic never seen before
+    left an entry in each per-URI cache (authorization, rules, subscriptions), 10,000 to
+    50,000 of them before one started over: +4.4 MiB from 10,000 to 40,000 topics."""
+    router = RouterProcess(tmp_path, REALM, router_toml=(
+        f"[router.limits]\nmax_retained = 100\n{NO_READ_BUDGET}")).start()
+    try:
+        session = await connect(router, "rawsocket-tcp", "msgpack")
+        sizes = []
+        for start in range(0, 40_000, 1000):
+            for i in range(start, start + 1000):
+                session.publish(f"state.junk.t{i}", i, options=PublishOptions(retain=True))
+            await session.call("wamp.session.count")  # (the publishes before it are handled)
+            sizes.append(rss_mib(router.proc.pid))
+        await session.leave()
+    finally:
+        router.stop()
+    print(f"RSS after 10,000 topics {sizes[9]:.1f} MiB, after 40,000 {sizes[-1]:.1f} MiB")
+    assert sizes[-1] - sizes[9] < 2
 
 
 def hits_in(families: dict[str, dict], limit: str) -> float:
