@@ -42,6 +42,7 @@ from cairn.gateway.core import (
     publication_id,
 )
 from cairn.gateway.history_rules import HistoryRules
+from cairn.gateway.history_topics import HistoryTopics
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.patterns import PatternMap
 from cairn.gateway.publication import StoredPublication
@@ -132,6 +133,7 @@ class Broker:
         self._makers: dict[int, Hashable] = {}
         self._made: Counter[Hashable] = Counter()
         self._own = Session(authid=OWN_AUTHID, authrole=OWN_AUTHROLE)  # the router, publishing
+        self.history_topics = HistoryTopics(limits)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
 
@@ -273,17 +275,17 @@ class Broker:
         pub, refused = self._record(session, msg, disclose, out)
         publication = pub.publication if pub is not None else publication_id()
         self.dispatch(msg, publication, out, publisher=session, disclose=disclose)
-        acknowledge = msg.acknowledge and refused is None
-        if pub is not None and (pub.history_rule is not None or refused is None):
+        acknowledge = msg.acknowledge and not refused
+        if pub is not None and (pub.history_rule is not None or pub.retain):
             then = self._acknowledge(session, msg.request, publication) if acknowledge else None
             out.store(Persist(pub, self._commit_within(pub.history_rule, bool(msg.acknowledge)),
                               then))
         if not msg.acknowledge:
             return
-        if refused is not None:
+        if refused:
             out.send(session, m.Error(m.Publish.MESSAGE_TYPE, msg.request, LIMIT_REACHED,
-                                      args=[f"publication {publication} was delivered but not "
-                                            f"retained: {refused}"]))
+                                      args=[f"publication {publication} was delivered but "
+                                            f"{' and '.join(refused)}"]))
         elif pub is None:
             out.send(session, m.Published(msg.request, publication))
 
@@ -303,16 +305,21 @@ class Broker:
         return stored
 
     def _record(self, session: Session, msg: m.Publish, disclose: bool,
-                out: Outbox) -> tuple[StoredPublication | None, str | None]:
+                out: Outbox) -> tuple[StoredPublication | None, list[str]]:
         """The publication as history and/or retention record it, its seq assigned and its
-        retained slot updated (None when neither keeps it), and, when a bound refused to
-        retain it, which and why. Publications addressed by session ids are never stored:
-        session ids do not survive a restart."""
+        retained slot updated (None when neither keeps it), and what bounds refused it
+        ("not retained: " or "not stored in history: ", the limit's name, ": ", why).
+        Publications addressed by session ids are never stored: session ids do not survive
+        a restart."""
         if msg.exclude or msg.eligible is not None:
-            return None, None
+            return None, []
+        refused = []
         rule = self.history.rule_for(msg.topic)
+        if rule is not None and (why := self._new_history_topic(session, msg.topic)):
+            refused.append(f"not stored in history: {why}")
+            rule = None
         if rule is None and not msg.retain:
-            return None, None
+            return None, refused
         reading, anchor = self.clock.read()
         if anchor is not None:
             out.store(ClockStep(anchor, self.sequence.next_seq - 1))
@@ -329,18 +336,31 @@ class Broker:
             boot_id=self.clock.boot_id, boottime_ns=reading.boottime_ns,
             clock_synced=reading.synced, authid=session.authid, authrole=session.authrole,
             audience=audience, details=details, history_rule=rule, retain=bool(msg.retain))
-        refused = None
         if msg.retain:
-            refused, evicted = self.retention.put(pub, session)
-            if refused is not None:
-                limit, _, why = refused.partition(": ")
+            not_retained, evicted = self.retention.put(pub, session)
+            if not_retained is not None:
+                limit, _, why = not_retained.partition(": ")
                 self.hits.hit(limit, f"{msg.topic!r} not retained: {why}")
                 pub.retain = False
+                refused.append(f"not retained: {not_retained}")
             for gone in evicted:
                 out.store(ForgetRetained(gone))
                 self.hits.hit("retained_evicted", f"the retained slot of {gone.topic!r} made "
                                                   f"room for {msg.topic!r}")
         return pub, refused
+
+    def _new_history_topic(self, session: Session, topic: str) -> str | None:
+        """Why ``session`` may not add ``topic`` to the realm's history topics (None: it may,
+        or has it already): see gateway.history_topics."""
+        if session is self._own:
+            return None
+        driver = self.retention.is_driver(session)
+        refused = self.history_topics.admit(topic, None if driver else maker_of(session),
+                                            driver)
+        if refused is not None:
+            limit, _, why = refused.partition(": ")
+            self.hits.hit(limit, f"{topic!r} not stored in history: {why}")
+        return refused
 
     def _commit_within(self, rule: int | None, acknowledge: bool) -> float | None:
         """How long the publication may wait for its group commit: its history rule's
@@ -385,9 +405,9 @@ class Broker:
         """A publication of the router itself (its health records): retained, stored by the
         realm's history rules and delivered like a client's, as ``OWN_AUTHID``."""
         msg = m.Publish(0, topic, kwargs=kwargs, retain=True)
-        pub, refused = self._record(self._own, msg, False, out)
+        pub, _ = self._record(self._own, msg, False, out)
         self.dispatch(msg, pub.publication if pub is not None else publication_id(), out)
-        if pub is not None and (pub.history_rule is not None or refused is None):
+        if pub is not None and (pub.history_rule is not None or pub.retain):
             out.store(Persist(pub, self._commit_within(pub.history_rule, False)))
 
     def publish_internal(self, topic: str, args: list[Any], out: Outbox) -> None:

@@ -111,13 +111,15 @@ def decode_object(text: str | None) -> dict[str, Any]:
 class Restored:
     """What the store kept, for the router to continue from: its receive order (the next
     seq, and the key of the publication ids that go with seqs), the kept subscriptions
-    (id, realm, uri, match, created) and the retained publications in receive order.
+    (id, realm, uri, match, created), the retained publications in receive order and the
+    topics kept in history.
     Empty for a router that starts without its store: seqs from 1, random ids."""
 
     next_seq: int = 1
     ids: PublicationIds | None = None
     subscriptions: list[tuple[int, str, str, str, str]] = field(default_factory=list)
     retained: list[StoredPublication] = field(default_factory=list)
+    history_topics: list[tuple[str, str]] = field(default_factory=list)  # (realm, topic)
 
 
 @dataclass(frozen=True, eq=False)

@@ -220,6 +220,11 @@ class _Slot:
     standing: int
 
 
+def over_unix_socket(session: Session) -> bool:
+    """Did ``session`` come over the Unix socket (the device's own services)?"""
+    return str(session.transport.get("peer") or "").startswith("unix:")
+
+
 class Retention:
     """The retained slots of a realm within their bounds (see the module's docstring)."""
 
@@ -260,12 +265,18 @@ class Retention:
 
     def _configured(self, pub: StoredPublication) -> bool:
         """Published by a configured user (its authid with its role)?"""
-        return pub.authid is not None and self._users.get(pub.authid) == pub.authrole
+        return self.configured(pub.authid, pub.authrole)
+
+    def configured(self, authid: str | None, authrole: str | None) -> bool:
+        return authid is not None and self._users.get(authid) == authrole
 
     def _driver(self, pub: StoredPublication, session: Session | None) -> bool:
         """Published by a configured user, or by ``session`` over a Unix socket?"""
-        return self._configured(pub) or (
-            session is not None and str(session.transport.get("peer") or "").startswith("unix:"))
+        return self._configured(pub) or (session is not None and over_unix_socket(session))
+
+    def is_driver(self, session: Session) -> bool:
+        """Is ``session`` a driver's: a configured user's, or one over the Unix socket?"""
+        return self.configured(session.authid, session.authrole) or over_unix_socket(session)
 
     def standing(self, pub: StoredPublication, session: Session | None = None) -> int:
         """0, 1 or 2 (DRIVER): see the module's docstring. ``session``: its publisher, when

@@ -116,6 +116,7 @@ class Realm:
         for sub in self.broker.by_id.values():
             if sub.kept and sub.id not in stored:
                 out.store(KeepSubscription(sub.id, self.name, sub.uri, sub.match, sub.created))
+        self.broker.history_topics.restore(t for r, t in restored.history_topics if r == self.name)
         ours = [pub for pub in restored.retained if pub.realm == self.name]
         # drivers' slots first, then newest first: the others go if the bounds were lowered
         standing = self.retention.standing

@@ -381,6 +381,46 @@ async def test_subscriptions_with_history_a_client_left_behind_are_bounded(tmp_p
         router.stop()
 
 
+async def test_new_history_topics_past_the_realms_bound_are_refused_after_a_restart_too(
+        tmp_path):
+    """The attack: one event on each of 40,000 ever-new topics under a history rule grew the
+    store's topic registry (and the router) by 9.4 MiB, for good. Now a realm keeps history
+    for at most max_history_topics topics, those the store kept included; a driver's (here
+    alice, a configured user) are not refused."""
+    router = local_router(tmp_path, "max_history_topics = 4\n")
+    try:
+        anonymous = await connect(router, "rawsocket-tcp", "msgpack")
+        acked = PublishOptions(acknowledge=True)
+        for name in "abcd":
+            await anonymous.publish(f"sensor.{name}", 1, options=acked)
+        with pytest.raises(ApplicationError) as refused:
+            await anonymous.publish("sensor.e", 1, options=acked)
+        assert refused.value.error == "cairn.error.limit_reached"
+        assert "not stored in history: max_history_topics" in refused.value.args[0]
+        alice = await connect(router, authmethods=["ticket"], authid="alice",
+                              secret="secret-a")
+        await alice.publish("sensor.alice", 1, options=acked)
+        await alice.leave()
+        await anonymous.leave()
+        router.stop()
+        router.start()
+        anonymous = await connect(router, "rawsocket-tcp", "msgpack")
+        with pytest.raises(ApplicationError) as refused:
+            await anonymous.publish("sensor.f", 1, options=acked)
+        assert "the realm keeps history for 5 topics" in refused.value.args[0]
+        await anonymous.publish("sensor.a", 2, options=acked)
+        sub = await anonymous.subscribe(noop, "sensor.a")
+        events = (await anonymous.call("wamp.subscription.get_events", sub.id)).results[0]
+        assert [e["args"] for e in events] == [[1], [2]]
+        await anonymous.leave()
+        assert hits_in(metrics(router), "max_history_topics") == 1
+    finally:
+        router.stop()
+    with contextlib.closing(sqlite3.connect(router.db_path)) as db:
+        topics = {t for (t,) in db.execute("SELECT topic FROM topics")}
+    assert topics == {"sensor.a", "sensor.b", "sensor.c", "sensor.d", "sensor.alice", HEALTH_TOPIC}
+
+
 async def has_history(router: RouterProcess, sub_id: int) -> bool:
     """Does ``sub_id`` still name a kept subscription (get_events answers for it)?"""
     session = await connect(router)
@@ -700,7 +740,9 @@ async def test_a_pipelining_session_is_read_at_its_byte_budget_while_a_neighbour
 async def test_publishing_to_ever_new_topics_does_not_grow_the_router(tmp_path):
     """The soak's junk-slot attacker: each refused publish to a topic never seen before
     left an entry in each per-URI cache (authorization, rules, subscriptions), 10,000 to
-    50,000 of them before one started over: +4.4 MiB from 10,000 to 40,000 topics."""
+    50,000 of them before one started over: +4.4 MiB from 10,000 to 40,000 topics. Under a
+    history rule, each was also a topic the store's registry held for good: +9.4 MiB for
+    40,000 (now a client makes at most max_history_topics_per_client)."""
     router = RouterProcess(tmp_path, REALM, router_toml=(
         f"[router.limits]\nmax_retained = 100\n{NO_READ_BUDGET}")).start()
     try:
@@ -708,7 +750,8 @@ async def test_publishing_to_ever_new_topics_does_not_grow_the_router(tmp_path):
         sizes = []
         for start in range(0, 40_000, 1000):
             for i in range(start, start + 1000):
-                session.publish(f"state.junk.t{i}", i, options=PublishOptions(retain=True))
+                session.publish(f"{'sensor' if i % 2 else 'state'}.junk.t{i}", i,
+                                options=PublishOptions(retain=True))
             await session.call("wamp.session.count")  # (the publishes before it are handled)
             sizes.append(rss_mib(router.proc.pid))
         await session.leave()

@@ -39,9 +39,9 @@ def _names_from_history(db: sqlite3.Connection, damaged: list[int],
 
 class Topics:
     """Every (realm, topic) stored in history, with the small id history_scan names it by.
-    Held in memory (a deployment has hundreds or thousands of topics, not millions): a
-    subscription's pattern is matched against these names once per query instead of
-    against every row. Only the writer thread adds, after a commit, by replacing the dict,
+    Held in memory (hundreds or thousands of topics; the router refuses clients new ones past
+    ``max_history_topics``, gateway.history_topics): a subscription's pattern is matched
+    against these names once per query instead of against every row. Only the writer thread adds, after a commit, by replacing the dict,
     so the event loop never reads one half-changed."""
 
     def __init__(self, rows: Iterable[tuple[int, str, str]] = (), next_id: int = 1) -> None:
@@ -91,6 +91,10 @@ class Topics:
         return [i for (r, topic), i in self._ids.items()
                 if r == realm and matches(uri, match, topic) and (visible is None or
                                                                    visible(topic))]
+
+    def names(self) -> list[tuple[str, str]]:
+        """Every (realm, topic)."""
+        return list(self._ids)
 
     def of_realm(self, realm: str) -> list[int]:
         return [i for (r, _), i in self._ids.items() if r == realm]

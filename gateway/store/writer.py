@@ -531,7 +531,8 @@ class StoreWriter:
     async def restored(self) -> Restored:
         """What the router continues from when it is built on this store."""
         return Restored(self.next_seq, self.publication_ids,
-                        await self.reader.load_subscriptions(), await self.reader.load_retained())
+                        await self.reader.load_subscriptions(), await self.reader.load_retained(),
+                        self.topics.names())
 
 
 Store = StoreWriter  # the name the shell, tests and bench import
