@@ -41,8 +41,9 @@ class Topics:
     """Every (realm, topic) stored in history, with the small id history_scan names it by.
     Held in memory (hundreds or thousands of topics; the router refuses clients new ones past
     ``max_history_topics``, gateway.history_topics): a subscription's pattern is matched
-    against these names once per query instead of against every row. Only the writer thread adds, after a commit, by replacing the dict,
-    so the event loop never reads one half-changed."""
+    against these names once per query instead of against every row. Only the writer thread
+    adds, after a commit, by replacing the dict, so the event loop never reads one
+    half-changed."""
 
     def __init__(self, rows: Iterable[tuple[int, str, str]] = (), next_id: int = 1) -> None:
         self._ids: dict[tuple[str, str], int] = {(realm, topic): i for i, realm, topic in rows}
