@@ -19,15 +19,15 @@ from harness.wamp_client import Client, connect
 # a time (pytest-xdist, --dist loadfile --no-loadscope-reorder: xdist would otherwise deal the
 # modules out by their number of tests; most tests wait on sockets and processes, so a third
 # worker fills the two cores), and a long module dealt out last would run alone while the
-# other workers idle. Ordered by their time in a whole run (153 s for the first, 10 for the
+# other workers idle. Ordered by their time in a whole run (129 s for the first, 9 for the
 # last); the rest follow in name order.
-LONGEST_FIRST = ("test_spark.py", "test_spark_bad_input.py", "test_spark_cluster.py",
-                 "test_spark_clock_and_reports.py", "test_hostile_clients.py",
-                 "test_spark_concurrency.py", "test_appliance.py", "test_sync_links.py",
-                 "test_spark_lean.py", "test_config_apply.py", "test_ops.py",
-                 "test_dashboard.py", "test_serial_driver.py", "test_spark_fleet.py",
-                 "test_sync.py", "test_auth.py", "test_history.py", "test_cli.py",
-                 "test_boot_chooser.py")
+LONGEST_FIRST = ("test_spark.py", "test_spark_cluster.py", "test_hostile_clients.py",
+                 "test_spark_bad_input.py", "test_spark_clock_and_reports.py",
+                 "test_spark_concurrency.py", "test_sync_links.py", "test_appliance.py",
+                 "test_config_apply.py", "test_ops.py", "test_spark_lean.py", "test_history.py",
+                 "test_serial_driver.py", "test_dashboard.py", "test_sync.py",
+                 "test_bad_input.py", "test_boot_chooser.py", "test_auth.py", "test_cli.py",
+                 "test_spark_fleet.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -135,13 +135,20 @@ def spark():
     """One local[2] Spark session for every Spark test (starting one costs ~15 s): two
     shuffle partitions, no UI, the JVM options of short jobs (each test's jobs are small:
     five of tests/test_spark.py's heaviest took 98-117 s of CPU with them, 152-156 s
-    without)."""
+    without), and expressions interpreted rather than compiled to Java for each query
+    (a run's queries are new and their data tiny: an ingest of 20 rows took 2.25 s instead
+    of 2.5, and the suite 537 CPU-s instead of 584). Interpreted and generated code give
+    the same results (Spark tests both); the cluster test runs the job as shipped and
+    compares its tables with this session's, row for row, and the benchmarks run it as
+    shipped."""
     from cairn.sync import spark as jobs
     from harness.spark_cluster import QUICK_JVM
 
     session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
                                         "spark.default.parallelism": "2",
                                         "spark.ui.enabled": "false",
+                                        "spark.sql.codegen.wholeStage": "false",
+                                        "spark.sql.codegen.factoryMode": "NO_CODEGEN",
                                         "spark.driver.extraJavaOptions": QUICK_JVM},
                            app="cairn-tests")
     yield session
