@@ -137,7 +137,7 @@ class Limits:
     max_history_subscriptions: int = 1000   # kept without subscribers (beyond the rules')
     max_history_subscriptions_per_client: int = 250  # of them made by one user or address
     max_history_topics: int = 10_000        # topics a realm keeps history for (drivers' past it)
-    max_history_topics_per_client: int = 2_500  # of them made by one user or address
+    max_history_topics_per_client: int = 2_500  # of them new from one anonymous address
     max_retained: int = 10_000              # retained slots (topic x audience) in all
     max_retained_per_topic: int = 16        # audiences with a retained slot, per topic
     max_retained_bytes: int = 64 * 2**20    # their payloads (in memory and in the store)
