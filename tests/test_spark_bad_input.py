@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import zlib
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from cairn.sync.batch_format import (  # noqa: E402
     encode_rows,
     manifest_name,
 )
+from cairn.sync.spark.verify import CHECKED_BYTES  # noqa: E402
 from cairn.sync.uploader import build_batch  # noqa: E402
 from tests.test_spark import events, land  # noqa: E402
 
@@ -223,6 +225,20 @@ def test_a_line_longer_than_a_line_may_be_is_quarantined_without_being_held(spar
     line = gzip.decompress(encode_rows("gw-a", events([101])))
     name = land_lines(ingested, {0: padded(line, MAX_LINE_BYTES + 1)})
     assert ingest_bad(spark, ingested) == {name: "9 lines, the manifest says 10"}
+
+
+def test_a_batch_that_expands_past_its_manifests_count_is_quarantined_unparsed(spark, ingested):
+    """A bomb of well-formed lines: a batch just over CHECKED_BYTES whose manifest counts 10
+    lines, holding those 10 lines repeated (~170:1 in gzip, 1,848:1 in bzip2). Spark
+    parsed and cached every one of them before counting (0.93 GiB of them: 48 s)."""
+    rows = events(range(101, 111))
+    lines = gzip.decompress(encode_rows("gw-a", rows))
+    deflate, parts = zlib.compressobj(9, zlib.DEFLATED, 31), []
+    while sum(map(len, parts)) <= CHECKED_BYTES:
+        parts.append(deflate.compress(lines * 1000))
+    name = land_bytes(ingested[0], "gw-a", rows, b"".join(parts) + deflate.flush(), 100)
+    assert ingest_bad(spark, ingested) == {
+        name: "more lines than the 10 its manifest counts (not read past line 11)"}
 
 
 def land_oversized_manifest(landing: Path) -> str:

@@ -7,13 +7,17 @@ commit protocol and crash recovery."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import zipfile
+import zlib
 from typing import Any, NamedTuple
 
 import pytest
 
 pytest.importorskip("pyspark")
 
+from cairn.sync.spark import verify  # noqa: E402
 from cairn.sync.spark.cli import _conf  # noqa: E402
 from cairn.sync.spark.dedupe import (  # noqa: E402
     _one_pass_batches,
@@ -28,6 +32,7 @@ from cairn.sync.spark.stats import IngestStats  # noqa: E402
 from cairn.sync.spark.verify import (  # noqa: E402
     _bytes_problem,
     _Candidate,
+    _lines_past,
     _lines_problem,
     _triage,
 )
@@ -249,6 +254,55 @@ def test_the_summary_of_runs_added_up():
         "since, not read again), 1 quarantined, 1 data files waiting for their manifest; 5 "
         "rows read, 5 added (0 duplicates, 2 with estimated time); 7 earlier rows re-based on "
         "new clock anchors; 2 micro-batches; 0.0 s (0 rows/s)")
+
+
+# -- a batch that expands past its manifest's count ------------------------------------------
+
+LINE = b'{"s":1,"w":10000,"b":0,"t":"sensor.a","k":{"celsius":21.5}}\n'
+
+
+def bomb(lines: int) -> bytes:
+    """A gzip of ``lines`` normal lines, compressed as it is made (a bomb's 1,000:1)."""
+    deflate, block = zlib.compressobj(9, zlib.DEFLATED, 31), LINE * 10_000
+    chunks = [deflate.compress(block) for _ in range(lines // 10_000)]
+    return b"".join([*chunks, deflate.compress(LINE * (lines % 10_000)), deflate.flush()])
+
+
+def test_a_batch_is_read_no_further_than_the_line_past_its_manifests_count(monkeypatch):
+    data = bomb(2_000_000)  # 120 MB of lines in ~0.3 MB
+    read = []
+
+    def counted(data: bytes, name: str):
+        for chunk in decompressed(data, name):
+            read.append(len(chunk))
+            yield chunk
+
+    decompressed = verify._decompressed
+    monkeypatch.setattr(verify, "_decompressed", counted)
+    assert _lines_past(data, "g/1-10.jsonl.gz", 10)
+    assert sum(read) <= verify._STEP
+
+
+def test_a_batch_of_as_many_lines_as_its_manifest_counts_is_not_past_it():
+    assert not _lines_past(gzip.compress(LINE * 10), "g/1-10.jsonl.gz", 10)
+    assert not _lines_past(bz2.compress(LINE * 10), "g/1-10.jsonl.bz2", 10)
+    assert not _lines_past(gzip.compress(LINE * 9 + LINE[:-1]), "g/1-10.jsonl.gz", 10)
+
+
+def test_a_last_line_without_its_newline_is_a_line():
+    assert _lines_past(gzip.compress(LINE * 10 + LINE[:-1]), "g/1-10.jsonl.gz", 10)
+
+
+def test_every_member_of_a_multi_member_file_is_counted():
+    assert _lines_past(gzip.compress(LINE * 6) + gzip.compress(LINE * 5), "g/1.jsonl.gz", 10)
+    assert _lines_past(bz2.compress(LINE * 6) + bz2.compress(LINE * 5), "g/1.jsonl.bz2", 10)
+    assert not _lines_past(bz2.compress(LINE * 5) * 2, "g/1.jsonl.bz2", 10)
+
+
+def test_a_damaged_stream_is_counted_as_far_as_it_goes():
+    whole = bomb(20_000)
+    assert _lines_past(whole[:len(whole) // 2], "g/1.jsonl.gz", 10)
+    assert not _lines_past(b"PK\x03\x04 not a gzip stream", "g/1.jsonl.gz", 10)
 
 
 def test_conf_pairs():

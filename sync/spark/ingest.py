@@ -50,7 +50,12 @@ from cairn.sync.spark.schemas import ANCHOR_SCHEMA, BATCH_LOG_SCHEMA, GAP_SCHEMA
 from cairn.sync.spark.session import _prepare, one_of
 from cairn.sync.spark.stats import IngestStats
 from cairn.sync.spark.table import LOCK_WAIT_S, Table
-from cairn.sync.spark.verify import _bytes_problems, _Candidate, _triage
+from cairn.sync.spark.verify import (
+    _bytes_problems,
+    _Candidate,
+    _expansion_problems,
+    _triage,
+)
 from cairn.sync.spark.write import _append_checked, _write_one_pass
 from cairn.sync.table_lock import locked
 
@@ -310,8 +315,11 @@ class IngestRun:
         return good
 
     def verify_bytes(self, candidates: list[_Candidate]) -> list[_Candidate]:
-        """The candidates whose bytes are what their manifest says."""
+        """The candidates whose bytes are what their manifest says (and, over CHECKED_BYTES,
+        that do not hold more lines than it counts)."""
         self.problems = _bytes_problems(self.spark, candidates)
+        self.problems.update(_expansion_problems(
+            self.spark, [c for c in candidates if c.data_path not in self.problems]))
         self.clock = self.stats.timed("verify bytes", self.clock)
         return [c for c in candidates if c.data_path not in self.problems]
 
