@@ -83,8 +83,8 @@ def _expansion_problems(spark: SparkSession, candidates: list[_Candidate]) -> di
     if not big:
         return {}
     counts = {c.data_uri: c.manifest["count"] for c in big}
-    past = F.udf(lambda uri, content: _lines_past(content, uri, counts[uri]), "boolean",
-                 useArrow=False)  # pickled rows: the job needs no pyarrow
+    past = F.udf(lambda uri, content: uri in counts and _lines_past(content, uri, counts[uri]),
+                 "boolean", useArrow=False)  # pickled rows: the job needs no pyarrow
     flagged = {r.uri for r in (
         spark.read.format("binaryFile").load([c.data_path for c in big])
         .select(F.col("_metadata.file_path").alias("uri"), "content")
