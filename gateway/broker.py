@@ -352,8 +352,8 @@ class Broker:
     def _new_history_topic(self, session: Session, topic: str) -> str | None:
         """Why ``session`` may not add ``topic`` to the realm's history topics (None: it may,
         or has it already): see gateway.history_topics."""
-        if session is self._own:
-            return None
+        if session is self._own or topic in self.history_topics:
+            return None  # the usual case, checked before who publishes is worked out
         driver = self.retention.is_driver(session)
         refused = self.history_topics.admit(topic, None if driver else maker_of(session),
                                             driver)

@@ -36,6 +36,9 @@ class HistoryTopics:
     def __len__(self) -> int:
         return len(self._topics)
 
+    def __contains__(self, topic: str) -> bool:
+        return topic in self._topics
+
     def restore(self, topics: Iterable[str]) -> None:
         """Topics the store keeps history for (in no client's share)."""
         self._topics.update(topics)
