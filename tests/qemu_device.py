@@ -39,6 +39,12 @@ BOOT_TIMEOUT = 900          # s: first boot under TCG (data partition, host keys
 # warning.
 SYSTEMD_FROZE = "Freezing execution."
 FREEZE_RESTARTS = 2
+# for failure messages: where a boot starts on the console, and systemd's status lines that
+# say something went wrong ([FAILED], [DEPEND] and [ TIME ] on a colour console)
+KERNEL_BANNER = "Linux version"
+SYSTEMD_PROBLEM = re.compile(r"\[(FAILED|DEPEND| TIME )\]|Dependency failed|Timed out|"
+                             r"Failed to (start|mount)|fsck.*(error|fail)|FAT-fs")
+ANSI = re.compile(r"\x1b\[[0-9;?!]*[A-Za-z]")
 SSH_USER = "admin"
 ADMIN_SECRET = "an admin's secret, for the tests only"
 
@@ -329,6 +335,17 @@ class Guest:
         except OSError:
             return ""
 
+    def console_report(self, chars: int = 3000) -> str:
+        """For a failure: what systemd said went wrong in the last boot on the console (a
+        unit failed, a dependency failed, a wait timed out: often long before the tail),
+        then the console's tail, without colour codes."""
+        text = ANSI.sub("", self.console_tail(chars=10_000_000))
+        boot = text[text.rfind(KERNEL_BANNER):] if KERNEL_BANNER in text else text
+        problems = [line.strip() for line in boot.splitlines() if SYSTEMD_PROBLEM.search(line)]
+        said = "\n".join(problems[-40:]) or "(none)"
+        return (f"systemd's problems in the last boot:\n{said}\n"
+                f"--- the console's last {chars} characters:\n{text[-chars:]}")
+
     def kill(self) -> None:
         """Power cut: SIGKILL, nothing of the guest's page cache reaches the disk."""
         if self.alive():
@@ -343,7 +360,7 @@ class Guest:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError("the guest did not power off:\n"
-                                 + self.console_tail()) from None
+                                 + self.console_report()) from None
 
     # -- inside the guest ----------------------------------------------------------------
     def ssh_command(self, *extra: str, shared: bool = True) -> list[str]:
@@ -386,7 +403,7 @@ class Guest:
         while time.monotonic() - started < timeout:
             if not self.alive():
                 raise AssertionError(f"QEMU exited ({self.proc.returncode}):\n"
-                                     + self.console_tail())
+                                     + self.console_report())
             if restarts < FREEZE_RESTARTS and self._systemd_froze():
                 restarts += 1
                 self._power_cycle_frozen_boot()
@@ -411,7 +428,7 @@ class Guest:
                 self.ssh("timeout 30 sh -c 'until systemctl is-active -q cairn-router; "
                          "do sleep 1; done'", check=False, timeout=60)
         raise AssertionError(f"not ready after {timeout} s (last answer {last!r}):\n"
-                             + self.console_tail())
+                             + self.console_report())
 
     def _systemd_froze(self) -> bool:
         # console_tail: QEMU may not have created this boot's console file yet

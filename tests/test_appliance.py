@@ -46,7 +46,7 @@ IMAGE_UNITS = ["cairn-data-partition.service", "cairn-readonly-root.service",
                "cairn-overlay-rw.service", "cairn-drivers.service",
                "cairn-device-settings.service", "cairn-health.service",
                "cairn-update-pull.service", "cairn-update-usb@.service",
-               "cairn-provision.service"]
+               "cairn-provision.service", "cairn-device-identity.service"]
 # what `systemd-analyze verify` is asked about: templates through an instance, so that
 # their specifiers (%i) are expanded as on the device
 INSTANCES = {"cairn-sensor@.service": "cairn-sensor@greenhouse.service",

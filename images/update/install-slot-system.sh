@@ -17,7 +17,8 @@ install -D -m 755 "$HERE/cairn-update-installing" "$HERE/cairn-update-installed"
 	"$HERE/cairn-device-settings" "$HERE/cairn-device-identity" -t "$R/usr/lib/cairn/"
 install -m 644 "$HERE/cairn-device-settings.service" "$HERE/cairn-health.service" \
 	"$HERE/cairn-update-pull.service" "$HERE/cairn-update-usb@.service" \
-	"$HERE/cairn-provision.service" "$R/usr/lib/systemd/system/"
+	"$HERE/cairn-provision.service" "$HERE/cairn-device-identity.service" \
+	"$R/usr/lib/systemd/system/"
 install -D -m 644 "$HERE/90-cairn-update-usb.rules" "$R/usr/lib/udev/rules.d/90-cairn-update-usb.rules"
 # The update keyring (the CA that signs bundles): the image's default, a device setting from
 # the first boot on. Without one, every bundle is refused.
@@ -25,7 +26,7 @@ if [ -n "$KEYRING" ]; then
 	install -D -m 644 "$KEYRING" "$R/etc/cairn/update/keyring.pem"
 fi
 systemctl --root="$R" enable cairn-device-settings.service cairn-health.service \
-	cairn-update-pull.service cairn-provision.service
+	cairn-update-pull.service cairn-provision.service cairn-device-identity.service
 
 # The overlay root from the first boot on: overlayroot reads this from the slot in the
 # initramfs; recurse=0 keeps /boot/firmware and /data real mounts. The first-boot switch of
