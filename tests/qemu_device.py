@@ -44,7 +44,7 @@ FREEZE_RESTARTS = 2
 KERNEL_BANNER = "Linux version"
 SYSTEMD_PROBLEM = re.compile(r"\[(FAILED|DEPEND| TIME )\]|Dependency failed|Timed out|"
                              r"Failed to (start|mount)|fsck.*(error|fail)|FAT-fs")
-ANSI = re.compile(r"\x1b\[[0-9;?!]*[A-Za-z]")
+ANSI = re.compile(r"\x1b\[[0-9;:?!]*[A-Za-z]")  # (256-colour codes have colons)
 SSH_USER = "admin"
 ADMIN_SECRET = "an admin's secret, for the tests only"
 
