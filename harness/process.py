@@ -30,21 +30,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_ports(ports: Sequence[int], alive: Callable[[], bool], timeout: float = 15) -> None:
-    """Until something accepts connections on each port of 127.0.0.1; RuntimeError if
+def wait_for_ports(ports: Sequence[int], alive: Callable[[], bool], timeout: float = 15,
+                   host: str = "127.0.0.1") -> None:
+    """Until something accepts connections on each port of ``host``; RuntimeError if
     ``alive()`` turns false (the server exited) or the time runs out."""
     deadline = time.monotonic() + timeout
     for port in ports:
-        while True:
-            if not alive():
-                raise RuntimeError("the server process exited during startup")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"nothing listening on 127.0.0.1:{port}") from None
-                time.sleep(0.05)
+        _wait_for(lambda p=port: socket.create_connection((host, p), timeout=0.5).close(),
+                  alive, deadline, f"{host} port {port}")
+
+
+def wait_for_unix_socket(path: Path, alive: Callable[[], bool], timeout: float = 15) -> None:
+    """Until something accepts connections on the Unix socket ``path``."""
+    def connect() -> None:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(0.5)
+            s.connect(str(path))
+
+    _wait_for(connect, alive, time.monotonic() + timeout, str(path))
+
+
+def _wait_for(connect: Callable[[], None], alive: Callable[[], bool], deadline: float,
+              where: str) -> None:
+    while True:
+        if not alive():
+            raise RuntimeError("the server process exited during startup")
+        try:
+            return connect()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nothing listening on {where}") from None
+            time.sleep(0.05)
+
+
+def loopback_of(host: str) -> str:
+    """The address to reach a listener bound to ``host`` from this machine: loopback of its
+    family for a wildcard (``[::]`` listens on IPv6 only, as asyncio binds it)."""
+    host = host.strip("[]")
+    return {"::": "::1", "0.0.0.0": "127.0.0.1", "": "127.0.0.1"}.get(host, host)
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -86,9 +109,10 @@ class RouterProcess(LoggedProcess):
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.unix_path = workdir / "wamp.sock"
-        # the RawSocket port is waited for on 127.0.0.1, unless it listens elsewhere (IPv6):
-        # the router listens on all its ports at once, so the HTTP one tells then
-        self._await_rawsocket = rawsocket_host is None
+        self._unix = unix
+        # each port is waited for where it listens: the router opens the HTTP one first, so
+        # that one listening says nothing of the RawSocket one (CI's stop 42: refused)
+        self._rawsocket_at = loopback_of(rawsocket_host or host)
         self.port: int | None = None  # of a config the caller wrote: unknown, see its log
         self.rawsocket_port: int | None = None
         self._new_ports: Callable[[], None] | None = None  # our config, on other free ports
@@ -154,10 +178,16 @@ class RouterProcess(LoggedProcess):
                 stdin=subprocess.DEVNULL,
                 preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile)))
                 if nofile else None)
-        rawsocket = self.rawsocket_port if self._await_rawsocket else None
-        ports = [p for p in (rawsocket, self.port) if p is not None]
+        def alive() -> bool:
+            return self.proc.poll() is None
+
         try:
-            wait_for_ports(ports, lambda: self.proc.poll() is None, timeout)
+            if self.port is not None:
+                wait_for_ports([self.port], alive, timeout)
+            if self.rawsocket_port is not None:
+                wait_for_ports([self.rawsocket_port], alive, timeout, self._rawsocket_at)
+            if self._unix:
+                wait_for_unix_socket(self.unix_path, alive, timeout)
         except RuntimeError as e:
             exited = self.proc.poll()
             self.stop()
