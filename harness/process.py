@@ -111,7 +111,7 @@ class RouterProcess(LoggedProcess):
         self.unix_path = workdir / "wamp.sock"
         self._unix = unix
         # each port is waited for where it listens: the router opens the HTTP one first, so
-        # that one listening says nothing of the RawSocket one (CI's stop 42: refused)
+        # that one listening says nothing of the RawSocket one (CI's stop 42: a refused connect)
         self._rawsocket_at = loopback_of(rawsocket_host or host)
         self.port: int | None = None  # of a config the caller wrote: unknown, see its log
         self.rawsocket_port: int | None = None
