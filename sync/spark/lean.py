@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from cairn.gateway.publication_ids import BITS, MULTIPLIERS, SHIFT
@@ -25,32 +25,49 @@ _MASK = (1 << BITS) - 1
 _HALF = 27  # a 53-bit number as 26 high and 27 low bits: their products fit in a long
 
 
-def _mulmod(x: Column, c: int) -> Column:
-    """``x * c mod 2**53`` for ``0 <= x < 2**53`` in longs that cannot overflow (Spark's ANSI
-    mode fails on overflow): of the product's partial products only the low 26 bits of the
-    middle ones and the low one reach below 2**53."""
-    lo_mask = (1 << _HALF) - 1
-    xl, xh = x.bitwiseAND(lo_mask), F.shiftright(x, _HALF)
-    cl, ch = c & lo_mask, c >> _HALF
-    middle = (xl * ch + xh * cl).bitwiseAND((1 << (BITS - _HALF)) - 1)
-    return (xl * cl + F.shiftleft(middle, _HALF)).bitwiseAND(_MASK)
+def _publication_steps(seq: str, k0: str, k1: str) -> list[tuple[str, str]]:
+    """(SQL expression, alias) of each step to ``PublicationIds(key).of_seq(seq)``, k0 and k1
+    the key's halves as there; the last step's is the id. A column per step, the next one's
+    input by its alias (a lateral alias: one nested expression would double in size with
+    each step, as each uses its input more than once). Text, so a plan of them costs one
+    call into the JVM, not one per operator (~300: half a second of every ingest)."""
+    low, middle = (1 << _HALF) - 1, (1 << (BITS - _HALF)) - 1
+    steps: list[tuple[str, str]] = []
+
+    def step(expression: str) -> str:
+        steps.append((expression, f"_pid{len(steps)}"))
+        return f"`{steps[-1][1]}`"
+
+    def mulmod(x: str, c: int) -> str:
+        """``x * c mod 2**53`` for ``0 <= x < 2**53`` in longs that cannot overflow (Spark's
+        ANSI mode fails on overflow): of the partial products only the low 26 bits of the
+        middle ones and the low one reach below 2**53."""
+        cl, ch = c & low, c >> _HALF
+        xl, xh = step(f"{x} & {low}"), step(f"shiftright({x}, {_HALF})")
+        mid = step(f"({xl} * {ch} + {xh} * {cl}) & {middle}")
+        return step(f"({xl} * {cl} + shiftleft({mid}, {_HALF})) & {_MASK}")
+
+    def mix(x: str, c: int) -> str:
+        y = mulmod(x, c)
+        return step(f"{y} ^ shiftright({y}, {SHIFT})")
+
+    c1, c2, c3 = MULTIPLIERS
+    x = step(f"(({seq} & {_MASK}) + {k0}) & {_MASK}")
+    x = step(f"({mix(x, c1)} + {k1}) & {_MASK}")
+    step(f"{mix(mix(x, c2), c3)} + 1")
+    return steps
+
+
+def _items(pairs: list[tuple[str, str]]) -> list[str]:
+    return [f"{expression} AS `{alias}`" for expression, alias in pairs]
 
 
 def with_publication(frame: DataFrame, seq: str, k0: str, k1: str, name: str) -> DataFrame:
     """``frame`` with column ``name``: ``PublicationIds(key).of_seq(seq)``, k0 and k1 the
-    key's halves as there. A column per step: each step uses its input more than once, so
-    one nested expression would double in size with each."""
-    c1, c2, c3 = MULTIPLIERS
-    x = F.col("_step")
-
-    def mix(frame: DataFrame, multiplier: int) -> DataFrame:
-        frame = frame.withColumn("_step", _mulmod(x, multiplier))
-        return frame.withColumn("_step", x.bitwiseXOR(F.shiftright(x, SHIFT)))
-
-    frame = frame.withColumn("_step", (F.col(seq).bitwiseAND(_MASK) + F.col(k0))
-                             .bitwiseAND(_MASK))
-    frame = mix(frame, c1).withColumn("_step", (x + F.col(k1)).bitwiseAND(_MASK))
-    return mix(mix(frame, c2), c3).withColumn(name, x + 1).drop("_step")
+    key's halves as there."""
+    steps = _publication_steps(seq, k0, k1)
+    *work, (last, _) = steps
+    return frame.selectExpr("*", *_items([*work, (last, name)])).drop(*(a for _, a in work))
 
 
 def _key_halves(key: str | None) -> tuple[int | None, int | None]:
@@ -69,32 +86,35 @@ def _headers(spark: SparkSession, batches: list[Any]) -> DataFrame:
         " k0 long, k1 long")
 
 
-def _running(delta: str, order: Any) -> Column:
-    """The running sum of a delta column; null on a line that lacks it (not an event)."""
-    return F.when(F.col(delta).isNotNull(), F.sum(delta).over(order)).alias(f"sum_{delta}")
+# a line's fields of EVENT_SCHEMA from its lean keys, the running sums (sum_s, sum_w,
+# sum_b) and its batch's manifest (gateway_id, boots, realms, the id's last step `pid`)
+_EVENT_COLUMNS = {
+    "gateway_id": "gateway_id",
+    "seq": "sum_s",
+    "publication": "coalesce(p, pid)",
+    "realm": "try_element_at(realms, CAST(coalesce(r, 0) + 1 AS INT))",
+    "topic": "t",
+    "wall_ms": "sum_w",
+    "boot_id": "try_element_at(boots, CAST(coalesce(o, 0) + 1 AS INT))",
+    "boottime_ns": f"(sum_w + sum_b) * {NS_PER_MS}",
+    "clock_synced": "coalesce(c, true)",
+    "authid": "a", "authrole": "ar", "audience": "au", "details": "d", "args": "g",
+    "kwargs": "k",
+}
+# a delta's running sum over its file in read order; null on a line that lacks it (not an
+# event). The three share one window, so one sort.
+_RUNNING = ("CASE WHEN {0} IS NOT NULL THEN sum({0}) OVER (PARTITION BY uri ORDER BY line "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) END AS sum_{0}")
 
 
 def parse_lean(spark: SparkSession, batches: list[Any]) -> DataFrame:
     """The lines of schema 2 ``batches`` as EVENT_SCHEMA columns with their file's ``uri``."""
-    lines = (batch_reader(spark).schema(LEAN_SCHEMA).json([c.data_path for c in batches])
-             .withColumn("uri", F.col("_metadata.file_path"))
-             .withColumn("line", F.monotonically_increasing_id()))
-    order = (Window.partitionBy("uri").orderBy("line")
-             .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    summed = lines.select("*", *(_running(d, order) for d in ("s", "w", "b")))  # one sort
-    decoded = with_publication(summed.join(F.broadcast(_headers(spark, batches)), "uri"),
-                               "sum_s", "k0", "k1", "keyed")
-    columns = {
-        "gateway_id": F.col("gateway_id"),
-        "seq": F.col("sum_s"),
-        "publication": F.coalesce("p", "keyed"),
-        "realm": F.try_element_at("realms", (F.coalesce("r", F.lit(0)) + 1).cast("int")),
-        "topic": F.col("t"),
-        "wall_ms": F.col("sum_w"),
-        "boot_id": F.try_element_at("boots", (F.coalesce("o", F.lit(0)) + 1).cast("int")),
-        "boottime_ns": (F.col("sum_w") + F.col("sum_b")) * NS_PER_MS,
-        "clock_synced": F.coalesce("c", F.lit(True)),
-        "authid": F.col("a"), "authrole": F.col("ar"), "audience": F.col("au"),
-        "details": F.col("d"), "args": F.col("g"), "kwargs": F.col("k"),
-    }
-    return decoded.select(*[columns[f.name].alias(f.name) for f in EVENT_SCHEMA.fields], "uri")
+    summed = (batch_reader(spark).schema(LEAN_SCHEMA).json([c.data_path for c in batches])
+              .selectExpr("*", "_metadata.file_path AS uri",
+                          "monotonically_increasing_id() AS line")
+              .selectExpr("*", *(_RUNNING.format(d) for d in ("s", "w", "b"))))
+    *work, (last, _) = _publication_steps("sum_s", "k0", "k1")
+    fields = [f"{_EVENT_COLUMNS[f.name]} AS {f.name}" for f in EVENT_SCHEMA.fields]
+    return (summed.join(F.broadcast(_headers(spark, batches)), "uri")
+            .selectExpr(*_items([*work, (last, "pid")]), *fields, "uri")
+            .selectExpr(*(f.name for f in EVENT_SCHEMA.fields), "uri"))
