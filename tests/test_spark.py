@@ -24,6 +24,9 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 
 from cairn.sync import spark as jobs  # noqa: E402
 from cairn.sync.batch_format import manifest_name, stem  # noqa: E402
+from cairn.sync.spark.files import Files  # noqa: E402
+from cairn.sync.spark.landing import _landed, _read_with_spark, read_manifests  # noqa: E402
+from cairn.sync.spark.table import Table  # noqa: E402
 from cairn.sync.uploader import Batch, build_batch  # noqa: E402
 from tests.test_sync import run_flaky_upload  # noqa: E402
 
@@ -141,6 +144,25 @@ def test_a_rerun_does_not_read_the_manifests_it_ingested(spark, tmp_path):
 
     assert (again.manifests, again.already, again.unread, again.quarantined) == (3, 3, 3, [])
     assert "3 already in the table (3 unchanged since, not read again)" in again.summary()
+
+
+def test_manifests_read_in_the_driver_are_what_spark_reads_of_them(spark, tmp_path):
+    """A local landing's manifests are read in the driver, others by a Spark job: the same
+    text, size and modification time (a space in the path is URL-encoded in the URIs, a
+    byte that is not UTF-8 comes back replaced)."""
+    landing = tmp_path / "a landing"
+    land(landing, "g", events(range(1, 11)), 0)
+    odd = land(landing, "h", events(range(1, 6)), 0)
+    (landing / manifest_name(odd.name)).write_bytes(b'{"gateway_id": "h\xff"}')
+    files = Files(spark)
+    listed = _landed(spark, files, files.qualify(str(landing)),
+                     Table(spark, files, files.qualify(str(tmp_path / "table"))))
+    uris = sorted(u for u in listed.uris if u.endswith(".manifest.json"))
+
+    in_driver = read_manifests(spark, files, uris, {})
+
+    assert sorted(in_driver) == sorted(_read_with_spark(spark, files, uris))
+    assert len(in_driver) == 2 and '{"gateway_id": "h\ufffd"}' in {m.text for m in in_driver}
 
 
 def test_a_manifest_touched_since_its_ingest_is_read_again(spark, tmp_path):

@@ -34,6 +34,14 @@ class Files:
         per file cost seconds per thousand batches)."""
         return unquote(uri)
 
+    @staticmethod
+    def local(path: str) -> str | None:
+        """``file:/x/y`` (any number of slashes) -> ``/x/y``; None for a path of another file
+        system (``hdfs://``, ``s3a://``, ...)."""
+        if not path.startswith("file:"):
+            return None
+        return "/" + path.removeprefix("file:").lstrip("/")
+
     def exists(self, path: str) -> bool:
         p = self._path(path)
         return bool(self._fs(p).exists(p))

@@ -41,9 +41,9 @@ from cairn.sync.spark.landing import (
     LandedManifest,
     _Landed,
     _landed,
-    _manifest_columns,
     _move_batch,
     _quarantine,
+    read_manifests,
 )
 from cairn.sync.spark.rebase import _Anchors, _anchors, _rebase
 from cairn.sync.spark.schemas import ANCHOR_SCHEMA, BATCH_LOG_SCHEMA, GAP_SCHEMA
@@ -111,10 +111,10 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table_path: 
 def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
                   table_path: str, quarantine: str | None, landed: _Landed,
                   archive: str | None) -> IngestStats:
-    """Read the manifests ``manifest_uris`` (one Spark job) and ingest their batches. An
-    oversized manifest is not read (a whole text of 1 GiB ran the driver's heap out)."""
+    """Read the manifests ``manifest_uris`` and ingest their batches (an oversized manifest
+    is not read: :func:`~cairn.sync.spark.landing.read_manifests`)."""
     started = time.monotonic()
-    manifests = _read_manifests(spark, files, manifest_uris, landed.oversized)
+    manifests = read_manifests(spark, files, manifest_uris, landed.oversized)
     read_s = time.monotonic() - started
     stats = ingest_manifests(spark, manifests, table_path, quarantine, files, landed.uris,
                              archive)
@@ -122,21 +122,6 @@ def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
     if len(manifest_uris) > 1:
         log.info("%s", stats.summary())
     return stats
-
-
-def _read_manifests(spark: SparkSession, files: Files, manifest_uris: list[str],
-                    oversized: dict[str, tuple[int, int]]) -> list[LandedManifest]:
-    """The manifests ``manifest_uris``, read in one Spark job; those in ``oversized`` ({URI:
-    (bytes, mtime_ms)}) are not read (a whole text of 1 GiB ran the driver's heap out)."""
-    manifests = [LandedManifest(u, None, *oversized[u]) for u in manifest_uris
-                 if u in oversized]
-    readable = [u for u in manifest_uris if u not in oversized]
-    if readable:
-        # (text()'s own wholetext argument would override an option)
-        frame = (spark.read.text([files.from_uri(u) for u in readable], wholetext=True)
-                 .select(*_manifest_columns()))
-        manifests += [LandedManifest(*r) for r in frame.collect()]
-    return manifests
 
 
 def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str,
@@ -176,7 +161,7 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table_path: 
         listed = {r.uri: (r.bytes, r.mtime_ms) for r in frame.collect()}
         oversized = {uri: stamp for uri, stamp in listed.items()
                      if stamp[0] > MAX_MANIFEST_BYTES}
-        manifests = _read_manifests(frame.sparkSession, files, sorted(listed), oversized)
+        manifests = read_manifests(frame.sparkSession, files, sorted(listed), oversized)
         stats = ingest_manifests(frame.sparkSession, manifests, table_path, quarantine,
                                  files, archive=archive)
         total.add(stats)
