@@ -2,7 +2,10 @@
 
 A batch is a data file ``<gateway_id>/<first_seq:012d>-<last_seq:012d><suffix>`` and beside
 it a ``.manifest.json`` written last: schema, gateway_id, file, after_seq, first_seq,
-last_seq, count, bytes, sha256, created, clock anchors and gap records. Rows are the fields
+last_seq, count, bytes, sha256, created, clock anchors, gap records and (schema 2, optional)
+the ``holes``: the seqs of first_seq..last_seq it holds no row for (publications not kept in
+history, rows lost), as ``[offset from first_seq, how many]`` pairs, which let the job check
+the batch by totals while it writes it (:func:`event_ranges`). Rows are the fields
 of :data:`ROW_FIELDS` (:func:`row_of`), one history publication per line, in seq order,
 bytes as ``{"$bytes": base64}``. Two schemas; the uploader writes the lean one:
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 import base64
 import bz2
 import gzip
+import itertools
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -45,6 +49,9 @@ MANIFEST_SUFFIX = ".manifest.json"
 # unread: a gzip of 1 MiB holding one line of 1 GiB ran the job's heap out, every run.
 MAX_LINE_BYTES = 32 * 1024 * 1024
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+# A batch with more holes than this leaves them out of its manifest (then checked line by
+# line): a manifest of a thousand hole pairs would outweigh a minute's readings on the wire.
+MAX_HOLES = 64
 
 
 class RowField(NamedTuple):
@@ -231,6 +238,28 @@ def decode_batch(data: bytes, manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"gateway_id": manifest["gateway_id"], **row} for row in decode_lean(data, manifest)]
 
 
+def holes_of(seqs: list[int]) -> list[list[int]] | None:
+    """The manifest's ``holes`` of a batch holding ``seqs`` (ascending): [offset from the
+    first, how many] for each run of seqs missing between two; None past MAX_HOLES."""
+    holes = [[prev + 1 - seqs[0], seq - prev - 1]
+             for prev, seq in itertools.pairwise(seqs) if seq > prev + 1]
+    return holes if len(holes) <= MAX_HOLES else None
+
+
+def event_ranges(m: dict[str, Any]) -> list[tuple[int, int]] | None:
+    """The seq ranges (first, last) a batch's rows fill exactly, by its (parsed) manifest:
+    its whole range without a hole, or what its ``holes`` leave; None when not known (holes
+    its manifest does not list)."""
+    first, last = m["first_seq"], m["last_seq"]
+    if m.get("holes") is None:
+        return [(first, last)] if m["count"] == last - first + 1 else None
+    ranges, start = [], first
+    for offset, missing in m["holes"]:
+        ranges.append((start, first + offset - 1))
+        start = first + offset + missing
+    return ranges + [(start, last)]
+
+
 class ManifestError(ValueError):
     pass
 
@@ -257,9 +286,33 @@ def parse_manifest(text: str) -> dict[str, Any]:
             raise ManifestError(f"manifest field {key!r} is not a list")
     if m["first_seq"] > m["last_seq"] or m["count"] < 1:
         raise ManifestError("manifest seq range or count makes no sense")
+    if m.get("holes") is not None:
+        _check_holes(m)
     if schema == 2:
         _check_lean(m)
     return m
+
+
+def _check_holes(m: dict[str, Any]) -> None:
+    span = m["last_seq"] - m["first_seq"] + 1
+    holes = m["holes"]
+    if not (isinstance(holes, list) and len(holes) <= MAX_HOLES and _holes_fit(holes, span)
+            and span - sum(n for _, n in holes) == m["count"]):
+        raise ManifestError("manifest field 'holes' is not holes of its seq range that leave "
+                            "its count")
+
+
+def _holes_fit(holes: list[Any], span: int) -> bool:
+    """Pairs of whole numbers, each hole after the one before with a row between them, and
+    inside the range (its first and last seqs are rows)."""
+    start = 1  # the lowest offset the next hole may start at
+    for pair in holes:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+                and pair[0] >= start and pair[1] >= 1 and pair[0] + pair[1] < span):
+            return False
+        start = pair[0] + pair[1] + 1
+    return True
 
 
 def _check_lean(m: dict[str, Any]) -> None:

@@ -47,6 +47,7 @@ from cairn.sync.batch_format import (
     data_name,
     encode_lean,
     encode_rows,
+    holes_of,
     lean_header,
     manifest_name,
     row_of,
@@ -123,7 +124,8 @@ def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
                  and g["last_seq"] > after_seq and g["first_seq"] <= last],
     }
     if schema == 2:
-        manifest.update(lean_header(rows), publication_key=key.hex() if key else None)
+        manifest.update(lean_header(rows), publication_key=key.hex() if key else None,
+                        holes=holes_of([row["seq"] for row in rows]))
     return Batch(first, last, len(rows), data, manifest)
 
 

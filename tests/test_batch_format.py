@@ -10,10 +10,12 @@ import pytest
 
 from cairn.gateway.publication_ids import PublicationIds
 from cairn.sync.batch_format import (
+    MAX_HOLES,
     ManifestError,
     decode_batch,
     encode_lean,
     encode_rows,
+    event_ranges,
     parse_manifest,
 )
 from cairn.sync.uploader import build_batch
@@ -97,3 +99,46 @@ def test_a_manifest_of_an_unknown_schema_is_refused_naming_the_ones_read(schema)
 def test_a_lean_manifest_without_what_its_rows_refer_to_is_refused(changes, problem):
     with pytest.raises(ManifestError, match=problem):
         parse_manifest(manifest_of(**changes))
+
+
+def holed_manifest(seqs: list[int], **changes) -> dict:
+    rows = readings(1, len(seqs))
+    for row, seq in zip(rows, seqs, strict=True):
+        row["seq"] = seq
+    return {**build_batch("gw-1", rows, 0, [], [], key=KEY).manifest, **changes}
+
+
+def test_the_manifest_lists_the_holes_between_a_batchs_seqs():
+    m = holed_manifest([10, 11, 13, 14, 18, 19, 20])
+    assert m["holes"] == [[2, 1], [5, 3]]  # [offset from first_seq, how many]
+    assert event_ranges(parse_manifest(json.dumps(m))) == [(10, 11), (13, 14), (18, 20)]
+
+
+def test_a_batch_without_holes_lists_none():
+    m = holed_manifest([5, 6, 7])
+    assert m["holes"] == [] and event_ranges(m) == [(5, 7)]
+
+
+def test_a_batch_with_more_holes_than_a_manifest_may_list_leaves_them_out():
+    """(Its seqs are then not known from the manifest: the job checks it line by line.)"""
+    every_other = list(range(1, 2 * (MAX_HOLES + 2), 2))  # MAX_HOLES + 1 holes
+    m = holed_manifest(every_other)
+    assert m["holes"] is None and event_ranges(m) is None
+    assert len(holed_manifest(every_other[:-1])["holes"]) == MAX_HOLES
+
+
+@pytest.mark.parametrize("holes", [
+    [[2, 2]],             # leaves 5 seqs of 10..16, not the 4 counted
+    [[0, 3]],             # takes the first seq, which is a row
+    [[4, 3]],             # takes the last seq
+    [[1, 1], [2, 2]],     # holes with no row between them
+    [[3, 1], [1, 2]],     # out of order
+    [[1, True], [4, 2]],  # not a number
+    [[1, 3, 0]],
+    "[[1, 3]]",
+    [[1, 1]] * (MAX_HOLES + 1),
+])
+def test_holes_that_are_not_the_holes_of_the_range_and_count_are_refused(holes):
+    m = holed_manifest([10, 14, 15, 16], holes=holes)
+    with pytest.raises(ManifestError, match="'holes' is not holes of its seq range"):
+        parse_manifest(json.dumps(m))

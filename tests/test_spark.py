@@ -451,16 +451,21 @@ def test_an_interrupted_commit_of_staged_rows_is_finished_by_the_next_run(spark,
     assert not list(table.glob("_staging/*"))
 
 
-def test_batches_without_holes_are_read_checked_and_written_in_one_pass(spark, tmp_path):
-    """Batches whose seqs run first..last without a hole, alone in their range, take one
-    read; a batch with a hole, and one overlapping rows of the table, are checked first."""
+def test_batches_whose_seqs_are_known_are_read_checked_and_written_in_one_pass(
+        spark, tmp_path):
+    """Batches whose seqs are known (first..last without a hole, or the holes their manifest
+    lists), alone in their range, take one read; a batch with holes its manifest does not
+    list, and one overlapping rows of the table, are checked first."""
     landing, table = tmp_path / "landing", tmp_path / "table"
     land(landing, "g1", events(range(1, 11)), 0)
     land(landing, "g2", events(range(1, 11)), 0)
-    land(landing, "g3", events([1, 2, *range(4, 11)]), 0)  # seq 3 was never stored
+    land(landing, "g3", events([1, 2, *range(4, 11)]), 0)  # seq 3 is no history event
+    unlisted = land(landing, "g4", events([1, 2, *range(4, 11)]), 0, manifest=False)
+    unlisted.manifest["holes"] = None  # as a gateway past MAX_HOLES writes it
+    write_manifest(landing, unlisted)
     first = jobs.ingest(spark, str(landing), str(table))
     assert (first.ingested, first.one_pass, first.rows_added, first.quarantined) == (
-        3, 2, 29, [])
+        4, 3, 38, [])
 
     land(landing, "g1", events(range(6, 16)), 5)  # 6..10 again
     land(landing, "g2", events(range(11, 21)), 10)
@@ -468,4 +473,22 @@ def test_batches_without_holes_are_read_checked_and_written_in_one_pass(spark, t
     assert (second.ingested, second.one_pass, second.rows_added, second.duplicates) == (
         2, 1, 15, 5)
     rows = spark.read.parquet(str(table))
-    assert rows.count() == rows.select("gateway_id", "seq").distinct().count() == 44
+    assert rows.count() == rows.select("gateway_id", "seq").distinct().count() == 53
+
+
+def test_a_batch_whose_rows_are_not_where_its_holes_say_is_checked_line_by_line(
+        spark, tmp_path, caplog):
+    """The holes only spare the job a read: rows in a listed hole (and a listed row missing)
+    fail the one-pass totals, and the batch is checked and ingested as it is."""
+    landing, table = tmp_path / "landing", tmp_path / "table"
+    batch = land(landing, "g", events([1, 2, 4, 5]), 0, manifest=False)  # seq 3 missing
+    assert batch.manifest["holes"] == [[2, 1]]
+    batch.manifest["holes"] = [[3, 1]]  # says seq 4 is
+    write_manifest(landing, batch)
+
+    stats = jobs.ingest(spark, str(landing), str(table))
+
+    assert (stats.one_pass, stats.ingested, stats.rows_added, stats.quarantined) == (
+        0, 1, 4, [])
+    assert "not all what their manifests say: checking them one by one" in caplog.text
+    assert keys(spark, table) == [("g", 1), ("g", 2), ("g", 4), ("g", 5)]

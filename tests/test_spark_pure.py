@@ -143,12 +143,13 @@ def test_only_batches_overlapping_another_are_deduped():
                                   "c/1-300", "c/2-3", "c/250-260"}
 
 
-def test_one_pass_takes_batches_without_holes_overlaps_or_logged_neighbours():
+def test_one_pass_takes_batches_of_known_seqs_without_overlaps_or_logged_neighbours():
     plain, holed = candidate("a", 1, 10), candidate("a", 11, 20, count=9)
+    listed = candidate("a", 21, 30, count=9, holes=[[4, 1]])
     shared1, shared2 = candidate("b", 1, 10), candidate("b", 5, 15)
     logged = candidate("c", 1, 10)
-    sound = [plain, holed, shared1, shared2, logged]
-    assert _one_pass_batches(sound, {logged.data_uri}) == [plain]
+    sound = [plain, holed, listed, shared1, shared2, logged]
+    assert _one_pass_batches(sound, {logged.data_uri}) == [plain, listed]
 
 
 def test_the_table_is_read_in_one_span_per_gateway_of_the_touching_batches():

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cairn.sync.batch_format import event_ranges
 from cairn.sync.spark.session import one_of
 from cairn.sync.spark.table import Table
 from cairn.sync.spark.verify import _Candidate, _line_problems, _read_lines
@@ -19,13 +20,12 @@ from cairn.sync.spark.verify import _Candidate, _line_problems, _read_lines
 
 def _one_pass_batches(sound: list[_Candidate], touching: set[str]) -> list[_Candidate]:
     """The batches that can be checked while they are written (:func:`_write_one_pass`):
-    seqs first..last without a hole (so which (file, seq) pairs it holds is known), no other
+    which seqs each holds is known (no hole, or the holes its manifest lists), no other
     batch of this run overlapping, no row of the table in their range (nothing to dedupe or
     compare). The others are read and checked one by one first (:func:`_check_lines`)."""
     shared = _overlapping(sound)
-    plain = [c for c in sound if c.data_path not in shared and c.manifest["count"]
-             == c.manifest["last_seq"] - c.manifest["first_seq"] + 1]
-    return [c for c in plain if c.data_uri not in touching]
+    return [c for c in sound if c.data_path not in shared and c.data_uri not in touching
+            and event_ranges(c.manifest) is not None]
 
 
 def _ranges(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:

@@ -13,6 +13,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from cairn.sync.batch_format import event_ranges
 from cairn.sync.spark.dedupe import _in_ranges, _overlapping, _ranges, _touched_ranges
 from cairn.sync.spark.files import Files
 from cairn.sync.spark.rebase import _Anchors, _with_event_time
@@ -32,8 +33,8 @@ def _write_one_pass(spark: SparkSession, batches: list[_Candidate], anchors: _An
     checking them on the way with totals rather than batch by batch: every line a whole
     event of its batch's gateway with a seq in the batch's range, as many lines as the
     manifests say, and the sum of a hash of (file, seq) over the lines equal to its sum over
-    every seq of the ranges (a seq twice and another missing would change it). Whether all
-    holds; if not, nothing is left written."""
+    the seqs the manifests say the batches hold (a seq twice, or one in a hole, and another
+    missing would change it). Whether all holds; if not, nothing is left written."""
     ranges = _ranges(spark, batches)
     # two sums of 31-bit halves of a 64-bit hash: longs that cannot overflow (ANSI mode)
     hashed = F.xxhash64("uri", "seq")
@@ -47,13 +48,24 @@ def _write_one_pass(spark: SparkSession, batches: list[_Candidate], anchors: _An
     lines = sum(c.manifest["count"] for c in batches)
     totals = _write_rows(spark, rows, anchors, stage, len(batches), lines, run, {
         "unsound": F.count_if(~F.coalesce(sound, F.lit(False))), "fingerprint": fingerprint})
-    expected = (ranges.select("uri", F.explode(F.sequence("lo", "hi")).alias("seq"))
-                .agg(fingerprint.alias("sum")).first()["sum"])
-    if totals["rows"] == lines and not totals["unsound"] and totals["fingerprint"] == expected:
+    if totals["rows"] == lines and not totals["unsound"] and \
+            totals["fingerprint"] == _expected_fingerprint(spark, batches, fingerprint):
         stats.count_added(totals)
         return True
     Files(spark).delete(stage)
     return False
+
+
+def _expected_fingerprint(spark: SparkSession, batches: list[_Candidate],
+                          fingerprint: Column) -> Any:
+    """``fingerprint`` over the (file, seq) of every row the manifests say the batches hold:
+    as many seqs as they count (asked only once the lines read matched that), however far
+    apart a hostile manifest puts its first and last seq."""
+    held = spark.createDataFrame(
+        [(c.data_uri, lo, hi) for c in batches for lo, hi in event_ranges(c.manifest)],
+        "uri string, lo long, hi long")
+    return (held.select("uri", F.explode(F.sequence("lo", "hi")).alias("seq"))
+            .agg(fingerprint.alias("sum")).first()["sum"])
 
 
 def _append_checked(spark: SparkSession, table: Table, read: list[DataFrame],
