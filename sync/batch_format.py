@@ -275,22 +275,83 @@ def parse_manifest(text: str) -> dict[str, Any]:
     if schema not in DATA_SUFFIXES or isinstance(schema, bool):
         raise ManifestError(f"manifest schema {schema!r}; this job reads "
                             f"{', '.join(map(str, DATA_SUFFIXES))}")
-    for key, kind in (("gateway_id", str), ("file", str), ("sha256", str), ("first_seq", int),
-                      ("last_seq", int), ("count", int), ("bytes", int)):
-        if not isinstance(m.get(key), kind) or isinstance(m.get(key), bool):
-            raise ManifestError(f"manifest field {key!r} missing or not a {kind.__name__}")
-    if m.get("after_seq") is not None and not isinstance(m["after_seq"], int):
-        raise ManifestError("manifest field 'after_seq' is not an integer")
-    for key in ("anchors", "gaps"):
+    for key, spec in _MANIFEST_FIELDS.items():
+        if not _fits(m.get(key), spec):
+            raise ManifestError(f"manifest field {key!r} {_wanted(spec)}")
+    for key, record in (("anchors", _ANCHOR_FIELDS), ("gaps", _GAP_FIELDS)):
         if not isinstance(m.get(key, []), list):
             raise ManifestError(f"manifest field {key!r} is not a list")
-    if m["first_seq"] > m["last_seq"] or m["count"] < 1:
-        raise ManifestError("manifest seq range or count makes no sense")
+        for i, item in enumerate(m.get(key, [])):
+            _check_record(item, record, f"{key}[{i}]")
+    if m["first_seq"] > m["last_seq"]:
+        raise ManifestError("manifest seq range makes no sense")
     if m.get("holes") is not None:
         _check_holes(m)
     if schema == 2:
         _check_lean(m)
     return m
+
+
+# Bounds that keep the job's arithmetic inside a long (Spark's ANSI mode fails a whole run on
+# one overflow): seqs are WAMP ids (below 2**53); wall clocks within 146 years of 1970 (in
+# ns), boottime under 73 years. A line's times past them count as missing (sync.spark.verify).
+MAX_SEQ = (1 << 53) - 1
+MAX_WALL_NS = 1 << 62
+MAX_WALL_MS = MAX_WALL_NS // NS_PER_MS
+MAX_BOOTTIME_NS = 1 << 61
+
+
+class _Field(NamedTuple):
+    kind: type
+    optional: bool = False
+    low: int = -(1 << 63)
+    high: int = (1 << 63) - 1
+
+
+_SEQ = _Field(int, False, 0, MAX_SEQ)
+_MANIFEST_FIELDS = {
+    "gateway_id": _Field(str), "file": _Field(str), "sha256": _Field(str),
+    "first_seq": _SEQ, "last_seq": _SEQ, "count": _Field(int, False, 1, MAX_SEQ),
+    "bytes": _Field(int, False, 0), "after_seq": _SEQ._replace(optional=True),
+}
+_ANCHOR_FIELDS = {
+    "id": _Field(int, False, -MAX_SEQ, MAX_SEQ), "reason": _Field(str),
+    "boot_id": _Field(str), "boottime_ns": _Field(int, False, 0, MAX_BOOTTIME_NS),
+    "wall_ns": _Field(int, False, -MAX_WALL_NS, MAX_WALL_NS),
+    "offset_before_ns": _Field(int, True, -MAX_WALL_NS, MAX_WALL_NS),
+    "clock_synced": _Field(bool), "after_seq": _SEQ,
+}
+_GAP_FIELDS = {
+    "id": _Field(int, False, -MAX_SEQ, MAX_SEQ), "realm": _Field(str, True),
+    "rule": _Field(int, True, 0, MAX_SEQ), "first_seq": _SEQ._replace(optional=True),
+    "last_seq": _SEQ._replace(optional=True), "count": _SEQ._replace(optional=True),
+    "reason": _Field(str, True), "wall_ms": _Field(int, True, -MAX_WALL_MS, MAX_WALL_MS),
+}
+
+
+def _fits(value: Any, spec: _Field) -> bool:
+    if value is None:
+        return spec.optional
+    if spec.kind is bool:  # (0 and 1 too: JSON from other writers)
+        return isinstance(value, bool) or (type(value) is int and value in (0, 1))
+    if spec.kind is int:
+        return type(value) is int and spec.low <= value <= spec.high
+    return isinstance(value, spec.kind)
+
+
+def _wanted(spec: _Field) -> str:
+    what = {str: "a string", bool: "a boolean"}.get(spec.kind, f"a whole number from "
+                                                            f"{spec.low} to {spec.high}")
+    return f"is missing or not {what}" if not spec.optional else f"is not {what}"
+
+
+def _check_record(item: Any, fields: dict[str, _Field], where: str) -> None:
+    """An anchor or gap record: the fields the job reads, of their kind and bounds."""
+    if not isinstance(item, dict):
+        raise ManifestError(f"manifest {where} is not a JSON object")
+    for key, spec in fields.items():
+        if not _fits(item.get(key), spec):
+            raise ManifestError(f"manifest {where} field {key!r} {_wanted(spec)}")
 
 
 def _check_holes(m: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ Its reading by Spark, against schema 1's, is in test_spark_lean.py."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -142,3 +143,35 @@ def test_holes_that_are_not_the_holes_of_the_range_and_count_are_refused(holes):
     m = holed_manifest([10, 14, 15, 16], holes=holes)
     with pytest.raises(ManifestError, match="'holes' is not holes of its seq range"):
         parse_manifest(json.dumps(m))
+
+
+ANCHOR = {"id": 1, "reason": "start", "boot_id": "b", "boottime_ns": 10**9,
+          "wall_ns": 1_795_000_000 * 10**9, "offset_before_ns": None, "clock_synced": True,
+          "after_seq": 0}
+GAP = {"id": -7, "realm": "realm1", "rule": None, "first_seq": 7, "last_seq": 7, "count": 1,
+       "reason": "damaged: not UTF-8", "wall_ms": 1_795_000_000_000}
+
+
+@pytest.mark.parametrize("changes, problem", [
+    ({"first_seq": 2**53}, "field 'first_seq' is missing or not a whole number from 0 to"),
+    ({"count": 0}, "field 'count' is missing or not a whole number from 1 to"),
+    ({"bytes": -1}, "field 'bytes' is missing or not a whole number from 0 to"),
+    ({"after_seq": "0"}, "field 'after_seq' is not a whole number"),
+    ({"anchors": [ANCHOR | {"wall_ns": 2**63}]}, "anchors[0] field 'wall_ns' is missing or"),
+    ({"anchors": [ANCHOR, ANCHOR | {"boottime_ns": -1}]}, "anchors[1] field 'boottime_ns'"),
+    ({"anchors": [ANCHOR | {"clock_synced": "yes"}]}, "anchors[0] field 'clock_synced' is "
+                                                      "missing or not a boolean"),
+    ({"gaps": [GAP | {"rule": -1}]}, "gaps[0] field 'rule' is not a whole number from 0"),
+    ({"gaps": [GAP | {"wall_ms": 2**62}]}, "gaps[0] field 'wall_ms' is not a whole number"),
+    ({"gaps": [GAP, 7]}, "gaps[1] is not a JSON object"),
+])
+def test_a_manifest_field_out_of_what_the_job_computes_with_is_refused(changes, problem):
+    """Spark's ANSI mode fails the whole run on one overflow: numbers are bounded where
+    they come in."""
+    with pytest.raises(ManifestError, match=re.escape(problem)):
+        parse_manifest(manifest_of(**changes))
+
+
+def test_the_records_a_gateway_writes_are_read():
+    m = parse_manifest(manifest_of(anchors=[ANCHOR, ANCHOR | {"clock_synced": 0}], gaps=[GAP]))
+    assert m["gaps"] == [GAP]

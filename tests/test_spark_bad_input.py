@@ -26,7 +26,7 @@ from cairn.sync.batch_format import (  # noqa: E402
 )
 from cairn.sync.spark.verify import CHECKED_BYTES  # noqa: E402
 from cairn.sync.uploader import build_batch  # noqa: E402
-from tests.test_spark import events, land  # noqa: E402
+from tests.test_spark import T0_MS, event, events, land, write_manifest  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -69,6 +69,12 @@ def land_bytes(landing: Path, gateway: str, rows: list, data: bytes, after: int)
     (landing / batch.name).write_bytes(batch.data)
     (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
     return batch.name
+
+
+def land_batch(landing: Path, batch) -> None:
+    (landing / batch.name).parent.mkdir(parents=True, exist_ok=True)
+    (landing / batch.name).write_bytes(batch.data)
+    (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
 
 
 def test_rows_of_another_gateway_inside_a_batch_are_quarantined(spark, ingested):
@@ -150,6 +156,56 @@ def test_a_batch_with_fewer_lines_than_its_manifest_counts_is_quarantined(spark,
     rows = events(range(101, 111))
     name = land_bytes(ingested[0], "gw-a", rows, encode_rows("gw-a", rows[:9]), 100)
     assert ingest_bad(spark, ingested) == {name: "9 lines, the manifest says 10"}
+
+
+def test_a_small_batch_whose_manifest_counts_ten_billion_rows_is_quarantined(spark, ingested):
+    """Its range and count agree, so its seqs look known: the lines are counted before the
+    job works out which seqs they should be (ten billion of them failed the whole run)."""
+    rows = [event(seq, T0_MS + i * 1000, boottime_ns=i * 10**9)
+            for i, seq in enumerate([*range(101, 110), 100 + 10**10])]
+    batch = land(ingested[0], "gw-a", rows, 100, manifest=False)
+    batch.manifest.update(count=10**10, holes=None)
+    write_manifest(ingested[0], batch)
+    assert ingest_bad(spark, ingested) == {batch.name: "10 lines, the manifest says 10000000000"}
+
+
+@pytest.mark.parametrize("schema, field, value", [
+    (1, "wall_ms", 2**62),          # a valid long, but its microseconds are not
+    (1, "boottime_ns", -1),
+    (2, "boottime_ns", 2**62),      # the lean line's sum past a long in nanoseconds
+    (2, "wall_ms", -(2**62)),
+])
+def test_a_line_whose_time_is_out_of_bounds_is_not_an_event(spark, ingested, schema, field,
+                                                            value):
+    """(Spark's ANSI mode fails a whole run on one overflow: one batch stopped every run.)"""
+    rows = events(range(101, 111))
+    if schema == 1:  # (the timestamp beside wall_ms is for the eye: the job reads wall_ms)
+        lines = [json.loads(line) for line in gzip.decompress(encode_rows("gw-a", rows))
+                 .splitlines()]
+        lines[3][field] = value
+        data = gzip.compress(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        batch = build_batch("gw-a", rows, 100, [], [], data, schema=1)
+    else:
+        rows[3][field] = value
+        batch = build_batch("gw-a", rows, 100, [], [])
+    land_batch(ingested[0], batch)
+    assert ingest_bad(spark, ingested) == {batch.name: (
+        f"1 lines are not events of the batch format: line 4 has no {field}")}
+
+
+@pytest.mark.parametrize("record, problem", [
+    ({"anchors": ["start"]}, "manifest anchors[0] is not a JSON object"),
+    ({"anchors": [{"id": 1}]}, "manifest anchors[0] field 'reason' is missing or not a string"),
+    ({"gaps": [{"id": 1, "count": "ten"}]}, "manifest gaps[0] field 'count' is not a whole"),
+])
+def test_a_manifest_with_a_record_the_job_cannot_read_is_quarantined(spark, ingested, record,
+                                                                    problem):
+    rows = events(range(101, 111))
+    batch = build_batch("gw-a", rows, 100, [], [])
+    batch.manifest.update(record)
+    land_batch(ingested[0], batch)
+    [(name, reason)] = ingest_bad(spark, ingested).items()
+    assert name == batch.name and reason.startswith(problem)
 
 
 def test_a_batch_that_is_not_gzip_is_quarantined_even_with_its_checksum(spark, ingested):

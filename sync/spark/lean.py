@@ -96,14 +96,15 @@ _EVENT_COLUMNS = {
     "topic": "t",
     "wall_ms": "sum_w",
     "boot_id": "try_element_at(boots, CAST(coalesce(o, 0) + 1 AS INT))",
-    "boottime_ns": f"(sum_w + sum_b) * {NS_PER_MS}",
+    "boottime_ns": f"try_multiply(try_add(sum_w, sum_b), {NS_PER_MS})",
     "clock_synced": "coalesce(c, true)",
     "authid": "a", "authrole": "ar", "audience": "au", "details": "d", "args": "g",
     "kwargs": "k",
 }
 # a delta's running sum over its file in read order; null on a line that lacks it (not an
-# event). The three share one window, so one sort.
-_RUNNING = ("CASE WHEN {0} IS NOT NULL THEN sum({0}) OVER (PARTITION BY uri ORDER BY line "
+# event), and from a sum past a long on (try_: Spark's ANSI mode fails the run on an
+# overflow). The three share one window, so one sort.
+_RUNNING = ("CASE WHEN {0} IS NOT NULL THEN try_sum({0}) OVER (PARTITION BY uri ORDER BY line "
             "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) END AS sum_{0}")
 
 

@@ -22,6 +22,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cairn.sync.batch_format import MAX_BOOTTIME_NS, MAX_WALL_MS
 from cairn.sync.spark.files import _name
 from cairn.sync.spark.lean import parse_lean
 from cairn.sync.spark.schemas import EVENT_SCHEMA, REQUIRED
@@ -133,9 +134,14 @@ def _decompressed(data: bytes, name: str) -> Iterator[bytes]:
         return
 
 
+# times past these are no times (batch_format's bounds keep every later sum in a long)
+_TIME_BOUNDS = {"wall_ms": (-MAX_WALL_MS, MAX_WALL_MS), "boottime_ns": (0, MAX_BOOTTIME_NS)}
+
+
 def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
     """The lines of ``batches`` as events, with the ``uri`` of the file each came from
-    (schema 2's lean lines decoded to schema 1's)."""
+    (schema 2's lean lines decoded to schema 1's); a time out of bounds is missing, so its
+    line is not a whole event."""
     full = [c for c in batches if c.manifest["schema"] == 1]
     lean = [c for c in batches if c.manifest["schema"] == 2]
     frames = [parse_lean(spark, lean)] if lean else []
@@ -143,7 +149,9 @@ def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
         frames.insert(0, batch_reader(spark).schema(EVENT_SCHEMA)
                       .json([c.data_path for c in full])
                       .withColumn("uri", F.col("_metadata.file_path")))
-    return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    lines = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    return lines.withColumns({name: F.when(F.col(name).between(low, high), F.col(name))
+                              for name, (low, high) in _TIME_BOUNDS.items()})
 
 
 def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
