@@ -63,18 +63,16 @@ def ingest_bad(spark, ingested) -> dict[str, str]:
     return dict(stats.quarantined)
 
 
-def land_bytes(landing: Path, gateway: str, rows: list, data: bytes, after: int) -> str:
-    batch = build_batch(gateway, rows, after, [], [], data, schema=1)  # data: schema 1's
-    (landing / batch.name).parent.mkdir(parents=True, exist_ok=True)
-    (landing / batch.name).write_bytes(batch.data)
-    (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
-    return batch.name
-
-
 def land_batch(landing: Path, batch) -> None:
     (landing / batch.name).parent.mkdir(parents=True, exist_ok=True)
     (landing / batch.name).write_bytes(batch.data)
     (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
+
+
+def land_bytes(landing: Path, gateway: str, rows: list, data: bytes, after: int) -> str:
+    batch = build_batch(gateway, rows, after, [], [], data, schema=1)  # data: schema 1's
+    land_batch(landing, batch)
+    return batch.name
 
 
 def test_rows_of_another_gateway_inside_a_batch_are_quarantined(spark, ingested):
