@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,24 +16,61 @@ from cairn.gateway.server import Node
 from harness.config import open_realm, router_table
 from harness.wamp_client import Client, connect
 
-# The longest modules, started first: `make test` runs the suite on three workers a module at
-# a time (pytest-xdist, --dist loadfile --no-loadscope-reorder: xdist would otherwise deal the
-# modules out by their number of tests; most tests wait on sockets and processes, so a third
-# worker fills the two cores), and a long module dealt out last would run alone while the
-# other workers idle. Ordered by their time in a whole run (129 s for the first, 9 for the
-# last); the rest follow in name order.
-LONGEST_FIRST = ("test_spark.py", "test_spark_cluster.py", "test_hostile_clients.py",
-                 "test_spark_bad_input.py", "test_spark_clock_and_reports.py",
-                 "test_spark_concurrency.py", "test_sync_links.py", "test_appliance.py",
-                 "test_config_apply.py", "test_ops.py", "test_spark_lean.py", "test_history.py",
-                 "test_serial_driver.py", "test_dashboard.py", "test_sync.py",
-                 "test_bad_input.py", "test_boot_chooser.py", "test_auth.py", "test_cli.py",
-                 "test_spark_fleet.py")
+# `make test` runs the suite on three workers, a module at a time (pytest-xdist, --dist loadfile
+# --no-loadscope-reorder): most tests wait on sockets and processes, so a third worker fills
+# the two cores. The modules are dealt out longest first (a long module dealt out last would
+# run alone while the other workers idle), by their time in a whole run in seconds (the rest
+# take under 9 and follow in name order):
+MODULE_SECONDS = {"test_spark.py": 124, "test_hostile_clients.py": 94,
+                  "test_spark_bad_input.py": 94, "test_spark_cluster.py": 81,
+                  "test_spark_clock_and_reports.py": 68, "test_spark_concurrency.py": 50,
+                  "test_sync_links.py": 36, "test_appliance.py": 35, "test_ops.py": 31,
+                  "test_config_apply.py": 28, "test_spark_lean.py": 22, "test_history.py": 21,
+                  "test_serial_driver.py": 18, "test_dashboard.py": 18, "test_sync.py": 16,
+                  "test_spark_fleet.py": 15, "test_auth.py": 15, "test_bad_input.py": 12,
+                  "test_cli.py": 12, "test_boot_chooser.py": 9}
+# The modules that use the Spark session go out as two units, not one each: two workers, not
+# three, then pay for a session and for the JIT's warm-up in its first ingest (~15 CPU-s
+# each), and the third takes the modules that mostly wait.
+SPARK_MODULES = ("test_spark.py", "test_spark_bad_input.py", "test_spark_cluster.py",
+                 "test_spark_clock_and_reports.py", "test_spark_concurrency.py",
+                 "test_sync_links.py", "test_spark_lean.py", "test_spark_fleet.py",
+                 "test_device_clock.py")
+
+
+def spark_units() -> dict[str, str]:
+    """{module: its unit}: each module, longest first, to the unit with less time so far."""
+    load = {"spark-1": 0, "spark-2": 0}
+    units = {}
+    for name in sorted(SPARK_MODULES, key=lambda name: -MODULE_SECONDS.get(name, 0)):
+        units[name] = min(load, key=load.__getitem__)
+        load[units[name]] += MODULE_SECONDS.get(name, 1)
+    return units
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadfile, with the Spark modules in two units (:data:`SPARK_MODULES`)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    units = spark_units()
+
+    class SparkInTwoUnits(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return units.get(Path(module).name, module)
+
+    return SparkInTwoUnits(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    unlisted = {item.path.name for item in items if "spark" in item.fixturenames
+                } - set(SPARK_MODULES)
+    if unlisted:
+        raise pytest.UsageError(f"{', '.join(sorted(unlisted))} use the Spark session: "
+                                "list them in SPARK_MODULES (tests/conftest.py)")
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))
 
 
 def router_config(unix_path: Path | str, data_dir: Path | str) -> str:
@@ -137,10 +175,12 @@ def spark():
     five of tests/test_spark.py's heaviest took 98-117 s of CPU with them, 152-156 s
     without), and expressions interpreted rather than compiled to Java for each query
     (a run's queries are new and their data tiny: an ingest of 20 rows took 2.25 s instead
-    of 2.5, and the suite 537 CPU-s instead of 584). Interpreted and generated code give
-    the same results (Spark tests both); the cluster test runs the job as shipped and
-    compares its tables with this session's, row for row, and the benchmarks run it as
-    shipped."""
+    of 2.5, and the suite 537 CPU-s instead of 584), and no adaptive query execution (its
+    re-planning between stages pays off on large shuffles, not on the tests' few rows: a
+    report ran 45 jobs instead of 84, the Spark tests 326 CPU-s instead of 358). Neither
+    changes a result (Spark tests its engine both ways); the cluster test runs the job as
+    shipped and compares its tables with this session's, row for row, and the benchmarks
+    run it as shipped."""
     from cairn.sync import spark as jobs
     from harness.spark_cluster import QUICK_JVM
 
@@ -149,6 +189,7 @@ def spark():
                                         "spark.ui.enabled": "false",
                                         "spark.sql.codegen.wholeStage": "false",
                                         "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+                                        "spark.sql.adaptive.enabled": "false",
                                         "spark.driver.extraJavaOptions": QUICK_JVM},
                            app="cairn-tests")
     yield session

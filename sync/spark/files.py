@@ -13,11 +13,16 @@ class Files:
     """A Hadoop file system seen from the driver, by path (any scheme the cluster reads)."""
 
     def __init__(self, spark: SparkSession) -> None:
-        self._jvm = spark._jvm
+        # the classes looked up once: py4j asks the JVM for each part of a dotted name on
+        # every use, and a part that is a package costs the JVM a search of every jar
+        jvm = spark._jvm
+        self._Path = getattr(jvm, "org.apache.hadoop.fs.Path")
+        self._FileUtil = getattr(jvm, "org.apache.hadoop.fs.FileUtil")
+        self._IOUtils = getattr(jvm, "org.apache.commons.io.IOUtils")
         self._conf = spark._jsc.hadoopConfiguration()
 
     def _path(self, path: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(path)
+        return self._Path(path)
 
     def _fs(self, path: Any) -> Any:
         return path.getFileSystem(self._conf)
@@ -82,8 +87,7 @@ class Files:
             dst_fs.delete(dst, True)
         if src_fs.getUri().equals(dst_fs.getUri()) and src_fs.rename(src, dst):
             return
-        ok = self._jvm.org.apache.hadoop.fs.FileUtil.copy(src_fs, src, dst_fs, dst, True,
-                                                          self._conf)
+        ok = self._FileUtil.copy(src_fs, src, dst_fs, dst, True, self._conf)
         if not ok:
             raise OSError(f"cannot move {source} to {target}")
 
@@ -115,7 +119,7 @@ class Files:
         p = self._path(path)
         stream = self._fs(p).open(p)
         try:
-            data = self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+            data = self._IOUtils.toByteArray(stream)
         finally:
             stream.close()
         return bytes(data).decode()
