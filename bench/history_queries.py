@@ -20,7 +20,7 @@ from bench.store_data import (
     SPARSE_TOPIC,
     device_topic,
 )
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock_readings import rfc3339
 from cairn.gateway.config import Limits
 from cairn.gateway.history import EventsQuery, history_query
 from cairn.gateway.patterns import wildcard_matches

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pubsub import cpu_model
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock_readings import rfc3339
 from cairn.sync.batch_format import encode_rows, manifest_name
 from cairn.sync.uploader import build_batch
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pubsub import cpu_model
-from cairn.gateway.clock import Anchor
+from cairn.gateway.clock_readings import Anchor
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from cairn.sync import uploader as uploader_module

@@ -15,11 +15,9 @@ import ipaddress
 import json
 import secrets
 import string
-import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
 
@@ -29,6 +27,7 @@ from autobahn.wamp.message import Hello
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from cairn.gateway.clock_readings import Reading, rfc3339
 from cairn.gateway.config import Permission, RealmConfig, User
 from cairn.gateway.core import Session, WampError, global_id
 from cairn.gateway.patterns import CACHED_URIS, matches
@@ -117,9 +116,9 @@ class Authenticator:
         self.users = {u.authid: u for u in config.users}
         self._decoy_key = decoy_key or secrets.token_bytes(32)
 
-    def hello(self, session: Session, hello: Hello) -> m.Challenge | None:
-        """Identify the session (return None) or return the CHALLENGE to send.
-        Raises WampError to abort."""
+    def hello(self, session: Session, hello: Hello, now: Reading) -> m.Challenge | None:
+        """Identify the session (return None) or return the CHALLENGE to send (``now``: the
+        time a WAMP-CRA challenge names). Raises WampError to abort."""
         check_authid(hello.authid)
         offered = hello.authmethods or ["anonymous"]
         for method in offered:
@@ -132,7 +131,7 @@ class Authenticator:
                 session.authmethod, session.authprovider = "anonymous", "static"
                 return None
             if method in ("ticket", "wampcra", "cryptosign"):
-                challenge = self._challenge(session, hello, method)
+                challenge = self._challenge(session, hello, method, now)
                 if challenge is not None:
                     return challenge
         credential = next((m for m in offered if m in ("ticket", "wampcra", "cryptosign")),
@@ -140,11 +139,12 @@ class Authenticator:
         if credential is not None:
             # An unknown authid gets a challenge like a known one, which no answer passes:
             # a guesser learns nothing about which users exist.
-            return self._decoy(session, hello, credential)
+            return self._decoy(session, hello, credential, now)
         raise WampError("wamp.error.no_auth_method",
                         f"realm {self.config.name!r} accepts none of the authmethods {offered}")
 
-    def _challenge(self, session: Session, hello: Hello, method: str) -> m.Challenge | None:
+    def _challenge(self, session: Session, hello: Hello, method: str,
+                   now: Reading) -> m.Challenge | None:
         user = self.users.get(hello.authid or "")
         if method == "cryptosign":
             pubkey = str((hello.authextra or {}).get("pubkey", "")).lower()
@@ -163,7 +163,7 @@ class Authenticator:
             session.pending_auth = _Pending(method, user, user.authid,
                                             expected=user.secret.encode())
             return m.Challenge("ticket", {})
-        challenge = _cra_challenge(session, user.authid)
+        challenge = _cra_challenge(session, user.authid, now)
         session.pending_auth = _Pending(method, user, user.authid,
                                         expected=compute_wcs(user.secret.encode(), challenge))
         extra: dict[str, Any] = {"challenge": challenge}
@@ -171,7 +171,7 @@ class Authenticator:
             extra.update(salt=user.salt, iterations=user.iterations, keylen=user.keylen)
         return m.Challenge("wampcra", extra)
 
-    def _decoy(self, session: Session, hello: Hello, method: str) -> m.Challenge:
+    def _decoy(self, session: Session, hello: Hello, method: str, now: Reading) -> m.Challenge:
         authid = hello.authid or ""
         session.pending_auth = _Pending(method, None, authid)
         if method == "ticket":
@@ -179,7 +179,7 @@ class Authenticator:
         if method == "cryptosign":
             return m.Challenge("cryptosign", {"challenge": secrets.token_hex(32),
                                               "channel_binding": None})
-        return m.Challenge("wampcra", {"challenge": _cra_challenge(session, authid),
+        return m.Challenge("wampcra", {"challenge": _cra_challenge(session, authid, now),
                                        **self._decoy_salt(authid)})
 
     def _decoy_salt(self, authid: str) -> dict[str, Any]:
@@ -227,13 +227,13 @@ def check_authid(authid: str | None) -> None:
                         "authid contains control or other non-printable characters")
 
 
-def _cra_challenge(session: Session, authid: str) -> str:
+def _cra_challenge(session: Session, authid: str, now: Reading) -> str:
     # No authrole: a decoy would have to make one up, and a real one tells a guesser both
     # that the user exists and what it may do. Clients only compute an HMAC over this text.
     return json.dumps({
         "authid": authid, "authmethod": "wampcra", "authprovider": "static",
         "session": session.id, "nonce": secrets.token_hex(16),
-        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "timestamp": rfc3339(now.wall_ms),
     })
 
 
@@ -320,27 +320,28 @@ def _is_loopback(host: str) -> bool:
 
 class _Failures:
     """Times of the latest failures per key: no more than ``allowed`` of them (no more are
-    needed to tell the wait), for at most THROTTLE_KEYS keys (the least recent go first)."""
+    needed to tell the wait), for at most THROTTLE_KEYS keys (the least recent go first).
+    Times are seconds of a clock no step of the wall clock moves (``Reading.monotonic_s``)."""
 
-    def __init__(self, allowed: int, clock: Callable[[], float]) -> None:
-        self.allowed, self.clock = allowed, clock
+    def __init__(self, allowed: int) -> None:
+        self.allowed = allowed
         self._times: dict[Hashable, deque[float]] = {}
 
-    def wait(self, key: Hashable) -> float:
+    def wait(self, key: Hashable, now: float) -> float:
         """Seconds until the key has fewer than ``allowed`` failures in the window."""
         times = self._times.get(key)
         if times is None or len(times) < self.allowed:
             return 0.0
-        return max(0.0, times[0] + THROTTLE_WINDOW - self.clock())
+        return max(0.0, times[0] + THROTTLE_WINDOW - now)
 
-    def recent(self, key: Hashable) -> float:
+    def recent(self, key: Hashable, now: float) -> float:
         """Seconds until the key's latest failure leaves the window (0: none in it)."""
         times = self._times.get(key)
-        return max(0.0, times[-1] + THROTTLE_WINDOW - self.clock()) if times else 0.0
+        return max(0.0, times[-1] + THROTTLE_WINDOW - now) if times else 0.0
 
-    def add(self, key: Hashable) -> None:
+    def add(self, key: Hashable, now: float) -> None:
         times = self._times.pop(key, None) or deque(maxlen=self.allowed)
-        times.append(self.clock())
+        times.append(now)
         self._times[key] = times  # (re)inserted last: the dict is in order of last failure
         if len(self._times) > THROTTLE_KEYS:
             for stale in list(islice(self._times, THROTTLE_KEYS // 10)):
@@ -350,24 +351,26 @@ class _Failures:
 class AuthThrottle:
     """Slows down guessing and probing (see FAILURES_PER_*): a login is refused while its
     source has failed too often, for this authid or over all; or has failed for this authid
-    at all while the authid is under attack. Anonymous logins are never refused."""
+    at all while the authid is under attack. Anonymous logins are never refused. ``now``:
+    seconds of a clock no step of the wall clock moves (``Reading.monotonic_s``)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._per_login = _Failures(FAILURES_PER_LOGIN, clock)
-        self._per_authid = _Failures(FAILURES_PER_AUTHID, clock)
-        self._per_address = _Failures(FAILURES_PER_ADDRESS, clock)
+    def __init__(self) -> None:
+        self._per_login = _Failures(FAILURES_PER_LOGIN)
+        self._per_authid = _Failures(FAILURES_PER_AUTHID)
+        self._per_address = _Failures(FAILURES_PER_ADDRESS)
 
-    def refused_for(self, peer: Peer, authid: str) -> float:
+    def refused_for(self, peer: Peer, authid: str, now: float) -> float:
         """Seconds a login for ``authid`` from ``peer`` must still wait, or 0."""
         login = (peer.address, authid)
-        waits = [self._per_login.wait(login),
-                 min(self._per_login.recent(login), self._per_authid.wait((authid, peer.local)))]
+        waits = [self._per_login.wait(login, now),
+                 min(self._per_login.recent(login, now),
+                     self._per_authid.wait((authid, peer.local), now))]
         if not peer.local:
-            waits.append(self._per_address.wait(peer.address))
+            waits.append(self._per_address.wait(peer.address, now))
         return max(waits)
 
-    def failed(self, peer: Peer, authid: str) -> None:
-        self._per_login.add((peer.address, authid))
-        self._per_authid.add((authid, peer.local))
+    def failed(self, peer: Peer, authid: str, now: float) -> None:
+        self._per_login.add((peer.address, authid), now)
+        self._per_authid.add((authid, peer.local), now)
         if not peer.local:
-            self._per_address.add(peer.address)
+            self._per_address.add(peer.address, now)

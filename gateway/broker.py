@@ -18,13 +18,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from autobahn.wamp import message as m
 
 from cairn.gateway.auth import Authorizer, login_peer
-from cairn.gateway.clock import StepDetector
+from cairn.gateway.clock_readings import StepDetector, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC, Limits
 from cairn.gateway.core import (
     LIMIT_REACHED,
@@ -49,16 +48,12 @@ from cairn.gateway.publication import StoredPublication
 from cairn.gateway.retention import OWN_AUTHID, OWN_AUTHROLE, RetainedStream, Retention
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 @dataclass(eq=False)
 class Subscription:
     id: int
     uri: str
     match: str
-    created: str = field(default_factory=utc_now)
+    created: str  # RFC 3339
     # an ordered set; each subscriber's value marks its subscribing (RetainedStream)
     subscribers: dict[Session, object] = field(default_factory=dict)
     kept: bool = False  # has history: kept, its id stable, without subscribers (persisted)
@@ -173,7 +168,7 @@ class Broker:
             sub_id = global_id()
             while sub_id in self.by_id:
                 sub_id = global_id()
-        sub = Subscription(sub_id, uri, match, created=created or utc_now())
+        sub = Subscription(sub_id, uri, match, created or rfc3339(out.now.wall_ms))
         rule = self.history.is_rule(uri, match)
         sub.kept = self.history.covers(uri, match) and (rule or self._room_to_keep(maker, out))
         if sub.kept and not rule:
@@ -320,7 +315,8 @@ class Broker:
             rule = None
         if rule is None and not msg.retain:
             return None, refused
-        reading, anchor = self.clock.read()
+        reading = out.now
+        anchor = self.clock.observe(reading)
         if anchor is not None:
             out.store(ClockStep(anchor, self.sequence.next_seq - 1))
         audience = {name: list(getattr(msg, name)) for name in _AUDIENCE_OPTIONS
@@ -333,7 +329,7 @@ class Broker:
         pub = StoredPublication(
             seq=seq, publication=publication, realm=self.realm, topic=msg.topic,
             args=msg.args, kwargs=msg.kwargs, wall_ms=reading.wall_ms,
-            boot_id=self.clock.boot_id, boottime_ns=reading.boottime_ns,
+            boot_id=reading.boot_id, boottime_ns=reading.boottime_ns,
             clock_synced=reading.synced, authid=session.authid, authrole=session.authrole,
             audience=audience, details=details, history_rule=rule, retain=bool(msg.retain))
         if msg.retain:

@@ -1,22 +1,18 @@
-"""The only place Cairn reads the clocks.
-
-A Pi has no real-time clock: its wall clock may be wrong for weeks and then jump. So every
-stored publication records the wall clock *and* ``CLOCK_BOOTTIME`` (which never jumps and
-counts through suspend) with this boot's id. When the offset between the two moves by more
-than :data:`STEP_THRESHOLD_NS`, the wall clock was stepped: :class:`StepDetector` reports it
-so the store can record an anchor, from which Spark re-bases earlier timestamps.
+"""The only place Cairn reads the clocks: the wall clock, ``CLOCK_BOOTTIME`` and this boot's
+id, and whether the kernel (or systemd-timesyncd) says the wall clock is synchronized. The
+shell takes a :class:`~gateway.clock_readings.Reading` of them for each call into the
+protocol core (:class:`SystemClock`); what the core makes of readings (steps, anchors, ages)
+is :mod:`gateway.clock_readings`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import re
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
-STEP_THRESHOLD_NS = 2_000_000_000  # 2 s: NTP slews smaller errors; bigger moves are steps
+from cairn.gateway.clock_readings import Reading
+
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 _SYNCED_PATHS = (Path("/run/systemd/timesync/synchronized"),)  # timesyncd's flag file
 STA_UNSYNC = 0x0040  # adjtimex(2) status bit: the clock is not synchronized
@@ -88,92 +84,19 @@ def clock_synchronized() -> bool:
     return kernel_synchronized() or any(p.exists() for p in _SYNCED_PATHS)
 
 
-def rfc3339(ms: int) -> str:
-    """Milliseconds since the epoch as ``2026-11-22T01:02:03.456Z``."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
-
-
-# RFC 3339, 5.6 date-time; datetime.fromisoformat alone takes any ISO 8601 form (week and
-# ordinal dates, the basic format, no offset)
-_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})",
-                      re.ASCII)
-
-
-def parse_rfc3339(text: str) -> int:
-    """An RFC 3339 timestamp as milliseconds since the epoch; ValueError if it is not one."""
-    if not isinstance(text, str) or not _RFC3339.fullmatch(text):
-        raise ValueError(f"{text!r} is not in the form 2026-11-22T01:02:03.456Z")
-    value = text[:-1] + "+00:00" if text[-1] in "zZ" else text
-    return int(datetime.fromisoformat(value).timestamp() * 1000)
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One reading of the clocks, taken when a publication is received."""
-
-    wall_ns: int
-    boottime_ns: int
-    synced: bool
-
-    @property
-    def wall_ms(self) -> int:
-        return self.wall_ns // 1_000_000
-
-
-@dataclass(frozen=True)
-class Anchor:
-    """A moment where wall time and boottime are paired for later re-basing: at start-up,
-    at every step of the wall clock, and when the clock becomes synchronized."""
-
-    reason: str  # "start" | "step" | "synced"
-    boot_id: str
-    boottime_ns: int
-    wall_ns: int
-    offset_before_ns: int | None
-    synced: bool
-
-
-class StepDetector:
-    """Watches wall - boottime; each :meth:`read` may also return an anchor to record."""
+class SystemClock:
+    """This machine's clocks, read for each call into the core. Whether the clock is
+    synchronized is asked at most once a second (a system call and a file's existence)."""
 
     def __init__(self) -> None:
         self.boot_id = boot_id()
-        self._offset: int | None = None
-        self._synced: bool | None = None
-        self._last_sync_check = 0
-        self.steps = 0  # steps seen by this process (the store keeps them all, as anchors)
+        self._synced = False
+        self._sync_checked_ns: int | None = None
 
-    def age_s(self, boot: str, boot_ns: int) -> float | None:
-        """Seconds since ``boot_ns`` (CLOCK_BOOTTIME) of boot ``boot``, which no step of the
-        wall clock moves; None for another boot's time."""
-        if boot != self.boot_id or not boot_ns:
-            return None
-        return round((boottime_ns() - boot_ns) / 1e9, 1)
-
-    def peek(self) -> Reading:
-        """The clocks now, for a display: unlike :meth:`read`, it takes no anchor, which
-        must go to the store with the publication that found it."""
-        return Reading(wall_ns(), boottime_ns(), clock_synchronized())
-
-    def read(self) -> tuple[Reading, Anchor | None]:
+    def now(self) -> Reading:
         boot = boottime_ns()
         wall = wall_ns()
-        was_synced = self._synced
-        if self._synced is None or boot - self._last_sync_check > 1_000_000_000:
+        if self._sync_checked_ns is None or boot - self._sync_checked_ns > 1_000_000_000:
             self._synced = clock_synchronized()
-            self._last_sync_check = boot
-        reading = Reading(wall, boot, self._synced)
-        offset = wall - boot
-        reason = None
-        if self._offset is None:
-            reason = "start"
-        elif abs(offset - self._offset) > STEP_THRESHOLD_NS:
-            reason = "step"
-            self.steps += 1
-        elif self._synced and was_synced is False:
-            reason = "synced"
-        anchor = None
-        if reason is not None:
-            anchor = Anchor(reason, self.boot_id, boot, wall, self._offset, self._synced)
-        self._offset = offset
-        return reading, anchor
+            self._sync_checked_ns = boot
+        return Reading(wall, boot, self._synced, self.boot_id)

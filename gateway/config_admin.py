@@ -29,6 +29,7 @@ from cairn.gateway.config_history import History, pending_requests, write_reques
 from cairn.gateway.core import WampError
 
 if TYPE_CHECKING:
+    from cairn.gateway.clock_readings import Reading
     from cairn.gateway.core import Session
     from cairn.gateway.router import Realm
     from cairn.gateway.shell_state import ShellState
@@ -111,13 +112,13 @@ def admin_procedures(state: ShellState) -> dict[str, Callable[[Realm], Any]]:
     admin = ConfigAdmin(state)
 
     def make_get(realm: Realm):
-        async def get(caller: Session, args: list, kwargs: dict) -> dict[str, Any]:
+        async def get(caller: Session, args: list, kwargs: dict, now: Reading) -> dict[str, Any]:
             require_admin(realm, caller, GET)
             return await asyncio.to_thread(admin.get)
         return get
 
     def make_apply(realm: Realm):
-        async def apply(caller: Session, args: list, kwargs: dict) -> dict[str, Any]:
+        async def apply(caller: Session, args: list, kwargs: dict, now: Reading) -> dict[str, Any]:
             require_admin(realm, caller, APPLY)
             text = args[0] if args else kwargs.get("text")
             return await asyncio.to_thread(admin.apply, caller, realm, text)

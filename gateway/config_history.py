@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock_readings import rfc3339
 from cairn.gateway.config import Config, ConfigError, load
 from cairn.gateway.files import write_atomically
 

@@ -1,7 +1,8 @@
 """Building blocks of the I/O-free protocol core: sessions, the outbox and WAMP errors.
 
-The broker, dealer and router never touch a socket, the event loop or the store. They take
-a parsed message and write what should happen next into an :class:`Outbox`: messages to
+The broker, dealer and router never touch a socket, the event loop, the store or a clock.
+They take a parsed message and an :class:`Outbox` holding the time of the call (``now``,
+read by the shell), and write what should happen next into the outbox: messages to
 send, sessions to close, timers to start, coroutines to run, and what to write to the store
 or read from it (:class:`Persist`, :class:`Read` and the other effects below). The asyncio
 shell (:mod:`gateway.server`) carries those out, the store's effects first.
@@ -22,7 +23,7 @@ from cairn.gateway.publication import StoredPublication
 from cairn.gateway.publication_ids import PublicationIds
 
 if TYPE_CHECKING:
-    from cairn.gateway.clock import Anchor
+    from cairn.gateway.clock_readings import Anchor, Reading
 
 
 def global_id() -> int:
@@ -236,11 +237,13 @@ Effect = Persist | KeepSubscription | ForgetSubscription | ForgetRetained | Cloc
 
 
 class Outbox:
-    """What the core wants done, in order. The shell drains it after each call."""
+    """One call into the core: when it is made (``now``, the shell's reading of the clocks)
+    and what the core wants done, in order. The shell drains it after the call."""
 
-    __slots__ = ("messages", "closes", "timers", "tasks", "effects")
+    __slots__ = ("now", "messages", "closes", "timers", "tasks", "effects")
 
-    def __init__(self) -> None:
+    def __init__(self, now: Reading) -> None:
+        self.now = now
         self.messages: list[tuple[Session, Message]] = []
         self.closes: list[Session] = []
         self.timers: list[tuple[float, Timer]] = []

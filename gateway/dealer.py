@@ -19,7 +19,7 @@ from typing import Any
 from autobahn.wamp import message as m
 
 from cairn.gateway.auth import Authorizer
-from cairn.gateway.broker import utc_now
+from cairn.gateway.clock_readings import Reading, rfc3339
 from cairn.gateway.config import Limits
 from cairn.gateway.core import Outbox, Read, Session, WampError, global_id, limit_reached
 from cairn.gateway.limits import LimitHits
@@ -30,10 +30,11 @@ log = logging.getLogger("cairn.dealer")
 INVOKE_POLICIES = ("single", "roundrobin", "random", "first", "last")
 CANCEL_MODES = ("skip", "kill", "killnowait")
 
-# A meta procedure takes (caller, args, kwargs) and returns a result, a Query whose result
-# needs a read of the store, or (procedures of the shell) an awaitable of a result. A result
-# is a value (sent as args=[value]) or a MetaResult for full control.
-MetaProcedure = Callable[[Session, list[Any], dict[str, Any]], Any]
+# A meta procedure takes (caller, args, kwargs, now: the call's Reading) and returns a
+# result, a Query whose result needs a read of the store, or (procedures of the shell) an
+# awaitable of a result. A result is a value (sent as args=[value]) or a MetaResult for full
+# control.
+MetaProcedure = Callable[[Session, list[Any], dict[str, Any], Reading], Any]
 MetaEvent = Callable[[str, list[Any], Outbox], None]
 
 
@@ -58,7 +59,7 @@ class Registration:
     uri: str
     match: str
     invoke: str
-    created: str = field(default_factory=utc_now)
+    created: str  # RFC 3339
     callees: list[Session] = field(default_factory=list)
     next_index: int = 0
 
@@ -131,7 +132,7 @@ class Dealer:
                                 f"this session already registered {msg.procedure!r}")
         created = reg is None
         if reg is None:
-            reg = Registration(global_id(), msg.procedure, match, invoke)
+            reg = Registration(global_id(), msg.procedure, match, invoke, rfc3339(out.now.wall_ms))
             self.registrations.add(msg.procedure, match, reg)
             self.by_id[reg.id] = reg
         reg.callees.append(session)
@@ -209,7 +210,7 @@ class Dealer:
 
     def _call_meta(self, caller: Session, msg: m.Call, meta: MetaProcedure, out: Outbox) -> None:
         try:
-            result = meta(caller, list(msg.args or []), dict(msg.kwargs or {}))
+            result = meta(caller, list(msg.args or []), dict(msg.kwargs or {}), out.now)
         except WampError as e:
             out.send(caller, _call_error(msg.request, e))
             return

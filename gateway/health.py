@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from cairn.gateway import clock, update_state
+from cairn.gateway.clock_readings import age_s
 from cairn.gateway.console import installed_version
 from cairn.gateway.data_dir import read_sync_status
 from cairn.gateway.wear import WARN_YEARS
@@ -98,7 +99,7 @@ class HealthReporter:
             "schema": SCHEMA,
             "interval_s": self.interval,  # the central report expects one this often
             "version": installed_version(),
-            "boot_id": web.router.clock.boot_id,
+            "boot_id": web.state.clock.boot_id,
             "uptime_s": status["uptime_s"],
             "system_uptime_s": round(clock.boottime_ns() / 1e9),
             "slot": update["slot"],
@@ -145,7 +146,7 @@ class HealthReporter:
     def _age_s(self, pub: StoredPublication) -> float:
         """By CLOCK_BOOTTIME within this boot (a clock step does not make it lie), else by
         the wall clock."""
-        age = self.web.router.clock.age_s(pub.boot_id, pub.boottime_ns)
+        age = age_s(pub.boot_id, pub.boottime_ns, self.web.state.clock.now())
         if age is not None:
             return age
         return round((clock.wall_ns() // 1_000_000 - pub.wall_ms) / 1000, 1)

@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cairn.gateway.clock import parse_rfc3339, rfc3339
+from cairn.gateway.clock_readings import Reading, parse_rfc3339, rfc3339
 from cairn.gateway.core import Session, WampError, brief, limit_reached
 from cairn.gateway.dealer import MetaResult, Query
 from cairn.gateway.publication import (
@@ -149,7 +149,7 @@ def _event(subscription: int, row: tuple[Any, ...]) -> dict[str, Any]:
 def get_events_procedure(realm: Realm, page_cap: int = DEFAULT_PAGE_CAP):
     """The ``wamp.subscription.get_events`` meta procedure for a realm."""
 
-    def procedure(caller: Session, args: list[Any], kwargs: dict[str, Any]):
+    def procedure(caller: Session, args: list[Any], kwargs: dict[str, Any], now: Reading):
         if not args or not _is_int(args[0]):
             raise WampError("wamp.error.invalid_argument",
                             "get_events: the first argument must be a subscription id")

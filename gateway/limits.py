@@ -11,16 +11,19 @@ are the shell's: :mod:`gateway.admission`.)
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
+from collections.abc import Callable
 
 log = logging.getLogger("cairn.limits")
 
 
 class LimitHits:
+    """``clock``: seconds, for the spacing of log lines (the shell's ``time.monotonic``)."""
+
     interval = 60.0  # seconds between log lines about one limit
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
         self.counts: Counter[str] = Counter()  # since start, for /metrics
         self._unreported: Counter[str] = Counter()
         self._logged: dict[str, float] = {}
@@ -28,7 +31,7 @@ class LimitHits:
     def hit(self, limit: str, detail: str) -> None:
         self.counts[limit] += 1
         self._unreported[limit] += 1
-        now = time.monotonic()
+        now = self.clock()
         if now - self._logged.get(limit, -self.interval) >= self.interval:
             n = self._unreported.pop(limit)
             log.warning("limit %s: %s%s", limit, detail,

@@ -11,6 +11,7 @@ from cairn.gateway.dealer import MetaProcedure
 
 if TYPE_CHECKING:
     from cairn.gateway.broker import Broker
+    from cairn.gateway.clock_readings import Reading
     from cairn.gateway.dealer import Dealer
 
 
@@ -57,15 +58,16 @@ def session_procedures(realm: Realm) -> dict[str, MetaProcedure]:
                             "filter_authroles must be a list of strings")
         return set(args[0])
 
-    def count(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> int:
+    def count(caller: Session, args: list[Any], kwargs: dict[str, Any], now: Reading) -> int:
         roles = roles_filter(args)
         return sum(1 for s in realm.sessions.values() if roles is None or s.authrole in roles)
 
-    def list_(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> list[int]:
+    def list_(caller: Session, args: list[Any], kwargs: dict[str, Any], now: Reading) -> list[int]:
         roles = roles_filter(args)
         return [s.id for s in realm.sessions.values() if roles is None or s.authrole in roles]
 
-    def get(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def get(caller: Session, args: list[Any], kwargs: dict[str, Any],
+            now: Reading) -> dict[str, Any]:
         session_id = _int_arg(args, 0, "session")
         session = realm.sessions.get(session_id)
         if session is None:
@@ -87,12 +89,13 @@ def _pattern_procedures(noun: str, table: Any, members: str) -> dict[str, MetaPr
             raise WampError(f"wamp.error.no_such_{noun}", f"no {noun} {item_id}")
         return item
 
-    def lookup(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> int | None:
+    def lookup(caller: Session, args: list[Any], kwargs: dict[str, Any],
+               now: Reading) -> int | None:
         uri = _str_arg(args, 0, "uri")
         item = table().patterns.get(uri, _match_option(args, 1))
         return item.id if item else None
 
-    def match(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    def match(caller: Session, args: list[Any], kwargs: dict[str, Any], now: Reading) -> Any:
         uri = _str_arg(args, 0, "uri")
         if noun == "subscription":
             ids = [s.id for s in table().patterns.match(uri)]
@@ -100,17 +103,21 @@ def _pattern_procedures(noun: str, table: Any, members: str) -> dict[str, MetaPr
         best = table().patterns.best(uri)
         return best.id if best else None
 
-    def get(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    def get(caller: Session, args: list[Any], kwargs: dict[str, Any],
+            now: Reading) -> dict[str, Any]:
         return find(args).details()
 
-    def list_(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> dict[str, list[int]]:
+    def list_(caller: Session, args: list[Any], kwargs: dict[str, Any],
+              now: Reading) -> dict[str, list[int]]:
         return {p: [item.id for _, item in table().patterns.items(p)]
                 for p in ("exact", "prefix", "wildcard")}
 
-    def list_members(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> list[int]:
+    def list_members(caller: Session, args: list[Any], kwargs: dict[str, Any],
+                     now: Reading) -> list[int]:
         return [s.id for s in getattr(find(args), member_attr)]
 
-    def count_members(caller: Session, args: list[Any], kwargs: dict[str, Any]) -> int:
+    def count_members(caller: Session, args: list[Any], kwargs: dict[str, Any],
+                      now: Reading) -> int:
         return len(getattr(find(args), member_attr))
 
     return {

@@ -9,7 +9,7 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
-from cairn.gateway.clock import parse_rfc3339
+from cairn.gateway.clock_readings import parse_rfc3339
 
 
 class MessageCounters:

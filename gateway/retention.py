@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from autobahn.wamp import message as m
 
-from cairn.gateway.clock import StepDetector, rfc3339
+from cairn.gateway.clock_readings import Reading, age_s, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC, Limits, RealmConfig
 from cairn.gateway.core import Session, WampError
 from cairn.gateway.patterns import FirstMatch, matches
@@ -489,14 +489,14 @@ class Retention:
         return found
 
 
-def received_procedure(retention: Retention, authorizer: Authorizer, clock: StepDetector):
+def received_procedure(retention: Retention, authorizer: Authorizer):
     """``cairn.retained.received(topic)``: when the retained event the caller gets for
     ``topic`` was received, for a display of its age (a retained EVENT carries no time).
     ``age_s`` is by CLOCK_BOOTTIME, right whatever the wall clock did, and None when the
     event is from an earlier boot; then only ``timestamp`` (the wall clock, ``synchronized``
     or not at the time) tells. None when there is no retained event."""
 
-    def procedure(caller: Session, args: list[Any], kwargs: dict[str, Any]):
+    def procedure(caller: Session, args: list[Any], kwargs: dict[str, Any], now: Reading):
         if not args or not isinstance(args[0], str):
             raise WampError("wamp.error.invalid_argument",
                             "cairn.retained.received: the first argument must be a topic")
@@ -510,7 +510,7 @@ def received_procedure(retention: Retention, authorizer: Authorizer, clock: Step
             return None
         return {"publication": pub.publication, "timestamp": rfc3339(pub.wall_ms),
                 "synchronized": pub.clock_synced,
-                "age_s": clock.age_s(pub.boot_id, pub.boottime_ns)}
+                "age_s": age_s(pub.boot_id, pub.boottime_ns, now)}
 
     return procedure
 

@@ -17,7 +17,7 @@ from autobahn.wamp import role
 
 from cairn.gateway.auth import AUTH_FAILED, Authenticator, Authorizer, AuthThrottle, login_peer
 from cairn.gateway.broker import Broker
-from cairn.gateway.clock import StepDetector
+from cairn.gateway.clock_readings import StepDetector
 from cairn.gateway.config import HEALTH_TOPIC, Config, HistoryRule, Limits, RealmConfig
 from cairn.gateway.core import (
     ForgetRetained,
@@ -32,7 +32,7 @@ from cairn.gateway.core import (
     global_id,
 )
 from cairn.gateway.dealer import Dealer, MetaProcedure
-from cairn.gateway.history import DEFAULT_PAGE_CAP, get_events_procedure
+from cairn.gateway.history import get_events_procedure
 from cairn.gateway.history_rules import HistoryRules
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.meta import meta_procedures
@@ -68,18 +68,14 @@ DEALER_FEATURES = role.RoleDealerFeatures(
 
 
 class Realm:
-    def __init__(self, config: RealmConfig, sequence: Sequence | None = None,
-                 clock: StepDetector | None = None, page_cap: int = DEFAULT_PAGE_CAP,
-                 limits: Limits | None = None, hits: LimitHits | None = None,
+    def __init__(self, config: RealmConfig, sequence: Sequence, clock: StepDetector,
+                 page_cap: int, limits: Limits, hits: LimitHits,
                  procedures: Mapping[str, ProcedureFactory] | None = None,
                  decoy_key: bytes | None = None,
                  history: tuple[HistoryRule, ...] | None = None) -> None:
         self.config = config
         self.name = config.name
-        self.sequence = sequence or Sequence()
-        self.clock = clock or StepDetector()
-        self.limits = limits or Limits()
-        self.hits = hits or LimitHits()
+        self.sequence, self.clock, self.limits, self.hits = sequence, clock, limits, hits
         self.sessions: dict[int, Session] = {}
         self.decoy_key = decoy_key or secrets.token_bytes(32)  # the same across reloads
         self.authenticator = Authenticator(config, decoy_key)
@@ -94,7 +90,7 @@ class Realm:
         self.dealer.meta_procedures["wamp.subscription.get_events"] = \
             get_events_procedure(self, page_cap)
         self.dealer.meta_procedures["cairn.retained.received"] = received_procedure(
-            self.retention, self.authorizer, self.clock)
+            self.retention, self.authorizer)
         for uri, make in (procedures or {}).items():
             self.dealer.meta_procedures[uri] = make(self)
 
@@ -155,13 +151,12 @@ class Router:
     ``procedures``: more meta procedures, made per realm (the shell's own); ``decoy_key``:
     see :class:`~gateway.auth.Authenticator`."""
 
-    def __init__(self, config: Config, restored: Restored, out: Outbox,
-                 hits: LimitHits | None = None,
+    def __init__(self, config: Config, restored: Restored, out: Outbox, hits: LimitHits,
                  procedures: Mapping[str, ProcedureFactory] | None = None,
                  decoy_key: bytes | None = None) -> None:
         self.config = config
         self.clock = StepDetector()
-        self.hits = hits or LimitHits()
+        self.hits = hits
         # one receive order for all realms, as in the store
         self.sequence = Sequence(restored.next_seq, restored.ids)
         self.realms = {rc.name: Realm(rc, self.sequence, self.clock,
@@ -273,7 +268,7 @@ class Router:
         session.realm = realm
         session.roles = msg.roles or {}
         try:
-            challenge = realm.authenticator.hello(session, msg)
+            challenge = realm.authenticator.hello(session, msg, out.now)
         except WampError as e:
             self.abort(session, e.uri, e.message or e.uri, out)
             return
@@ -295,7 +290,8 @@ class Router:
             realm.authenticator.authenticate(session, msg)
         except WampError as e:
             if e.uri == AUTH_FAILED:
-                self.throttle.failed(login_peer(session.transport.get("peer")), authid)
+                self.throttle.failed(login_peer(session.transport.get("peer")), authid,
+                                     out.now.monotonic_s)
             self.abort(session, e.uri, e.message or e.uri, out)
             return
         self._welcome(session, realm, out)
@@ -303,19 +299,19 @@ class Router:
     def _throttled(self, session: Session, out: Outbox) -> bool:
         """Abort the login (its challenge not counted as unanswered) if too many failed."""
         peer = login_peer(session.transport.get("peer"))
-        wait = self.throttle.refused_for(peer, session.pending_auth.authid)
+        wait = self.throttle.refused_for(peer, session.pending_auth.authid, out.now.monotonic_s)
         if wait:
             session.pending_auth = None
             self.abort(session, AUTH_FAILED, f"too many failed logins from {peer.address}; "
                                              f"try again in {wait:.0f} s", out)
         return bool(wait)
 
-    def _unanswered(self, session: Session) -> None:
+    def _unanswered(self, session: Session, out: Outbox) -> None:
         """A session closed while its challenge was open counts as a failed login: else
         asking for challenges (which users exist? salted?) would go unthrottled."""
         if session.pending_auth is not None:
             self.throttle.failed(login_peer(session.transport.get("peer")),
-                                 session.pending_auth.authid)
+                                 session.pending_auth.authid, out.now.monotonic_s)
             session.pending_auth = None
 
     def _welcome(self, session: Session, realm: Realm, out: Outbox) -> None:
@@ -363,7 +359,7 @@ class Router:
                                       args=e.args_list, kwargs=e.kwargs or None))
 
     def _detach(self, session: Session, out: Outbox) -> None:
-        self._unanswered(session)
+        self._unanswered(session, out)
         if session.id in self.sessions and self.sessions[session.id] is session:
             del self.sessions[session.id]
             if session.realm is not None:

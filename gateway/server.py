@@ -18,6 +18,7 @@ import os
 import resource
 import signal
 import ssl
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from autobahn.wamp import message as m
 
 from cairn.gateway.admission import Admission
+from cairn.gateway.clock_readings import Reading
 from cairn.gateway.config import (
     EMBEDDED,
     RELOADABLE,
@@ -66,7 +68,7 @@ class Node:
         """``running``: which file it was told to run and whether ``config`` is that file
         or the last good one (by default: the file ``config`` came from)."""
         self.config = config
-        self.limit_hits = LimitHits()
+        self.limit_hits = LimitHits(time.monotonic)
         if running is None:
             file = None if config.source == EMBEDDED else config.source
             running = RunningConfig(file, sha256=file_digest(file) if file else None)
@@ -83,7 +85,7 @@ class Node:
         self._health: asyncio.Task | None = None
         self.rawsocket_ports: list[int] = []
         self.backpressure = StoreBackpressure(self.limit_hits, UnavailableStore("not open yet"))
-        self.stores = StoreService(config, self.backpressure, self.flush)
+        self.stores = StoreService(config, self.backpressure, self.flush, self.state.clock)
         # while stop() waits for the peers told GOODBYE to close: those still open, and then
         self._closing: tuple[set[Any], asyncio.Future[None]] | None = None
 
@@ -91,7 +93,7 @@ class Node:
 
     def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None:
         self.state.counters.received[type(msg)] += 1
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         queued = self.stores.queued_bytes
         try:
             self.router.receive(session, msg, out, extra)
@@ -110,12 +112,12 @@ class Node:
         if session.closed:
             return
         self.state.protocol_violations += 1
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         self.router.abort(session, "wamp.error.protocol_violation", reason, out)
         self.flush(out)
 
     def lost(self, session: Session) -> None:
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         self.router.lost(session, out)
         self.flush(out)
         if self._closing is not None:
@@ -142,12 +144,12 @@ class Node:
             t.add_done_callback(self._tasks.discard)
 
     def _fire(self, timer: Timer) -> None:
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         timer(out)
         self.flush(out)
 
     async def _run(self, task: Task) -> None:
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         try:
             await task(out)
         except Exception:
@@ -155,7 +157,7 @@ class Node:
         self.flush(out)
 
     def _status_procedure(self, realm: Realm):
-        async def status(caller: Session, args: list, kwargs: dict) -> dict:
+        async def status(caller: Session, args: list, kwargs: dict, now: Reading) -> dict:
             return await self.web.status(realm)
         return status
 
@@ -164,14 +166,14 @@ class Node:
     async def start(self) -> None:
         # a store that could not be opened and opens later is handed to the router then
         restored = await self.stores.open(lambda restored, out: self.router.resume(restored, out))
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         self.router = Router(self.config, restored, out, self.limit_hits,
                              {"cairn.router.status": self._status_procedure,
                               **admin_procedures(self.state)},
                              cra_decoy_key(self.config.router.data_dir))
         self.flush(out)
         self.web = Web(self.state, self.router, self.stores)
-        self.stores.start(self.router.clock)
+        self.stores.start()
         try:
             await self._listen()
         except BaseException:
@@ -183,7 +185,7 @@ class Node:
         self._health = asyncio.get_running_loop().create_task(self.health.run())
 
     def publish_health(self, record: dict[str, Any]) -> None:
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         self.router.publish_health(record, out)
         self.flush(out)
 
@@ -267,7 +269,7 @@ class Node:
             log.warning("SIGHUP: staying on the last good configuration: %s", problem)
             self._set_running("last-good", problem, self.running.sha256)
             return
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         self.router.reload(config, out)
         self.flush(out)
         self._reload_router_keys(config, later)
@@ -291,7 +293,7 @@ class Node:
     async def stop(self) -> None:
         if self._health is not None:
             self._health.cancel()
-        out = Outbox()
+        out = Outbox(self.state.clock.now())
         self.router.shutdown(out)
         for connection in list(self.state.connections):
             if not connection.session.established:  # connected, but no session yet

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cairn.gateway.admission import Admission
+from cairn.gateway.clock import SystemClock
 from cairn.gateway.flow_control import WriteBatcher
 from cairn.gateway.limits import LimitHits
 from cairn.gateway.metrics import MessageCounters
@@ -31,6 +32,7 @@ class ShellState:
     limit_hits: LimitHits
     admission: Admission
     running: RunningConfig | None = None  # which file, the last good one, why (config_history)
+    clock: SystemClock = field(default_factory=SystemClock)  # read for each call into the core
     writes: WriteBatcher = field(default_factory=WriteBatcher)
     counters: MessageCounters = field(default_factory=MessageCounters)
     connections: set[Any] = field(default_factory=set)  # open gateway.transport.Connection

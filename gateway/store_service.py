@@ -17,7 +17,7 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from cairn.gateway.clock import StepDetector
+from cairn.gateway.clock import SystemClock
 from cairn.gateway.config import Config
 from cairn.gateway.core import (
     ClockStep,
@@ -45,19 +45,20 @@ Resumed = Callable[[Restored, Outbox], None]
 
 class StoreService:
     """Owns the open store (``store``: a :class:`Store`, or an :class:`UnavailableStore`
-    saying why not) for the shell; ``flush`` carries out an Outbox (gateway.server.Node)."""
+    saying why not) for the shell; ``flush`` carries out an Outbox (gateway.server.Node);
+    ``clock`` is read for the calls into the core it makes and for pruning by age."""
 
     retry_interval = 30.0  # s between attempts to open a store that failed to open
     maintenance_interval = 60.0  # s between prunes (and wear samples)
 
     def __init__(self, config: Config, backpressure: StoreBackpressure,
-                 flush: Callable[[Outbox], None]) -> None:
+                 flush: Callable[[Outbox], None], clock: SystemClock) -> None:
         self.config = config
         self.store: StorePort = UnavailableStore("not open yet")
         self.wear: WearMeter | None = None
         self._backpressure = backpressure
         self._flush = flush
-        self._clock: StepDetector | None = None  # the router's, from start()
+        self._clock = clock
         self._lock: contextlib.AbstractContextManager | None = None
         self._maintenance: asyncio.Task | None = None
         self._reopening: asyncio.Task | None = None
@@ -112,7 +113,7 @@ class StoreService:
     def _stored(self, then: Stored, durable: asyncio.Future) -> None:
         if durable.cancelled():  # the router is stopping
             return
-        out = Outbox()
+        out = Outbox(self._clock.now())
         try:
             then(durable.exception(), out)
         except Exception:
@@ -140,9 +141,8 @@ class StoreService:
             self._reopening = asyncio.get_running_loop().create_task(self._reopen(resumed))
             return Restored()
 
-    def start(self, clock: StepDetector) -> None:
-        """Once the router runs: prune by its clock and sample the card's wear, from now on."""
-        self._clock = clock
+    def start(self) -> None:
+        """Once the router runs: prune and sample the card's wear, from now on."""
         self.wear = WearMeter(disk_of(self.config.router.data_dir),
                               self.config.router.card_endurance_tb)
         self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
@@ -192,7 +192,7 @@ class StoreService:
             except Exception as e:  # whatever it is, the router routes on and tries again
                 self._unavailable(e)
             else:
-                out = Outbox()
+                out = Outbox(self._clock.now())
                 resumed(restored, out)
                 self._flush(out)
                 log.warning("the store in %s is open again: storing resumes",
@@ -206,8 +206,7 @@ class StoreService:
 
     async def prune(self) -> None:
         """Keep history within its bounds (per rule and overall); drops become gap records."""
-        assert self._clock is not None, "prune() before start()"
-        reading, _ = self._clock.read()
+        reading = self._clock.now()
         await self.store.prune(self.prune_rules(), self.config.router.max_store_bytes,
                                reading.wall_ms, reading.synced)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cairn.gateway import update_state
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock_readings import rfc3339
 from cairn.gateway.config_history import provisioning_outcome
 from cairn.gateway.data_dir import read_sync_status
 from cairn.gateway.metrics import render as render_metrics
@@ -113,7 +113,7 @@ class Web:
     async def status(self, realm: Realm) -> dict[str, Any]:
         """What the dashboard's status strip and ``cairn doctor`` show."""
         state, stores = self.state, self.stores
-        reading = self.router.clock.peek()
+        reading = self.state.clock.now()
         store = await stores.store.reader.summary(realm.name)
         return {
             "uptime_s": round(time.monotonic() - state.started, 1),
@@ -126,7 +126,7 @@ class Web:
             "retained_slots": realm.retention.count,
             "retained_bytes": realm.retention.bytes,
             "retained_cache_bytes": realm.retention.cache.bytes,
-            "clock": {"synchronized": reading.synced, "boot_id": self.router.clock.boot_id,
+            "clock": {"synchronized": reading.synced, "boot_id": reading.boot_id,
                       "now": rfc3339(reading.wall_ms)},
             "sync": read_sync_status(state.config.router.data_dir),
             "update": update_state.summary(),

@@ -6,6 +6,7 @@ publications are durable the moment the core asks, unless a test holds them back
 from __future__ import annotations
 
 import itertools
+import time
 import tomllib
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,9 @@ from autobahn.wamp import message as m
 from autobahn.wamp import role
 
 from cairn.gateway import config as cfg
+from cairn.gateway.clock import SystemClock
 from cairn.gateway.core import Effect, Outbox, Persist, Read, Session, Timer
+from cairn.gateway.limits import LimitHits
 from cairn.gateway.publication import Restored
 from cairn.gateway.publication_ids import PublicationIds, new_key
 from cairn.gateway.retention import RetainedStream
@@ -38,7 +41,7 @@ class Peer:
     def send(self, msg: m.Message, **extra: Any) -> list[Any]:
         """Deliver ``msg``; what this peer received because of it (and of what followed)."""
         start = len(self.inbox)
-        out = Outbox()
+        out = self.core.outbox()
         self.core.router.receive(self.session, msg, out, extra or None)
         self.core.flush(out)
         return self.inbox[start:]
@@ -48,7 +51,7 @@ class Peer:
 
     def drop(self) -> None:
         """The transport goes away without GOODBYE (the shell tells the core it is lost)."""
-        out = Outbox()
+        out = self.core.outbox()
         self.core.router.lost(self.session, out)
         self.core.flush(out)
         self.close()
@@ -58,9 +61,11 @@ class CoreRouter:
     """A router built from TOML text, with the store's state it would restore."""
 
     def __init__(self, toml: str, hold_writes: bool = False) -> None:
-        out = Outbox()
+        self.clock = SystemClock()  # as the shell reads it, for each call
+        out = self.outbox()
         self.router = Router(cfg.parse(tomllib.loads(toml), "harness.toml"),
-                             Restored(1, PublicationIds(new_key())), out)
+                             Restored(1, PublicationIds(new_key())), out,
+                             LimitHits(time.monotonic))
         self.hold_writes = hold_writes  # True: Persist waits for complete_writes()
         self.effects: list[Effect] = []  # every effect on the store, in order
         self.held: list[Persist] = []
@@ -79,6 +84,10 @@ class CoreRouter:
         self.peers.append(peer)
         peer.send(m.Hello(realm, roles or CLIENT_ROLES, **hello))
         return peer
+
+    def outbox(self) -> Outbox:
+        """The outbox of one call into the core, made now."""
+        return Outbox(self.clock.now())
 
     def flush(self, out: Outbox) -> None:
         for effect in out.effects:
@@ -102,7 +111,7 @@ class CoreRouter:
         """The store commits (or fails, with ``error``) every write held back."""
         held, self.held = self.held, []
         for persist in held:
-            out = Outbox()
+            out = self.outbox()
             persist.then(error, out)
             self.flush(out)
 
@@ -110,14 +119,14 @@ class CoreRouter:
         """Time passes: every timer the core started fires, the shortest first."""
         timers, self.timers = sorted(self.timers, key=lambda timer: timer[0]), []
         for _, timer in timers:
-            out = Outbox()
+            out = self.outbox()
             timer(out)
             self.flush(out)
 
     def answer_read(self, outcome: Any) -> None:
         """The store answers the oldest read with ``outcome`` (rows or an exception)."""
         read = self.reads.pop(0)
-        out = Outbox()
+        out = self.outbox()
         read.answer(outcome, out)
         self.flush(out)
 

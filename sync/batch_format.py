@@ -35,7 +35,7 @@ import itertools
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock_readings import rfc3339
 
 if TYPE_CHECKING:
     from cairn.gateway.publication import StoredPublication

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from cairn.gateway import clock
+from cairn.gateway.clock_readings import rfc3339
 from cairn.gateway.data_dir import SyncStatus
 
 DAY_NS = 86_400 * 10**9
@@ -40,6 +41,6 @@ def ends_in_s(status: SyncStatus) -> float:
 
 def _start(status: SyncStatus, boot: str, now: int, keep_used: bool) -> None:
     status.budget_window = [boot, now]
-    status.budget_since = clock.rfc3339(clock.wall_ns() // 1_000_000)
+    status.budget_since = rfc3339(clock.wall_ns() // 1_000_000)
     if not keep_used:
         status.budget_used = 0

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock_readings import rfc3339
 from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.data_dir import (
     AGING,

@@ -13,8 +13,11 @@ CORE = tuple(f"cairn.gateway.{name}" for name in (
 # installed as cairn.gateway, cairn.drivers, cairn.sync, cairn.app
 FOLDERS = ("gateway", "drivers", "sync", "app")
 PACKAGES = tuple(f"cairn.{folder}" for folder in FOLDERS)
-FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", *(f"cairn.gateway.{name}" for name in (
-    "store", "server", "transport", "flow_control", "admission")))
+# the event loop, the database, the shell, and the clocks: the shell reads those
+# (gateway.clock) and hands the core the time of each call (Outbox.now)
+FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", "time", *(f"cairn.gateway.{name}" for name in (
+    "store", "server", "transport", "flow_control", "admission", "clock")))
+CLOCK_READS = ("now", "utcnow", "today")  # datetime/date methods that read the clock
 
 
 def source(module: str) -> Path:
@@ -64,10 +67,34 @@ def test_the_protocol_core_imports_neither_the_event_loop_nor_the_store():
     assert not chains, "the core reaches I/O:\n" + "\n".join(sorted(set(chains)))
 
 
+def reachable(start: str) -> set[str]:
+    """``start`` and every Cairn module it imports, directly or not."""
+    seen, todo = {start}, [start]
+    while todo:
+        for name in imports_of(todo.pop()):
+            if name.startswith("cairn.gateway.") and name not in seen and \
+                    source(name).exists():
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
+def test_the_protocol_core_reads_no_clock():
+    """``time`` is a forbidden import (above); ``datetime`` converts times (RFC 3339) but
+    is never asked for the time."""
+    modules = set().union(*(reachable(module) for module in CORE))
+    reads = sorted(f"{module}: .{node.func.attr}()" for module in modules
+                   for node in ast.walk(ast.parse(source(module).read_text()))
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                   and node.func.attr in CLOCK_READS)
+    assert not reads, "the core reads the clock:\n" + "\n".join(reads)
+
+
 def test_the_import_check_finds_what_the_shell_imports():
     """The check itself: the shell's modules do reach the event loop and the store."""
     reached = {chain[-1] for chain in forbidden_chains("cairn.gateway.server")}
-    assert {"asyncio", "sqlite3", "cairn.gateway.store", "cairn.gateway.transport"} <= reached
+    assert {"asyncio", "sqlite3", "time", "cairn.gateway.store", "cairn.gateway.transport",
+            "cairn.gateway.clock"} <= reached
 
 
 def modules_of(folder: str) -> list[str]:

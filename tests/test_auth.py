@@ -740,27 +740,25 @@ async def test_one_lan_host_failing_as_many_users_is_limited_across_them(secure,
 
 def test_failed_logins_from_many_lan_addresses_lock_out_neither_the_owner_nor_the_device():
     """(In-process: this host has one LAN address, and the attack needs several.)"""
-    throttle = AuthThrottle(clock=lambda: 0.0)
+    throttle = AuthThrottle()
     for host in range(2, 6):  # N7: 20 wrong tickets for one user from 4 LAN addresses
         for _ in range(5):
-            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob")
-    assert throttle.refused_for(Peer("tcp4:192.0.2.2", local=False), "bob")
-    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob")
-    assert not throttle.refused_for(Peer("unix", local=True), "bob")
-    assert not throttle.refused_for(Peer("tcp4:127.0.0.1", local=True), "bob")
+            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob", 0.0)
+    assert throttle.refused_for(Peer("tcp4:192.0.2.2", local=False), "bob", 0.0)
+    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob", 0.0)
+    assert not throttle.refused_for(Peer("unix", local=True), "bob", 0.0)
+    assert not throttle.refused_for(Peer("tcp4:127.0.0.1", local=True), "bob", 0.0)
 
 
 def test_a_source_that_failed_for_a_user_under_attack_waits_until_its_failure_is_a_minute_old():
-    now = [0.0]
-    throttle = AuthThrottle(clock=lambda: now[0])
+    throttle = AuthThrottle()
     for host in range(2, 7):
         for _ in range(4):
-            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob")
-    now[0] = 30.0
-    throttle.failed(Peer("tcp4:192.0.2.99", local=False), "bob")
-    assert throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob") == 30.0
-    now[0] = 60.0  # the 20 of the attack leave the window; its own failure has not
-    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob")
+            throttle.failed(Peer(f"tcp4:192.0.2.{host}", local=False), "bob", 0.0)
+    throttle.failed(Peer("tcp4:192.0.2.99", local=False), "bob", 30.0)
+    assert throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob", 30.0) == 30.0
+    # at 60 s the 20 of the attack leave the window; its own failure has not
+    assert not throttle.refused_for(Peer("tcp4:192.0.2.99", local=False), "bob", 60.0)
 
 
 async def test_failed_logins_are_logged_with_the_address_but_never_the_secret(

@@ -16,7 +16,7 @@ import pytest
 from autobahn.wamp import message as m
 from autobahn.wamp.serializer import JsonObjectSerializer
 
-from cairn.gateway.core import ForgetRetained, Outbox, Persist
+from cairn.gateway.core import ForgetRetained, Persist
 from cairn.gateway.publication import Restored, StoredPublication
 from cairn.gateway.publication_ids import PublicationIds, new_key
 from cairn.gateway.retention import RetainedEvent, RetainedStream, Retention
@@ -484,7 +484,7 @@ def test_a_restart_keeps_the_drivers_slots_first(bounded):
     acked(bounded.connect(), "junk.0", 1, retain=True)
     stored = [e.pub for e in bounded.effects_of(Persist)]
     lowered = CoreRouter(BOUNDED.replace("max_retained = 6", "max_retained = 3"))
-    out = Outbox()
+    out = lowered.outbox()
     lowered.router.resume(Restored(stored[-1].seq + 1, PublicationIds(new_key()),
                                    retained=stored), out)
     lowered.flush(out)
@@ -500,7 +500,7 @@ def test_a_retained_stream_ends_with_its_subscription_and_skips_what_came_live(b
     publisher, subscriber = bounded.connect(), bounded.connect()
     for i in range(3):
         acked(publisher, f"sensor.{i}", i, retain=True)
-    out = Outbox()
+    out = bounded.outbox()
     bounded.router.receive(subscriber.session, m.Subscribe(1, "sensor.", match="prefix",
                                                            get_retained=True), out)
     [(_, subscribed), (_, stream)] = out.messages
@@ -511,7 +511,7 @@ def test_a_retained_stream_ends_with_its_subscription_and_skips_what_came_live(b
     assert stream.next() is None
     assert live_args(subscriber) == [["newer"]]
 
-    out = Outbox()
+    out = bounded.outbox()
     bounded.router.receive(subscriber.session, m.Subscribe(2, "sensor.", match="prefix",
                                                            get_retained=True), out)
     stream = out.messages[-1][1]

@@ -21,7 +21,7 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from cairn.drivers.runtime import DeviceStatus, RouterLink
 from cairn.gateway import clock, update_state
-from cairn.gateway.clock import Anchor
+from cairn.gateway.clock_readings import Anchor, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.console import installed_version
 from cairn.gateway.health import SCHEMA, HealthReporter
@@ -172,7 +172,7 @@ async def test_clock_state_steps_and_the_last_step(router):
     record = await router.node.health.record()
     assert record["clock"]["synchronized"] is clock.clock_synchronized()
     assert record["clock"]["steps"] == 1
-    assert record["clock"]["last_step"] == {"at": clock.rfc3339(now // 10**6), "by_s": 3600.0}
+    assert record["clock"]["last_step"] == {"at": rfc3339(now // 10**6), "by_s": 3600.0}
 
 
 async def test_store_size_events_and_damage(router):

@@ -22,7 +22,7 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from cairn.gateway import clock as gateway_clock
-from cairn.gateway.clock import parse_rfc3339
+from cairn.gateway.clock_readings import parse_rfc3339
 from cairn.gateway.config import HEALTH_TOPIC
 from harness.config import history_rule, named_users, permission, realm, role, router_table
 from harness.wamp_client import Client

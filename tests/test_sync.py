@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.clock import Anchor, rfc3339
+from cairn.gateway.clock_readings import Anchor, rfc3339
 from cairn.gateway.config import HEALTH_TOPIC
 from cairn.gateway.core import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication

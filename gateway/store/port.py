@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from cairn.gateway.clock import Anchor
+from cairn.gateway.clock_readings import Anchor
 from cairn.gateway.publication import HistoryRead, StoredPublication
 from cairn.gateway.store.pruning import Gap, PruneRule
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from cairn.gateway.clock import rfc3339
+from cairn.gateway.clock_readings import rfc3339
 from cairn.gateway.patterns import matches
 from cairn.gateway.publication import (
     HistoryRead,

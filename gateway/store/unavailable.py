@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from cairn.gateway.clock import Anchor
+from cairn.gateway.clock_readings import Anchor
 from cairn.gateway.publication import HistoryRead, Restored, StorageError, StoredPublication
 from cairn.gateway.store.port import StorePort
 from cairn.gateway.store.pruning import Gap, PruneRule

@@ -48,7 +48,7 @@ from typing import Any
 
 import aiosqlite
 
-from cairn.gateway.clock import Anchor
+from cairn.gateway.clock_readings import Anchor
 from cairn.gateway.publication import Restored, StorageError, StoredPublication
 from cairn.gateway.publication_ids import PublicationIds, new_key
 from cairn.gateway.store.damage import Damage, describe, reading
