@@ -9,10 +9,9 @@ window, after the rule's ``commit_window`` on one with, :attr:`Store.flush_inter
 the rest; whatever arrives while one commit runs goes into the next: group commit. Fewer
 commits are the biggest lever on the card's wear (each one writes the pages it dirtied, the
 WAL frame headers and a file-system flush). With nothing queued, no timer runs. One thread
-owns the writing connection and each commit is
-a single call into it (rows built, inserted and committed there), so a commit costs the
-event loop one thread round trip however many rows it holds. Reads use a second connection
-(aiosqlite) and never block writes.
+owns the writing connection and each commit is a single call into it (rows built, inserted
+and committed there), so a commit costs the event loop one thread round trip however many
+rows it holds. Reads use a second connection (aiosqlite) and never block writes.
 
 Ordering is always by ``seq``, a strictly increasing number assigned on receipt. At start-up
 the next seq follows the highest of the stored rows, the gap records and ``highest_seq`` in
@@ -71,7 +70,6 @@ from cairn.gateway.store.schema import (
 from cairn.gateway.store.state import Topics, _State
 
 log = logging.getLogger("cairn.store")
-
 
 _QUEUE_FULL = "the store's queue was full"
 
