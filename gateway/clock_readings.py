@@ -7,8 +7,9 @@ than :data:`STEP_THRESHOLD_NS`, the wall clock was stepped: :class:`StepDetector
 so the store can record an anchor, from which Spark re-bases earlier timestamps.
 
 The shell reads the clocks (:mod:`gateway.clock`) and hands the core one :class:`Reading`
-per call (``Outbox.now``), as aioquic is handed ``now``: the core's behaviour over time is
-then a function of its inputs, and a test can give it any time it likes.
+per call (``Outbox.now``, read when the core first asks), as aioquic is handed ``now``: the
+core's behaviour over time is then a function of its inputs, and a test can give it any
+time it likes.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class Node:
 
     def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None:
         self.state.counters.received[type(msg)] += 1
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         queued = self.stores.queued_bytes
         try:
             self.router.receive(session, msg, out, extra)
@@ -112,12 +112,12 @@ class Node:
         if session.closed:
             return
         self.state.protocol_violations += 1
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         self.router.abort(session, "wamp.error.protocol_violation", reason, out)
         self.flush(out)
 
     def lost(self, session: Session) -> None:
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         self.router.lost(session, out)
         self.flush(out)
         if self._closing is not None:
@@ -144,12 +144,12 @@ class Node:
             t.add_done_callback(self._tasks.discard)
 
     def _fire(self, timer: Timer) -> None:
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         timer(out)
         self.flush(out)
 
     async def _run(self, task: Task) -> None:
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         try:
             await task(out)
         except Exception:
@@ -166,7 +166,7 @@ class Node:
     async def start(self) -> None:
         # a store that could not be opened and opens later is handed to the router then
         restored = await self.stores.open(lambda restored, out: self.router.resume(restored, out))
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         self.router = Router(self.config, restored, out, self.limit_hits,
                              {"cairn.router.status": self._status_procedure,
                               **admin_procedures(self.state)},
@@ -185,7 +185,7 @@ class Node:
         self._health = asyncio.get_running_loop().create_task(self.health.run())
 
     def publish_health(self, record: dict[str, Any]) -> None:
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         self.router.publish_health(record, out)
         self.flush(out)
 
@@ -269,7 +269,7 @@ class Node:
             log.warning("SIGHUP: staying on the last good configuration: %s", problem)
             self._set_running("last-good", problem, self.running.sha256)
             return
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         self.router.reload(config, out)
         self.flush(out)
         self._reload_router_keys(config, later)
@@ -293,7 +293,7 @@ class Node:
     async def stop(self) -> None:
         if self._health is not None:
             self._health.cancel()
-        out = Outbox(self.state.clock.now())
+        out = Outbox(self.state.clock.now)
         self.router.shutdown(out)
         for connection in list(self.state.connections):
             if not connection.session.established:  # connected, but no session yet

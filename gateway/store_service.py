@@ -113,7 +113,7 @@ class StoreService:
     def _stored(self, then: Stored, durable: asyncio.Future) -> None:
         if durable.cancelled():  # the router is stopping
             return
-        out = Outbox(self._clock.now())
+        out = Outbox(self._clock.now)
         try:
             then(durable.exception(), out)
         except Exception:
@@ -192,7 +192,7 @@ class StoreService:
             except Exception as e:  # whatever it is, the router routes on and tries again
                 self._unavailable(e)
             else:
-                out = Outbox(self._clock.now())
+                out = Outbox(self._clock.now)
                 resumed(restored, out)
                 self._flush(out)
                 log.warning("the store in %s is open again: storing resumes",

@@ -87,7 +87,7 @@ class CoreRouter:
 
     def outbox(self) -> Outbox:
         """The outbox of one call into the core, made now."""
-        return Outbox(self.clock.now())
+        return Outbox(self.clock.now)
 
     def flush(self, out: Outbox) -> None:
         for effect in out.effects:

@@ -150,7 +150,7 @@ class Authz:
     def reload(self, worker_rules: list[str]) -> None:
         """What SIGHUP does, with the worker's permissions replaced."""
         config = cfg.parse(tomllib.loads(authz_toml(self.data_dir, worker_rules)), "test.toml")
-        out = Outbox(self.node.state.clock.now())
+        out = Outbox(self.node.state.clock.now)
         self.node.router.reload(config, out)
         self.node.flush(out)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autobahn.wamp import message as m
+
 from cairn.gateway.clock_readings import STEP_THRESHOLD_NS, Reading, StepDetector, age_s
 from cairn.gateway.core import ClockStep, Persist
 from harness.core import CoreRouter
@@ -70,8 +72,10 @@ class HandClock:
     """The clocks as a test sets them, for :class:`CoreRouter` (the shell's SystemClock)."""
 
     now_reading: Reading
+    reads: int = 0
 
     def now(self) -> Reading:
+        self.reads += 1
         return self.now_reading
 
 
@@ -89,3 +93,15 @@ def test_the_core_stamps_what_it_stores_with_the_reading_of_the_call_and_records
     steps = [e for e in core.effects if isinstance(e, ClockStep)]
     assert [s.anchor.reason for s in steps] == ["start", "step"]
     assert steps[1].after_seq == stored[0].seq  # it holds for the seqs after the first
+
+
+def test_a_call_is_timed_only_when_the_core_asks_and_then_once():
+    core = CoreRouter(CONFIG)
+    core.clock = HandClock(reading(0, 100))
+    publisher, subscriber = core.connect(), core.connect()
+    subscriber.send(m.Subscribe(1, "sensor.t"))
+    core.clock.reads = 0
+    publish(publisher, "sensor.t", 21.5)  # an event the store does not keep: no time needed
+    assert core.clock.reads == 0
+    publish(publisher, "sensor.t", 21.6, retain=True)  # kept: stamped (and step-checked)
+    assert core.clock.reads == 1
