@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 from autobahn.wamp.types import PublishOptions
 
+from cairn.gateway.config import HEALTH_TOPIC
 from harness.landing import landed
 from harness.wamp_client import connect
 from tests import qemu_device
@@ -102,6 +103,17 @@ def _wait_landed(root, topic: str, key: str, expected: set, timeout: float = 300
         time.sleep(2)
 
 
+def _wait_health_naming(root, device: str, timeout: float = 300) -> None:
+    """Until a health record that lists ``device`` has landed. The record at the router's
+    start may come before the device's driver first reports, and the next one follows the
+    change within a minute (HealthReporter.check_interval), in whichever batch holds it."""
+    deadline = time.monotonic() + timeout
+    while not any(device in (r["kwargs"].get("devices") or {})
+                  for r in landed(root)[1] if r["topic"] == HEALTH_TOPIC):
+        assert time.monotonic() < deadline, f"no health record naming {device} landed"
+        time.sleep(2)
+
+
 def test_readings_taken_before_ntp_steps_a_stale_clock_are_rebased_to_the_true_time(
         stale_clock_device, sink, spark, tmp_path):
     from cairn.sync import spark as jobs
@@ -165,6 +177,7 @@ def test_readings_taken_while_the_link_is_down_reach_the_table_once_and_the_gate
     finally:
         device.monitor("set_link nic on")
     _wait_landed(sink.root, "sensor.uart-1", "temperature", set(temperatures))
+    _wait_health_naming(sink.root, "uart-1")
 
     table, reports = tmp_path / "table", tmp_path / "reports"
     jobs.ingest(spark, str(sink.root), str(table))
