@@ -25,6 +25,33 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# QEMU >= 9 (its Raspberry Pi machines raspi3b and raspi4b, for the Pi's own boot path and
+# I2C chips): Debian 13 has it; on Debian 12 it comes from bookworm-backports (10.0), since
+# bookworm's own is 7.2. Installed, not unpacked: a 10.x beside 7.2's modules aborts.
+qemu_major() {
+    command -v qemu-system-aarch64 >/dev/null || { echo 0; return; }
+    qemu-system-aarch64 --version | sed -n 's/^QEMU emulator version \([0-9]*\).*/\1/p'
+}
+install_qemu() {
+    [ "$(qemu_major)" -ge 9 ] && return 0
+    . /etc/os-release
+    if [ "${VERSION_CODENAME:-}" = bookworm ] && [ "$(id -u)" -eq 0 ]; then
+        local list=/etc/apt/sources.list.d/cairn-bookworm-backports.list
+        [ -f "$list" ] || echo "deb http://deb.debian.org/debian bookworm-backports main" > "$list"
+        echo "setup: installing qemu-system-arm from bookworm-backports" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        apt_updated=1
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports \
+            qemu-system-arm >/dev/null
+    else
+        apt_install qemu-system-arm
+    fi
+    [ "$(qemu_major)" -ge 9 ] || {
+        echo "setup: QEMU $(qemu_major) is too old: Cairn's tests need qemu-system-arm 9 or newer" >&2
+        return 1
+    }
+}
+
 if [ "$PROFILE" = image ]; then
     # mmdebstrap runs arm64 packages' scripts through qemu-user (binfmt_misc); the image is
     # assembled from files (mtools, mkfs.ext4 -d, sfdisk); the appliance test boots it in
@@ -32,8 +59,8 @@ if [ "$PROFILE" = image ]; then
     # connections to a host service (QEMU guestfwd); U-Boot's boot script and state file are
     # made with mkimage and mkenvimage (u-boot-tools), update bundles with rauc (squashfs)
     apt_install mmdebstrap qemu-user-static binfmt-support arch-test dosfstools mtools \
-        e2fsprogs fdisk xz-utils qemu-system-arm openssh-client socat u-boot-tools rauc \
-        squashfs-tools openssl
+        e2fsprogs fdisk xz-utils openssh-client socat u-boot-tools rauc squashfs-tools openssl
+    install_qemu
     exit 0
 fi
 
@@ -63,8 +90,8 @@ if [ "$PROFILE" = test ]; then
     # the MQTT bridge tests run a real broker; the image tests partition and format card
     # images (sfdisk, mkfs.ext4); the A/B boot chooser runs in U-Boot under QEMU (u-boot-qemu
     # as the firmware, mkimage and mkenvimage from u-boot-tools, a FAT made with mtools)
-    apt_install mosquitto fdisk e2fsprogs qemu-system-arm u-boot-qemu u-boot-tools mtools \
-        dosfstools
+    apt_install mosquitto fdisk e2fsprogs u-boot-qemu u-boot-tools mtools dosfstools
+    install_qemu
 else
     pip_install -e .
 fi
