@@ -90,7 +90,8 @@ if [ "$PROFILE" = test ]; then
     # the MQTT bridge tests run a real broker; the image tests partition and format card
     # images (sfdisk, mkfs.ext4); the A/B boot chooser runs in U-Boot under QEMU (u-boot-qemu
     # as the firmware, mkimage and mkenvimage from u-boot-tools, a FAT made with mtools)
-    apt_install mosquitto fdisk e2fsprogs u-boot-qemu u-boot-tools mtools dosfstools
+    apt_install mosquitto fdisk e2fsprogs u-boot-qemu u-boot-tools mtools dosfstools \
+        libubootenv-tool
     install_qemu
 else
     pip_install -e .
