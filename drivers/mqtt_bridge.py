@@ -13,6 +13,9 @@ filter = "tele/+/SENSOR"           # {1}, {2}, ... are the wildcard levels, {0} 
 topic = "sensor.{1}"
 fields = { temperature = "AM2301.Temperature", humidity = "AM2301.Humidity" }
 
+[[mqtt.map]]                       # a project's devices as sensors (drivers.mqtt_presets)
+preset = "zigbee2mqtt"             # tasmota, shelly, esphome, homeassistant
+
 [[mqtt.forward]]                   # WAMP -> MQTT, current values first (get_retained)
 topic = "sensor."
 match = "prefix"                   # {1}, {2}, ... are the components after the prefix
@@ -52,6 +55,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from cairn.drivers.config import DriverConfig, parse_driver
+from cairn.drivers.mqtt_presets import PresetEntry, PresetInput, parse_entry
 from cairn.drivers.runtime import DeviceStatus, RouterLink, open_session
 from cairn.gateway.config_tools import ConfigError, Validator, secret
 
@@ -74,6 +78,16 @@ class MapRule:
     retain: bool = True
     qos: int = 1
     fields: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (kwarg, dotted path split)
+    preset: PresetEntry | None = None  # a preset's entry: it maps, not filter/topic/fields
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        return self.preset.filters if self.preset else (self.filter,)
+
+    def takes(self, mqtt_topic: str) -> bool:
+        """By its filters (a preset's own, not what Home Assistant discovery learns)."""
+        return self.preset.claims(mqtt_topic) if self.preset else \
+            self.wamp_topic(mqtt_topic) is not None
 
     def wamp_topic(self, mqtt_topic: str) -> str | None:
         """The WAMP topic for ``mqtt_topic``, or None when the filter does not match."""
@@ -160,6 +174,9 @@ def parse_mqtt(data: dict[str, Any], source: str) -> MqttConfig:
 
 
 def _map(v: Validator, t: dict[str, Any], at: str) -> MapRule:
+    if "preset" in t:  # its keys and filters: drivers.mqtt_presets
+        entry = parse_entry(v, t, at, _qos(v, t, at))
+        return MapRule(entry.filters[0], "sensor", entry.retain, entry.qos, preset=entry)
     v.keys(t, at, {"filter", "topic", "retain", "qos", "fields"})
     mqtt_filter, topic = _required(v, t, at, "filter"), _required(v, t, at, "topic")
     levels = mqtt_filter.split("/")
@@ -301,6 +318,8 @@ class MqttBridge:
         self._outbox_ready = asyncio.Event()
         self._sent: dict[str, tuple[bytes, int]] = {}  # retained topic -> what we last sent
         self._came_in: dict[str, deque[tuple[str, Any]]] = {}  # wamp topic -> (mqtt, value)
+        self.presets = PresetInput(self.link, [r.preset for r in config.maps if r.preset],
+                                   self._taken_elsewhere)
 
     async def run(self) -> None:
         """Bridge until cancelled; each side reconnects on its own."""
@@ -322,8 +341,9 @@ class MqttBridge:
             try:
                 async with self.client as client:
                     for rule in self.config.maps:
-                        await client.subscribe(rule.filter, options=SubscribeOptions(
-                            qos=rule.qos, noLocal=True, retainAsPublished=True))
+                        for mqtt_filter in rule.filters:
+                            await client.subscribe(mqtt_filter, options=SubscribeOptions(
+                                qos=rule.qos, noLocal=True, retainAsPublished=True))
                     log.info("connected to %s as %s", where, self.config.client_id)
                     self.stats.mqtt_connects += 1
                     self.status.set("ok")
@@ -345,6 +365,11 @@ class MqttBridge:
             self.stats.echoes += 1
             return
         for rule in self.config.maps:
+            if rule.preset is not None:  # -- a preset's entry: drivers.mqtt_presets
+                if self.presets.takes(rule.preset, mqtt_topic):
+                    self.presets.take(rule.preset, mqtt_topic, message.payload, message.retain)
+                    return
+                continue
             wamp_topic = rule.wamp_topic(mqtt_topic)
             if wamp_topic is not None:
                 break
@@ -375,6 +400,9 @@ class MqttBridge:
             self._came_in.setdefault(wamp_topic, deque(maxlen=16)).append((mqtt_topic, kwargs))
             if len(self._came_in) > 10_000:
                 del self._came_in[next(iter(self._came_in))]
+
+    def _taken_elsewhere(self, entry: PresetEntry, mqtt_topic: str) -> bool:
+        return any(rule.takes(mqtt_topic) for rule in self.config.maps if rule.preset is not entry)
 
     async def _send(self, client: aiomqtt.Client) -> None:
         # A restarted broker may have lost what we retained there: say it again, then the
