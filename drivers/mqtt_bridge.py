@@ -287,6 +287,7 @@ class BridgeStats:
     invalid: int = 0      # ... skipped: not JSON
     skipped: int = 0      # ... skipped: no configured field, or no valid topic
     echoes: int = 0       # messages not bridged back to where they came from (loop guard)
+    duplicates: int = 0   # second copies of a message that overlapping filters both matched
     forwarded: int = 0    # WAMP events published to MQTT
     dropped: int = 0      # ... lost because the MQTT backlog was full
     mqtt_connects: int = 0
@@ -320,6 +321,13 @@ class MqttBridge:
         self._came_in: dict[str, deque[tuple[str, Any]]] = {}  # wamp topic -> (mqtt, value)
         self.presets = PresetInput(self.link, [r.preset for r in config.maps if r.preset],
                                    self._taken_elsewhere)
+        # each filter once, numbered (its MQTT 5 subscription identifier), at the highest QoS
+        # an entry asks of it
+        qos: dict[str, int] = {}
+        for rule in config.maps:
+            for mqtt_filter in rule.filters:
+                qos[mqtt_filter] = max(qos.get(mqtt_filter, 0), rule.qos)
+        self.subscriptions = list(qos.items())
 
     async def run(self) -> None:
         """Bridge until cancelled; each side reconnects on its own."""
@@ -340,10 +348,12 @@ class MqttBridge:
         async for _ in _backoff():
             try:
                 async with self.client as client:
-                    for rule in self.config.maps:
-                        for mqtt_filter in rule.filters:
-                            await client.subscribe(mqtt_filter, options=SubscribeOptions(
-                                qos=rule.qos, noLocal=True, retainAsPublished=True))
+                    for number, (mqtt_filter, qos) in enumerate(self.subscriptions, 1):
+                        numbered = Properties(PacketTypes.SUBSCRIBE)
+                        numbered.SubscriptionIdentifier = number
+                        await client.subscribe(mqtt_filter, options=SubscribeOptions(
+                            qos=qos, noLocal=True, retainAsPublished=True),
+                            properties=numbered)
                     log.info("connected to %s as %s", where, self.config.client_id)
                     self.stats.mqtt_connects += 1
                     self.status.set("ok")
@@ -363,6 +373,9 @@ class MqttBridge:
         mqtt_topic = message.topic.value
         if (ORIGIN, self.config.client_id) in getattr(message.properties, "UserProperty", ()):
             self.stats.echoes += 1
+            return
+        if self._second_copy(message):
+            self.stats.duplicates += 1
             return
         for rule in self.config.maps:
             if rule.preset is not None:  # -- a preset's entry: drivers.mqtt_presets
@@ -400,6 +413,16 @@ class MqttBridge:
             self._came_in.setdefault(wamp_topic, deque(maxlen=16)).append((mqtt_topic, kwargs))
             if len(self._came_in) > 10_000:
                 del self._came_in[next(iter(self._came_in))]
+
+    def _second_copy(self, message: aiomqtt.Message) -> bool:
+        """Mosquitto sends a message once per subscription it matches (a preset's ``#`` and
+        another entry's filter): only the copy of the first matching filter is taken."""
+        numbers = getattr(message.properties, "SubscriptionIdentifier", None)
+        if not numbers or len(self.subscriptions) == 1:
+            return False
+        first = next((number for number, (mqtt_filter, _) in enumerate(self.subscriptions, 1)
+                      if message.topic.matches(mqtt_filter)), None)
+        return first is not None and first not in numbers
 
     def _taken_elsewhere(self, entry: PresetEntry, mqtt_topic: str) -> bool:
         return any(rule.takes(mqtt_topic) for rule in self.config.maps if rule.preset is not entry)
