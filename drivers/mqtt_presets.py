@@ -258,6 +258,9 @@ class Shelly:
         found = component.get("battery") if kind == "devicepower" else component
         if not isinstance(found, dict):
             return [Problem(name, "payload", f"{kind}:{n}.battery is {found!r}, not an object")]
+        external = component.get("external")
+        if kind == "devicepower" and isinstance(external, dict) and external.get("present"):
+            return []  # on USB power an H&T says {"V": 0.43, "percent": 0}: no battery reading
         return values(name, found, {key: (quantity, None)}, (f"{prefix}/online",), extra)
 
 
