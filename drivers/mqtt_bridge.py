@@ -339,7 +339,7 @@ class MqttBridge:
                     tasks.create_task(self._wamp())
         finally:
             await self.link.close()
-            log.info("stopped: %s %s", self.stats, self.link.stats)
+            log.info("stopped: %s %s %s", self.stats, self.presets.stats, self.link.stats)
 
     # -- MQTT side -----------------------------------------------------------------------
 

@@ -149,31 +149,34 @@ class Tasmota:
         if not isinstance(report, dict):
             return [Problem(None, "payload", f"{topic}: not a JSON object: {shown(payload)}",
                             watchers=lwt)]
-        fields, problems = self._fields(report, lwt)
+        fields, unknown = self._fields(report)
         extra = {"device_time": report["Time"]} if "Time" in report else {}
         facts: list[Fact] = []
         for sensor, found in report.items():
             if isinstance(found, dict) and sensor not in self.NOT_SENSORS:
-                facts += values(f"{device}-{sensor}", found, fields, (lwt,), extra)
-        return problems + facts if facts else []
+                name = f"{device}-{sensor}"
+                facts += [Problem(name, "unit", reason, quantity)
+                          for key, (quantity, reason) in unknown.items() if key in found]
+                facts += values(name, found, fields, (lwt,), extra)
+        return facts
 
     @staticmethod
-    def _fields(report: dict[str, Any], lwt: str) -> tuple[Fields, list[Fact]]:
-        """The sensor fields read, in the report's units; a unit Cairn does not convert
-        leaves its quantity out, with a Problem for the device's sensors."""
+    def _fields(report: dict[str, Any]) -> tuple[Fields, dict[str, tuple[str, str]]]:
+        """The sensor fields read, in the report's units, and those left out for a unit
+        Cairn does not convert (key -> quantity and why)."""
         temperature, pressure = report.get("TempUnit", "C"), report.get("PressureUnit", "hPa")
         fields: Fields = {"Temperature": ("temperature", lambda v: celsius(v, temperature)),
                           "Humidity": ("humidity", None),
                           "Pressure": ("pressure", lambda v: hpa(v, pressure)),
                           "Battery": ("battery", None)}
-        problems: list[Fact] = []
+        unknown = {}
         for key, unit, known in (("Temperature", temperature, TO_CELSIUS),
                                  ("Pressure", pressure, HPA_PER)):
             if unit not in known:
                 quantity = fields.pop(key)[0]
-                problems.append(Problem(None, "unit", f"{quantity} in {unit!r}, a unit Cairn "
-                                                      f"does not convert", quantity, watchers=lwt))
-        return fields, problems
+                unknown[key] = (quantity, f"{quantity} in {unit!r}, a unit Cairn does not "
+                                          f"convert")
+        return fields, unknown
 
 
 class Shelly:

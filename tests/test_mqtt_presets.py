@@ -414,14 +414,15 @@ async def test_a_devices_own_time_is_kept_as_a_field_never_the_order(router, bro
 
 async def test_a_unit_cairn_does_not_convert_is_refused_with_a_status(router, broker):
     report = {"BME280": {"Temperature": 21.7, "Humidity": 66.6, "Pressure": 0.976},
-              "PressureUnit": "atm", "TempUnit": "C"}
+              "DS18B20": {"Temperature": 19.0}, "PressureUnit": "atm", "TempUnit": "C"}
     async with running_bridge(router, broker, "tas-unit", preset("tasmota")) as bridge, \
-            devices(router, "tas_unit-BME280") as [device]:
+            devices(router, "tas_unit-BME280", "tas_unit-DS18B20") as [bme280, ds18b20]:
         await publish(broker, ("tele/tas_unit/SENSOR", report),
                       ("tele/tas_unit/SENSOR", report))
-        assert await device.reading() == {"temperature": 21.7, "humidity": 66.6}
-        assert await device.status() == ("error", "pressure in 'atm', a unit Cairn does not "
+        assert await bme280.reading() == {"temperature": 21.7, "humidity": 66.6}
+        assert await bme280.status() == ("error", "pressure in 'atm', a unit Cairn does not "
                                                   "convert")
+        assert await ds18b20.status() == ("ok", None)  # it has no pressure
         assert bridge.presets.stats.problems == {"unit": 2}
 
 
