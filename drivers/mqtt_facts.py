@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 MAX_DEVICES = 1000       # devices one bridge makes: a client cannot make it hold more
@@ -63,6 +64,16 @@ def hpa(value: float, unit: str) -> float | None:
     """``value`` in hPa, or None when ``unit`` is not one Cairn converts."""
     factor = HPA_PER.get(unit)
     return None if factor is None else value if factor == 1 else round(value * factor, 2)
+
+
+def utc(seconds: Any) -> str | None:
+    """A device's Unix time (Shelly's ``ts``) as RFC 3339 UTC text, as Cairn writes times
+    (``2023-04-08T14:07:59.620Z``): the same instant, and no number among the readings."""
+    value = number(seconds)
+    if value is None or not 0 <= value < 1e11:
+        return None
+    moment = datetime.fromtimestamp(value, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # -- device ids --------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from cairn.drivers.mqtt_facts import (
     parse_json,
     shown,
     text,
+    utc,
     values,
 )
 from cairn.drivers.runtime import DeviceStatus, RouterLink, reading_topic
@@ -190,8 +191,8 @@ class Shelly:
     only what changed, overlaid here on the last full status; ``temperature:<n>.tC``,
     ``humidity:<n>.rh``, ``devicepower:<n>.battery.percent``; component 0 is the device
     ``<prefix>``, an add-on's ``temperature:100`` is ``<prefix>-100``; ``params.ts`` is the
-    device's clock; a component's ``errors`` (``["read"]``) are its status;
-    ``<prefix>/online`` ``true``/``false``."""
+    device's clock (kept as RFC 3339 UTC text); a component's ``errors`` (``["read"]``) are
+    its status; ``<prefix>/online`` ``true``/``false``."""
 
     name, keys, base = "shelly", frozenset({"temperature_unit"}), ""
     GEN1 = {"sensor/temperature": "temperature", "sensor/humidity": "humidity",
@@ -243,7 +244,8 @@ class Shelly:
             self.full[prefix] = {}
         status = self.full[prefix]
         _overlay(status, params)
-        extra = {"device_time": params["ts"]} if "ts" in params else {}
+        moment = utc(params.get("ts"))
+        extra = {"device_time": moment} if moment else {}
         facts: list[Fact] = []
         for key, changed in params.items():  # this notification's components, now whole
             kind, _, n = key.partition(":")

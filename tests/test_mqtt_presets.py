@@ -475,9 +475,9 @@ async def test_shelly_gen2_notify_status_is_overlaid_on_the_full_status(router, 
                       ("shellyplusht-b8d6/events/rpc", changed),
                       ("shellyplusht-b8d6/events/rpc", wifi))
         assert await ht.reading() == {"temperature": 19.8, "humidity": 42.2, "battery": 71,
-                                      "device_time": 1680962879.62}
+                                      "device_time": "2023-04-08T14:07:59.620Z"}
         assert await ht.reading() == {"temperature": 20.4, "humidity": 42.2, "battery": 71,
-                                      "device_time": 1680963479.61}
+                                      "device_time": "2023-04-08T14:17:59.610Z"}
         await ht.no_reading()  # a change of its Wi-Fi is no reading
 
 
