@@ -139,22 +139,30 @@ def _publisher(port: int, n: int, qos: int, start: Any, result: Any) -> None:
     result.put(asyncio.run(publish()))
 
 
-async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any]:
-    from autobahn.wamp.types import SubscribeOptions
-
-    from cairn.drivers.runtime import open_session
-
-    workdir = Path(tempfile.mkdtemp(prefix="cairn-bench-mqtt-"))
+def start_servers(workdir: Path) -> tuple[Process, int, Process, int, int]:
+    """Mosquitto and ``cairn router`` (history on ``sensor``, a Unix socket in ``workdir``),
+    started, not yet waited for: (mosquitto, its port, router, WebSocket port, RawSocket
+    port)."""
     ws_port, rs_port = free_port(), free_port()
     mosquitto, mqtt_port = start_mosquitto(workdir)
     (workdir / "router.toml").write_text(
         router_table(workdir / "data", f"127.0.0.1:{ws_port}",
                      [f"unix:{workdir}/wamp.sock", f"127.0.0.1:{rs_port}"], "warning")
         + open_realm(history=[history_rule("sensor")]))
-    (workdir / "bridge.toml").write_text(BRIDGE_TOML.format(dir=workdir, backlog=backlog,
-                                                            mqtt_port=mqtt_port))
     router = Process("router", [sys.executable, "-m", "cairn.app.cli", "router", "--config",
                                 str(workdir / "router.toml")], workdir / "router.log", workdir)
+    return mosquitto, mqtt_port, router, ws_port, rs_port
+
+
+async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any]:
+    from autobahn.wamp.types import SubscribeOptions
+
+    from cairn.drivers.runtime import open_session
+
+    workdir = Path(tempfile.mkdtemp(prefix="cairn-bench-mqtt-"))
+    mosquitto, mqtt_port, router, ws_port, rs_port = start_servers(workdir)
+    (workdir / "bridge.toml").write_text(BRIDGE_TOML.format(dir=workdir, backlog=backlog,
+                                                            mqtt_port=mqtt_port))
     processes = [mosquitto, router]
     try:
         wait_for_ports([mqtt_port, ws_port, rs_port], lambda: all(
@@ -173,7 +181,7 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
 
         await session.subscribe(on_event, "sensor.bench.", options=SubscribeOptions(
             match="prefix", details_arg="details"))
-        await _warm_up(mqtt_port, seqs, processes)
+        await warm_up(mqtt_port, seqs, processes)
         seqs.clear()
         arrivals.clear()
 
@@ -213,7 +221,8 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
     }
 
 
-async def _warm_up(port: int, seqs: list[int], processes: list[Process]) -> None:
+async def warm_up(port: int, seqs: list[Any], processes: list[Process],
+                  topic: str = "bench/warmup", payload: bytes = b'{"seq": -1}') -> None:
     """Publish until the bridge is connected both ways and an event comes through."""
     import aiomqtt
 
@@ -225,7 +234,7 @@ async def _warm_up(port: int, seqs: list[int], processes: list[Process]) -> None
                                f"logs in {processes[0].log.parent}")
         with contextlib.suppress(aiomqtt.MqttError):
             async with aiomqtt.Client("127.0.0.1", port) as client:
-                await client.publish("bench/warmup", b'{"seq": -1}', qos=1)
+                await client.publish(topic, payload, qos=1)
         await asyncio.sleep(0.3)
 
 

@@ -39,10 +39,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from bench.mqtt import Process, start_mosquitto
+from bench.mqtt import Process, start_servers, warm_up
 from bench.pubsub import machine, source_version
-from harness.config import history_rule, open_realm, router_table
-from harness.process import free_port, wait_for_ports
+from harness.process import wait_for_ports
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results" / "mqtt_presets.json"
@@ -138,16 +137,9 @@ async def bridged_case(name: str, n: int, idle: float) -> dict[str, Any]:
 
     entry, first, (topic, value) = CASES[name]
     workdir = Path(tempfile.mkdtemp(prefix="cairn-bench-presets-"))
-    ws_port, rs_port = free_port(), free_port()
-    mosquitto, mqtt_port = start_mosquitto(workdir)
-    (workdir / "router.toml").write_text(
-        router_table(workdir / "data", f"127.0.0.1:{ws_port}",
-                     [f"unix:{workdir}/wamp.sock", f"127.0.0.1:{rs_port}"], "warning")
-        + open_realm(history=[history_rule("sensor")]))
+    mosquitto, mqtt_port, router, ws_port, rs_port = start_servers(workdir)
     (workdir / "bridge.toml").write_text(bridge_toml(f"rawsocket+unix:{workdir}/wamp.sock",
                                                      mqtt_port, entry, n + 100))
-    router = Process("router", [sys.executable, "-m", "cairn.app.cli", "router", "--config",
-                                str(workdir / "router.toml")], workdir / "router.log", workdir)
     processes = [mosquitto, router]
     arrivals: list[float] = []
     try:
@@ -165,7 +157,7 @@ async def bridged_case(name: str, n: int, idle: float) -> dict[str, Any]:
             session = await open_session(f"rawsocket+tcp://127.0.0.1:{rs_port}", "realm1")
             await session.subscribe(lambda *a, **kw: arrivals.append(time.monotonic()),
                                     "sensor.", options=SubscribeOptions(match="prefix"))
-            await _warm_up(mqtt, topic, _payload(value), arrivals, processes)
+            await warm_up(mqtt_port, arrivals, processes, topic, _payload(value))
             await asyncio.sleep(1.0)  # connected and idle
             arrivals.clear()
             cpu_before = bridge.cpu_seconds()
@@ -196,19 +188,6 @@ async def bridged_case(name: str, n: int, idle: float) -> dict[str, Any]:
             "bridge_cpu_s": round(cpu, 2),
             "bridge_us_per_message": round(cpu / max(len(arrivals), 1) * 1e6),
             "delivered_per_s": round(len(arrivals) / span) if span else 0}
-
-
-async def _warm_up(mqtt: Any, topic: str, payload: bytes, arrivals: list[float],
-                   processes: list[Process]) -> None:
-    """Publish until a reading comes through the bridge (connected both ways)."""
-    deadline = time.monotonic() + 30
-    while not arrivals:
-        exited = [p.name for p in processes if p.proc.poll() is not None]
-        if exited or time.monotonic() > deadline:
-            raise RuntimeError(f"the bridge did not come up (exited: {exited or 'none'}); "
-                               f"logs in {processes[0].log.parent}")
-        await mqtt.publish(topic, payload, qos=1)
-        await asyncio.sleep(0.3)
 
 
 # -- report ------------------------------------------------------------------------------

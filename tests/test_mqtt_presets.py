@@ -24,22 +24,11 @@ from cairn.drivers.mqtt_facts import celsius, device_id, hpa
 from cairn.drivers.runtime import open_session
 from harness.process import RouterProcess
 from harness.waiting import until
-from tests.test_durability import REALM
+from tests import test_mqtt_bridge
 from tests.test_mqtt_bridge import GOOD, Mosquitto, mqtt_client, running_bridge
 
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    mosquitto = Mosquitto(tmp_path_factory.mktemp("mosquitto")).start()
-    yield mosquitto
-    mosquitto.stop()
-
-
-@pytest.fixture(scope="module")
-def router(tmp_path_factory):
-    process = RouterProcess(tmp_path_factory.mktemp("router"), REALM).start()
-    yield process
-    process.stop()
+# its module-scoped fixtures: one Mosquitto and one router process for this module too
+broker, router = test_mqtt_bridge.broker, test_mqtt_bridge.router
 
 
 class Device:
@@ -86,6 +75,18 @@ async def devices(router: RouterProcess, *ids: str) -> AsyncIterator[list[Device
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(session.leave(), 2)
+
+
+async def retained(router: RouterProcess, topic: str) -> dict[str, Any]:
+    """What a subscriber that comes now gets first: the topic's retained event."""
+    session = await open_session(router.ws_url, "realm1")
+    got: asyncio.Queue = asyncio.Queue()
+    await session.subscribe(lambda **kw: got.put_nowait(kw), topic,
+                            options=SubscribeOptions(get_retained=True))
+    try:
+        return await asyncio.wait_for(got.get(), 5)
+    finally:
+        await session.leave()
 
 
 async def publish(broker: Mosquitto, *messages: tuple[str, Any], retain: bool = False) -> None:
@@ -258,12 +259,7 @@ async def test_zigbee2mqtt_device_state_becomes_a_retained_reading(router, broke
                                           "pressure": 1000.6, "battery": 86, "linkquality": 97}
         assert await device.status() == ("ok", None)
         await until(lambda: bridge.link.stats.published >= 3)
-    session = await open_session(router.ws_url, "realm1")
-    got: asyncio.Queue = asyncio.Queue()
-    await session.subscribe(lambda **kw: got.put_nowait(kw), "sensor.z2m-state-1",
-                            options=SubscribeOptions(get_retained=True))
-    assert (await asyncio.wait_for(got.get(), 5))["temperature"] == 22.75
-    await session.leave()
+    assert (await retained(router, "sensor.z2m-state-1"))["temperature"] == 22.75
 
 
 async def test_zigbee2mqtt_friendly_names_with_slashes_and_spaces(router, broker):
@@ -404,12 +400,7 @@ async def test_a_devices_own_time_is_kept_as_a_field_never_the_order(router, bro
         assert await device.reading() == {"temperature": 21.0,
                                           "device_time": "2000-01-01T00:00:10"}
         await until(lambda: not bridge.link.backlog)
-    session = await open_session(router.ws_url, "realm1")
-    got: asyncio.Queue = asyncio.Queue()
-    await session.subscribe(lambda **kw: got.put_nowait(kw), "sensor.tas_time-DHT11",
-                            options=SubscribeOptions(get_retained=True))
-    assert (await asyncio.wait_for(got.get(), 5))["temperature"] == 21.0
-    await session.leave()
+    assert (await retained(router, "sensor.tas_time-DHT11"))["temperature"] == 21.0
 
 
 async def test_a_unit_cairn_does_not_convert_is_refused_with_a_status(router, broker):
@@ -562,6 +553,13 @@ def discovery(base: str, extra: str = "") -> str:
     return preset("homeassistant", f'base = "{base}"\n{extra}')
 
 
+async def announce(broker: Mosquitto, bridge: Any, *configs: tuple[str, Any]) -> None:
+    """Discovery configs, retained, and wait until the bridge took them."""
+    before = bridge.presets.stats.messages
+    await publish(broker, *configs, retain=True)
+    await until(lambda: bridge.presets.stats.messages == before + len(configs))
+
+
 def bedroom(unit: str = "°C", **more: Any) -> dict[str, Any]:
     """home-assistant.io/integrations/mqtt/#sensors: the docs' own two-entity example."""
     return {"device_class": "temperature", "state_topic": "ha-bed/sensor/sensorBedroom/state",
@@ -575,9 +573,8 @@ async def test_homeassistant_discovery_is_followed_into_cairn_units(router, brok
                 "value_template": "{{ value_json.humidity }}", "unique_id": "hum01ae"}
     async with running_bridge(router, broker, "ha", discovery("ha-1")) as bridge, \
             devices(router, "bedroom01ae") as [device]:
-        await publish(broker, ("ha-1/sensor/sensorBedroomT/config", bedroom("°F")),
-                      ("ha-1/sensor/sensorBedroomH/config", humidity), retain=True)
-        await until(lambda: bridge.presets.stats.messages == 2)
+        await announce(broker, bridge, ("ha-1/sensor/sensorBedroomT/config", bedroom("°F")),
+                       ("ha-1/sensor/sensorBedroomH/config", humidity))
         await publish(broker, ("ha-bed/sensor/sensorBedroom/state",
                                {"temperature": 73.76, "humidity": 43.7}))
         assert await device.reading() == {"temperature": 23.2, "humidity": 43.7}
@@ -594,9 +591,8 @@ async def test_homeassistant_abbreviations_and_the_base_topic(router, broker):
                       "cns": [["mac", "a4cf12345678"]]}}
     async with running_bridge(router, broker, "ha-abbr", discovery("ha-2")) as bridge, \
             devices(router, "a4cf12345678") as [device]:
-        await publish(broker, ("ha-2/sensor/ha-esp/living_room_temperature/config", config),
-                      retain=True)
-        await until(lambda: bridge.presets.stats.messages == 1)
+        await announce(broker, bridge,
+                       ("ha-2/sensor/ha-esp/living_room_temperature/config", config))
         await publish(broker, ("ha-esp/sensor/living_room_temperature/state", b"21.5"))
         assert await device.reading() == {"temperature": 21.5}
         await publish(broker, ("ha-esp/status", b"offline"))
@@ -633,8 +629,7 @@ async def test_homeassistant_zigbee2mqtt_entities_are_one_device(router, broker)
              "battery": 86, "voltage": 3005, "device_temperature": 30}
     async with running_bridge(router, broker, "ha-z2m", discovery("ha-3")) as bridge, \
             devices(router, f"zigbee2mqtt_{ieee}") as [device]:
-        await publish(broker, *configs, retain=True)
-        await until(lambda: bridge.presets.stats.messages == len(configs))
+        await announce(broker, bridge, *configs)
         await publish(broker, (f"ha-z2m/{name}", state))
         assert await device.reading() == {"temperature": 22.75, "humidity": 55.43,
                                           "pressure": 1000.6, "battery": 86, "linkquality": 97}
@@ -704,12 +699,10 @@ async def test_homeassistant_empty_config_removes_the_entity(router, broker):
     config = bedroom(state_topic="ha-rm/state", device={"identifiers": ["ha-rm-1"]})
     async with running_bridge(router, broker, "ha-rm", discovery("ha-7")) as bridge, \
             devices(router, "ha-rm-1") as [device]:
-        await publish(broker, ("ha-7/sensor/ha-rm/t/config", config), retain=True)
-        await until(lambda: bridge.presets.stats.messages == 1)
+        await announce(broker, bridge, ("ha-7/sensor/ha-rm/t/config", config))
         await publish(broker, ("ha-rm/state", {"temperature": 20}))
         assert await device.reading() == {"temperature": 20}
-        await publish(broker, ("ha-7/sensor/ha-rm/t/config", b""), retain=True)
-        await until(lambda: bridge.presets.stats.messages == 3)
+        await announce(broker, bridge, ("ha-7/sensor/ha-rm/t/config", b""))
         await publish(broker, ("ha-rm/state", {"temperature": 21}))
         await device.no_reading()
 
@@ -718,8 +711,7 @@ async def test_homeassistant_state_without_the_announced_values_is_bad_input(rou
     config = bedroom(state_topic="ha-bad/state", device={"identifiers": ["ha-bad-1"]})
     async with running_bridge(router, broker, "ha-bad", discovery("ha-8")) as bridge, \
             devices(router, "ha-bad-1") as [device]:
-        await publish(broker, ("ha-8/sensor/ha-bad/t/config", config), retain=True)
-        await until(lambda: bridge.presets.stats.messages == 1)
+        await announce(broker, bridge, ("ha-8/sensor/ha-bad/t/config", config))
         await publish(broker, ("ha-bad/state", {"temperature": 20}))
         assert await device.reading() == {"temperature": 20}
         await publish(broker, ("ha-bad/state", b"{nope"))
