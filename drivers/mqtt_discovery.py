@@ -32,6 +32,7 @@ from cairn.drivers.mqtt_facts import (
     Announced,
     Elsewhere,
     Fact,
+    Fields,
     Problem,
     availability,
     celsius,
@@ -262,14 +263,18 @@ class HomeAssistant:
     def _state(self, topic: str, payload: bytes) -> list[Fact]:
         """Each entity's value from one state message; one Reading per device."""
         payload_text, value_json = text(payload) or "", parse_json(payload)
-        facts: list[Fact] = []
+        found: dict[str, tuple[dict[str, Any], Fields, tuple[str, ...]]] = {}
         entities = self.on_topic[topic].values()
         for entity in entities:
             value = entity.template.render(payload_text, value_json)
             if value is not MISSING:  # else a partial state (Zigbee2MQTT without cache_state)
-                facts += values(entity.device, {entity.quantity: value},
-                                {entity.quantity: (entity.quantity, entity.convert)},
-                                entity.availability)
+                rendered, fields, watch = found.setdefault(entity.device, ({}, {}, ()))
+                rendered[entity.quantity] = value
+                fields[entity.quantity] = (entity.quantity, entity.convert)
+                found[entity.device] = (rendered, fields, watch + entity.availability)
+        facts: list[Fact] = []
+        for device, (rendered, fields, watch) in found.items():
+            facts += values(device, rendered, fields, tuple(dict.fromkeys(watch)))
         if not facts:
             return [Problem(device, "payload", f"{topic}: holds none of the values announced: "
                                                f"{shown(payload)}")
