@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cairn.drivers.mqtt_facts import (
     HPA_PER,
@@ -33,6 +33,7 @@ from cairn.drivers.mqtt_facts import (
     Elsewhere,
     Fact,
     Fields,
+    PresetEntry,
     Problem,
     availability,
     celsius,
@@ -43,9 +44,6 @@ from cairn.drivers.mqtt_facts import (
     text,
     values,
 )
-
-if TYPE_CHECKING:
-    from cairn.drivers.mqtt_presets import PresetEntry
 
 # The abbreviations discovery allows (home-assistant.io/integrations/mqtt/#discovery-messages)
 # of the keys read here.

@@ -5,7 +5,8 @@ Cairn's units: temperature °C, humidity %RH, pressure hPa, battery %, linkquali
 the device's own clock as ``device_time``, a field, never the order), an
 :class:`Availability` (what a project's online/offline topic said), an :class:`Announced`
 device (Home Assistant discovery) or a :class:`Problem` (bad input, counted by ``kind``).
-Here too: the units, the device-id rule, and the small payload readers the presets share.
+Here too: the units, the device-id rule, a preset's ``[[mqtt.map]]`` entry
+(:class:`PresetEntry`), and the small payload readers the presets share.
 """
 
 from __future__ import annotations
@@ -92,6 +93,49 @@ def device_id(name: str, prefix: str = "") -> str:
         return prefix + name
     slug = _UNSAFE_RUN.sub("_", name).strip("_") or "device"
     return f"{prefix}{slug}-{hashlib.blake2s(name.encode(), digest_size=2).hexdigest()}"
+
+
+# -- a [[mqtt.map]] entry with a preset (checked by mqtt_presets.parse_entry) ------------
+
+@dataclass(frozen=True)
+class PresetEntry:
+    preset: str
+    base: str = ""
+    follow: tuple[str, ...] = ()
+    device_prefix: str = ""
+    temperature_unit: str = "°C"
+    retain: bool = True
+    qos: int = 1
+    taken: tuple[str, ...] = ()  # the preset's own filters (PRESETS[preset].topics)
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        """What the bridge subscribes to for this entry."""
+        return self.taken + self.follow
+
+    def claims(self, topic: str) -> bool:
+        return _matches_any(self.taken, topic)
+
+    def follows(self, topic: str) -> bool:
+        return _matches_any(self.follow, topic)
+
+
+def _matches_any(filters: tuple[str, ...], topic: str) -> bool:
+    """MQTT matching: ``+`` one level, ``#`` the rest; neither matches a ``$`` topic."""
+    levels = topic.split("/")
+    for mqtt_filter in filters:
+        wanted = mqtt_filter.split("/")
+        if levels[0].startswith("$") and wanted[0] in ("+", "#"):
+            continue
+        for i, level in enumerate(wanted):
+            if level == "#":
+                return True
+            if i >= len(levels) or level not in ("+", levels[i]):
+                break
+        else:
+            if len(levels) == len(wanted):
+                return True
+    return False
 
 
 # -- facts -------------------------------------------------------------------------------

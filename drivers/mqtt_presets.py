@@ -55,6 +55,7 @@ from cairn.drivers.mqtt_facts import (
     Elsewhere,
     Fact,
     Fields,
+    PresetEntry,
     Problem,
     Reading,
     availability,
@@ -337,48 +338,7 @@ PRESETS: dict[str, type[Preset]] = {preset.name: preset for preset in (
     Zigbee2Mqtt, Tasmota, Shelly, EspHome, HomeAssistant)}
 
 
-# -- the [[mqtt.map]] entry --------------------------------------------------------------
-
-@dataclass(frozen=True)
-class PresetEntry:
-    preset: str
-    base: str = ""
-    follow: tuple[str, ...] = ()
-    device_prefix: str = ""
-    temperature_unit: str = "°C"
-    retain: bool = True
-    qos: int = 1
-    taken: tuple[str, ...] = ()  # the preset's own filters (PRESETS[preset].topics)
-
-    @property
-    def filters(self) -> tuple[str, ...]:
-        """What the bridge subscribes to for this entry."""
-        return self.taken + self.follow
-
-    def claims(self, topic: str) -> bool:
-        return _matches_any(self.taken, topic)
-
-    def follows(self, topic: str) -> bool:
-        return _matches_any(self.follow, topic)
-
-
-def _matches_any(filters: tuple[str, ...], topic: str) -> bool:
-    """MQTT matching: ``+`` one level, ``#`` the rest; neither matches a ``$`` topic."""
-    levels = topic.split("/")
-    for mqtt_filter in filters:
-        wanted = mqtt_filter.split("/")
-        if levels[0].startswith("$") and wanted[0] in ("+", "#"):
-            continue
-        for i, level in enumerate(wanted):
-            if level == "#":
-                return True
-            if i >= len(levels) or level not in ("+", levels[i]):
-                break
-        else:
-            if len(levels) == len(wanted):
-                return True
-    return False
-
+# -- the [[mqtt.map]] entry (PresetEntry, in mqtt_facts) ---------------------------------
 
 def parse_entry(v: Validator, t: dict[str, Any], at: str, qos: int) -> PresetEntry:
     """A ``[[mqtt.map]]`` entry with ``preset``: its keys checked, its filters worked out."""
