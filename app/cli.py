@@ -8,18 +8,18 @@ import logging
 import sys
 
 from cairn.app import config_cli, provision, update
-from cairn.drivers import cli as sensor_cli
-from cairn.drivers import demo, mqtt_cli
-from cairn.gateway import config as cfg
-from cairn.gateway import ops
-from cairn.gateway.config_history import RunningConfig, startup_config
-from cairn.gateway.console import (
+from cairn.base.console import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
     installed_version,
     setup_logging,
 )
+from cairn.drivers import cli as sensor_cli
+from cairn.drivers import demo, mqtt_cli
+from cairn.gateway.core import config as cfg
+from cairn.gateway.ops import maintenance as ops
+from cairn.gateway.ops.config_history import RunningConfig, startup_config
 from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_router(config: cfg.Config, running: RunningConfig, log_level: str | None) -> int:
     import sqlite3
 
-    from cairn.gateway.server import serve
+    from cairn.gateway.shell.server import serve
     from cairn.gateway.store import SchemaTooNew
 
     setup_logging(log_level or config.router.log_level)

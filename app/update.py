@@ -37,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway import config as cfg
-from cairn.gateway.update_state import (
+from cairn.gateway.core import config as cfg
+from cairn.gateway.ops.update_state import (
     INSTALLING,
     TRIAL,
     UPDATE_DIR,
@@ -255,7 +255,7 @@ def _stat(path: Path) -> tuple[int, int] | None:
 
 def _commit_store(config_path: str) -> None:
     """The store's pre-migration copies are only for going back to the older release."""
-    from cairn.gateway.data_dir import db_path
+    from cairn.base.data_dir import db_path
     from cairn.gateway.store import discard_pre_migration_copies
 
     try:

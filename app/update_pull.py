@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.config import SECTION_CHECKS, read_document
-from cairn.gateway.config_tools import ConfigError, Validator
-from cairn.gateway.update_state import UPDATE_DIR, Trial, last_result
+from cairn.base.config_tools import ConfigError, Validator
+from cairn.gateway.core.config import SECTION_CHECKS, read_document
+from cairn.gateway.ops.update_state import UPDATE_DIR, Trial, last_result
 from cairn.sync import metered
 from cairn.sync.cli import GATEWAY_ID, optional_secret
 from cairn.sync.sinks import HttpSource, SinkError

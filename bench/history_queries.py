@@ -20,10 +20,10 @@ from bench.store_data import (
     SPARSE_TOPIC,
     device_topic,
 )
-from cairn.gateway.clock_readings import rfc3339
-from cairn.gateway.config import Limits
-from cairn.gateway.history import EventsQuery, history_query
-from cairn.gateway.patterns import wildcard_matches
+from cairn.base.clock_readings import rfc3339
+from cairn.gateway.core.config import Limits
+from cairn.gateway.core.history import EventsQuery, history_query
+from cairn.gateway.core.patterns import wildcard_matches
 from cairn.gateway.store import Store, eligible
 
 # -- 3. get_events ----------------------------------------------------------------------------
@@ -134,7 +134,7 @@ async def bench_get_events(client: WampClient, pid: int, sub_ids: dict[str, int]
 
 async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[str, Any],
                               seed: int) -> dict[str, Any]:
-    """Replay each get_events case through gateway.history.history_query on a Store opened on
+    """Replay each get_events case through gateway.core.history.history_query on a Store opened on
     the benchmark database (router stopped), record the SQL it runs, and show its query plan
     and its bare execution time."""
     store = await Store.open(db_path)

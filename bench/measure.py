@@ -13,7 +13,7 @@ from typing import Any
 from bench.pubsub import (
     machine_busy_seconds,
 )
-from cairn.gateway.metrics import quantile
+from cairn.gateway.shell.metrics import quantile
 from harness.process import CLK_TCK, process_cpu_seconds
 
 # -- measuring helpers ------------------------------------------------------------------------

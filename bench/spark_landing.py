@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.spark import machine, table
 from bench.spark_fleet import T0_MS, _row
-from cairn.sync.batch_format import manifest_name
+from cairn.formats.batch import manifest_name
 from cairn.sync.uploader import build_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_landing.json"
@@ -57,7 +57,7 @@ def land(landing: Path, batches: int) -> int:
 
 
 def measure(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     spark = jobs.session("local[2]", {"spark.driver.memory": opts.driver_memory,
                                       "spark.ui.enabled": "false"}, app="cairn-bench-landing")

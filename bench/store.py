@@ -53,7 +53,7 @@ What it does, in order:
    ``cairn.db`` + ``cairn.db-wal``, and sectors written on the whole block device (includes
    the file system journal and anything else on the machine), each divided by the count.
 7. after the router has stopped, every get_events case is replayed in this process through
-   ``gateway.history.history_query`` on a ``Store`` opened on the same file, recording the
+   ``gateway.core.history.history_query`` on a ``Store`` opened on the same file, recording the
    SQL it runs, so the report can show ``EXPLAIN QUERY PLAN`` and the bare SQL time next to the
    router's round trip.
 
@@ -115,7 +115,7 @@ from bench.store_data import (
     populate,
     reading,
 )
-from cairn.gateway.metrics import quantile
+from cairn.gateway.shell.metrics import quantile
 from harness.config import NO_READ_BUDGET, history_rule, open_realm
 from harness.process import RouterProcess
 

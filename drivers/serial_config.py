@@ -28,10 +28,10 @@ from typing import Any
 
 import serial
 
+from cairn.base.config_tools import ConfigError, Validator, describe
 from cairn.drivers.config import DriverConfig, parse_driver, read_toml
 from cairn.drivers.line import MAX_LINE, THS, RegexFormat
 from cairn.drivers.modbus import FUNCTIONS, MAX_REGISTERS, XY_MD02, Register, register_block
-from cairn.gateway.config_tools import ConfigError, Validator, describe
 
 TOP_LEVEL = {"router", "realms", "driver", "sensors", "mqtt", "sync"}
 KINDS = ("modbus", "line")

@@ -59,8 +59,8 @@ WORKLOAD = """
 import json, sys
 from pathlib import Path
 from pyspark import SparkContext
-from cairn.sync import spark as jobs
-from cairn.sync.batch_format import manifest_name
+from cairn.central import spark as jobs
+from cairn.formats.batch import manifest_name
 from cairn.sync.uploader import build_batch
 from harness.readings import KEY, readings
 

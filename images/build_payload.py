@@ -67,12 +67,13 @@ FILES: list[tuple[str, str, int]] = [
 ]
 # What goes into the wheel's build: the packages, their metadata and the build step that
 # fetches the dashboard's client (setup.py: npm ci of the lock file), nothing else.
-SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway", "drivers",
-           "sync", "app"]
+# The package folders, each installed as cairn.<folder> (pyproject.toml's package-dir).
+PACKAGE_FOLDERS = ["base", "formats", "gateway", "drivers", "sync", "central", "app"]
+SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", *PACKAGE_FOLDERS]
 SKIP = re.compile(r"(^|/)(__pycache__|node_modules|\.pytest_cache)(/|$)|\.py[co]$")
 # The dashboard's client bundle is fetched at build time (not committed): without it
 # the dashboard of the image would be broken, so its absence is an error.
-REQUIRED_IN_WHEEL = ["cairn/app/cli.py", "cairn/gateway/server.py",
+REQUIRED_IN_WHEEL = ["cairn/app/cli.py", "cairn/gateway/shell/server.py",
                      "cairn/drivers/__init__.py", "cairn/sync/cli.py",
                      "cairn/gateway/dashboard/index.html",
                      "cairn/gateway/dashboard/autobahn.min.js"]

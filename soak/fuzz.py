@@ -27,7 +27,7 @@ import cbor2
 import msgpack
 from hypothesis import strategies as st
 
-from cairn.gateway.transport import decode, serializers
+from cairn.gateway.shell.transport import decode, serializers
 from harness.fuzz import OPTION_KEYS, URIS, mutated_messages, random_messages, well_formed
 from harness.fuzz import values as tame_values
 

@@ -26,9 +26,9 @@ from autobahn.wamp.types import PublishOptions
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from cairn.gateway.core import WampError
-from cairn.gateway.history import EventsQuery
-from cairn.gateway.transport import decode
+from cairn.gateway.core.history import EventsQuery
+from cairn.gateway.core.session import WampError
+from cairn.gateway.shell.transport import decode
 from harness.config import history_rule, open_realm
 from harness.fuzz import HELLO_MESSAGE, PROBE, answered_or_aborted
 from harness.process import RouterProcess

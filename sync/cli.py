@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway import config as gateway_config
-from cairn.gateway.config import read_document
-from cairn.gateway.config_tools import ConfigError, Validator, secret
-from cairn.gateway.data_dir import db_path, sync_status_path
+from cairn.base.config_tools import ConfigError, Validator, secret
+from cairn.base.data_dir import db_path, sync_status_path
+from cairn.gateway.core import config as gateway_config
+from cairn.gateway.core.config import read_document
 from cairn.gateway.store import HistoryReader
 from cairn.sync import metered
 from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
@@ -251,7 +251,7 @@ def spark_main(args: argparse.Namespace) -> int:
         args.spark_parser.print_help(sys.stderr)
         return 2
     try:
-        from cairn.sync import spark
+        from cairn.central import spark
     except ModuleNotFoundError as e:
         if e.name is None or not e.name.startswith(("pyspark", "py4j")):
             raise

@@ -6,7 +6,7 @@ rather than calling the router keeps a large backlog cheap to drain and works wh
 router is down; the store module owns every SQL statement it uses.
 
 Each batch is a data file of one publication per line (the lean schema 2 of
-:mod:`sync.batch_format`: bzip2, about 3 bytes a reading) plus a manifest (gateway id,
+:mod:`formats.batch`: bzip2, about 3 bytes a reading) plus a manifest (gateway id,
 first/last seq, count, sha256, schema version, and the clock anchors, gap records, boots,
 realms and publication id key the central job needs). The watermark moves only after
 the sink confirmed both files, so a batch may be sent twice but never lost; re-sent batches
@@ -31,18 +31,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cairn.gateway.clock_readings import rfc3339
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.data_dir import (
+from cairn.base.clock_readings import rfc3339
+from cairn.base.data_dir import (
     AGING,
     CARRIED,
     SyncStatus,
     read_sync_status_file,
     write_sync_status,
 )
-from cairn.gateway.store import Damaged, HistoryReader
-from cairn.sync import budget, metered
-from cairn.sync.batch_format import (
+from cairn.formats.batch import (
     SCHEMA_VERSION,
     data_name,
     encode_lean,
@@ -52,6 +49,9 @@ from cairn.sync.batch_format import (
     manifest_name,
     row_of,
 )
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.store import Damaged, HistoryReader
+from cairn.sync import budget, metered
 from cairn.sync.sinks import SinkError
 
 log = logging.getLogger("cairn.sync")

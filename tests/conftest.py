@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from cairn.gateway import config as cfg
-from cairn.gateway.server import Node
+from cairn.gateway.core import config as cfg
+from cairn.gateway.shell.server import Node
 from harness.config import open_realm, router_table
 from harness.wamp_client import Client, connect
 
@@ -181,7 +181,7 @@ def spark():
     changes a result (Spark tests its engine both ways); the cluster test runs the job as
     shipped and compares its tables with this session's, row for row, and the benchmarks
     run it as shipped."""
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
     from harness.spark_cluster import QUICK_JVM
 
     session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",

@@ -93,8 +93,8 @@ def free_port() -> int:
 
 # What the test image is made of (the payload's sources, the units, the recipe): a change
 # elsewhere (a test) does not rebuild it.
-IMAGE_SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway",
-                 "drivers", "sync", "app", "systemd", "images"]
+IMAGE_SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "base", "formats",
+                 "gateway", "drivers", "sync", "central", "app", "systemd", "images"]
 
 
 def _source_key() -> str:

@@ -497,7 +497,7 @@ def test_payload_configs_validate(payload, tmp_path):
 def test_the_documented_way_to_open_the_router_validates(tmp_path):
     """The comments of the shipped config: listen on the LAN, drop anonymous, add users
     with secret files. `cairn check-config` must accept the result."""
-    from cairn.gateway import config as cfg
+    from cairn.gateway.core import config as cfg
 
     for name in ("dashboard", "drivers"):
         (tmp_path / name).write_text("s3cret-" + name)
@@ -797,7 +797,8 @@ done
     echo "== check-config"; chroot "$R" /opt/cairn/bin/cairn check-config /etc/cairn/cairn.toml
     echo "== imports"
     chroot "$R" /opt/cairn/bin/python -c 'import pkgutil, importlib, cairn
-for pkg in (importlib.import_module(f"cairn.{n}") for n in ("app", "gateway", "drivers", "sync")):
+for pkg in (importlib.import_module(f"cairn.{n}") for n in ("app", "base", "formats", "gateway",
+                                                             "drivers", "sync", "central")):
     for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
         try:
             importlib.import_module(m.name)

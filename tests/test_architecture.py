@@ -1,5 +1,5 @@
 """The protocol core does no I/O: it takes messages and returns messages and effects
-(gateway.core). Checked here on the source, so a shortcut from the core to the event loop or
+(gateway.core.session). Checked here on the source, so a shortcut from the core to the event loop or
 the database fails the suite, naming the import chain that brought it in."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ CORE = tuple(f"cairn.gateway.{name}" for name in (
 FOLDERS = ("gateway", "drivers", "sync", "app")
 PACKAGES = tuple(f"cairn.{folder}" for folder in FOLDERS)
 # the event loop, the database, the shell, and the clocks: the shell reads those
-# (gateway.clock) and hands the core the time of each call (Outbox.now)
+# (base.clock) and hands the core the time of each call (Outbox.now)
 FORBIDDEN = ("asyncio", "sqlite3", "aiosqlite", "time", *(f"cairn.gateway.{name}" for name in (
     "store", "server", "transport", "flow_control", "admission", "clock")))
 CLOCK_READS = ("now", "utcnow", "today")  # datetime/date methods that read the clock
 
 
 def source(module: str) -> Path:
-    """cairn.gateway.core -> gateway/core.py; a package: cairn.gateway.store ->
+    """cairn.gateway.core.session -> gateway/core.py; a package: cairn.gateway.store ->
     gateway/store/__init__.py"""
     path = ROOT / module.removeprefix("cairn.").replace(".", "/")
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
@@ -42,7 +42,7 @@ def imports_of(module: str, typing_too: bool = False) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
             if node.module in PACKAGES or source(node.module).name == "__init__.py":
-                # from cairn.gateway import clock; from cairn.sync.spark import table
+                # from cairn.gateway import clock; from cairn.central.spark import table
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
     return found
 
@@ -92,9 +92,9 @@ def test_the_protocol_core_reads_no_clock():
 
 def test_the_import_check_finds_what_the_shell_imports():
     """The check itself: the shell's modules do reach the event loop and the store."""
-    reached = {chain[-1] for chain in forbidden_chains("cairn.gateway.server")}
-    assert {"asyncio", "sqlite3", "time", "cairn.gateway.store", "cairn.gateway.transport",
-            "cairn.gateway.clock"} <= reached
+    reached = {chain[-1] for chain in forbidden_chains("cairn.gateway.shell.server")}
+    assert {"asyncio", "sqlite3", "time", "cairn.gateway.store", "cairn.gateway.shell.transport",
+            "cairn.base.clock"} <= reached
 
 
 def modules_of(folder: str) -> list[str]:
@@ -152,8 +152,8 @@ def test_the_circle_check_finds_circles_and_sees_imports_of_other_packages():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = import_graph()
     assert {"cairn.drivers.cli", "cairn.sync.cli"} <= graph["cairn.app.cli"]
-    assert {"cairn.sync.spark.table", "cairn.sync.spark.files"} <= \
-        graph["cairn.sync.spark.ingest"]  # modules of subpackages too
+    assert {"cairn.central.spark.table", "cairn.central.spark.files"} <= \
+        graph["cairn.central.spark.ingest"]  # modules of subpackages too
 
 
 # The folders a folder must not import: gateway is the base the others build on, app (the
@@ -167,7 +167,7 @@ NOT_IMPORTED_BY = {
 
 def imports_against_the_layers() -> list[str]:
     """Each import, type hints and imports in functions included, of a folder that
-    NOT_IMPORTED_BY forbids to the importing one: "cairn.gateway.ops -> cairn.sync.sinks"."""
+    NOT_IMPORTED_BY forbids to the importing one: "cairn.gateway.ops.maintenance -> cairn.sync.sinks"."""
     found = []
     for folder, forbidden in NOT_IMPORTED_BY.items():
         for module in modules_of(folder):
@@ -186,7 +186,7 @@ def test_the_base_imports_neither_drivers_nor_sync_nor_the_command():
 
 def private_names_used_across_folders() -> list[str]:
     """Each ``_name`` a module takes from a module of another folder, imported (``from
-    cairn.gateway.config import _secret``) or as an attribute (``gateway_config._router``)."""
+    cairn.gateway.core.config import _secret``) or as an attribute (``gateway_config._router``)."""
     found = []
     for folder in FOLDERS:
         for module in modules_of(folder):
@@ -209,7 +209,7 @@ def private_names_used_across_folders() -> list[str]:
 
 
 def test_no_folder_uses_another_ones_private_names():
-    """drivers/ and sync/ check their config sections with gateway.config_tools' public
-    names, not gateway.config's private ones, which it may change freely."""
+    """drivers/ and sync/ check their config sections with base.config_tools' public
+    names, not gateway.core.config's private ones, which it may change freely."""
     wrong = private_names_used_across_folders()
     assert not wrong, "private names used across folders:\n" + "\n".join(wrong)

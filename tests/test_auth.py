@@ -35,8 +35,8 @@ from autobahn.wamp.cryptosign import CryptosignKey
 from autobahn.wamp.serializer import JsonSerializer
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway import config as cfg
-from cairn.gateway.auth import AuthThrottle, Peer
+from cairn.gateway.core import config as cfg
+from cairn.gateway.core.auth import AuthThrottle, Peer
 from harness.config import EVERYTHING, permission, realm, role, user
 from harness.process import ROOT, RouterProcess
 from harness.wamp import ABORT, AUTHENTICATE, CHALLENGE, HELLO, WELCOME

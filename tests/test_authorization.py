@@ -27,8 +27,8 @@ from autobahn.wamp.types import (
     SubscribeOptions,
 )
 
-from cairn.gateway import config as cfg
-from cairn.gateway.core import Outbox
+from cairn.gateway.core import config as cfg
+from cairn.gateway.core.session import Outbox
 from harness.wamp_client import Client, connect
 from tests.conftest import RunningRouter, start_router
 

@@ -1,4 +1,4 @@
-"""The lean batch format (schema 2 of ``sync.batch_format``) in plain Python: what the
+"""The lean batch format (schema 2 of ``formats.batch``) in plain Python: what the
 uploader writes comes back as the rows it was given, and costs a third of schema 1 or less.
 Its reading by Spark, against schema 1's, is in test_spark_lean.py."""
 
@@ -9,8 +9,7 @@ import re
 
 import pytest
 
-from cairn.gateway.publication_ids import PublicationIds
-from cairn.sync.batch_format import (
+from cairn.formats.batch import (
     MAX_HOLES,
     ManifestError,
     decode_batch,
@@ -19,6 +18,7 @@ from cairn.sync.batch_format import (
     event_ranges,
     parse_manifest,
 )
+from cairn.formats.publication_ids import PublicationIds
 from cairn.sync.uploader import build_batch
 from harness.readings import KEY, readings
 

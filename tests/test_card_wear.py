@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway import wear
-from cairn.gateway.config import load
-from cairn.gateway.server import Node
-from cairn.gateway.wear import WearMeter, disk_of
+from cairn.gateway.core.config import load
+from cairn.gateway.ops import wear
+from cairn.gateway.ops.wear import WearMeter, disk_of
+from cairn.gateway.shell.server import Node
 from harness.config import router_table
 from harness.process import ROOT, RouterProcess, free_port
 from harness.wamp_client import connect

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.clock_readings import parse_rfc3339
+from cairn.base.clock_readings import parse_rfc3339
 from harness.process import ROOT, RouterProcess
 from harness.wamp_client import connect
 from tests.test_durability import REALM

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from autobahn.wamp import message as m
 
-from cairn.gateway.clock_readings import STEP_THRESHOLD_NS, Reading, StepDetector, age_s
-from cairn.gateway.core import ClockStep, Persist
+from cairn.base.clock_readings import STEP_THRESHOLD_NS, Reading, StepDetector, age_s
+from cairn.gateway.core.session import ClockStep, Persist
 from harness.core import CoreRouter
 from tests.test_core_retention import CONFIG, publish
 

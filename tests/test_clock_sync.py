@@ -14,8 +14,8 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway import clock
-from cairn.gateway.clock_readings import age_s, parse_rfc3339
+from cairn.base import clock
+from cairn.base.clock_readings import age_s, parse_rfc3339
 from harness.config import (
     EVERYTHING,
     history_rule,
@@ -41,7 +41,7 @@ READER_REALM = realm("realm1", role("anonymous", permission("", EVERYTHING)),
                      anonymous_role="anonymous")
 
 # adjtimex(2) through the raw system call, reading struct timex at the offsets of the
-# kernel's LP64 ABI: a path that shares nothing with gateway.clock's ctypes.Structure
+# kernel's LP64 ABI: a path that shares nothing with base.clock's ctypes.Structure
 RAW_ADJTIMEX = """
 import ctypes, json, platform, struct
 number = {"x86_64": 159, "aarch64": 171}[platform.machine()]

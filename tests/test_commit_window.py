@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.config import HEALTH_TOPIC
+from cairn.gateway.core.config import HEALTH_TOPIC
 from harness.config import history_rule, permission, realm, role, router_table
 from harness.wamp_client import Client
 from tests.test_retention import Cairn

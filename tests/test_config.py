@@ -1,4 +1,4 @@
-"""gateway.config: the embedded default, a full example, and a clear ConfigError (file, dotted
+"""gateway.core.config: the embedded default, a full example, and a clear ConfigError (file, dotted
 key, problem) for every kind of mistake."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.gateway import config as cfg
+from cairn.gateway.core import config as cfg
 from harness.config import permission, realm, role
 
 FULL = """

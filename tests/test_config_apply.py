@@ -24,8 +24,8 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import SubscribeOptions
 
 from cairn.app.config_cli import Step, Systemd, component_steps
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.config_history import KEEP, Change, History
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.ops.config_history import KEEP, Change, History
 from harness.config import EVERYTHING, permission, role, router_table, user
 from harness.process import RouterProcess, free_port
 from harness.wamp_client import connect

@@ -8,8 +8,9 @@ import pytest
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.core import (
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.core.publication import HistoryRead, StorageError
+from cairn.gateway.core.session import (
     ClockStep,
     IllegalTransition,
     KeepSubscription,
@@ -18,7 +19,6 @@ from cairn.gateway.core import (
     Session,
     SessionState,
 )
-from cairn.gateway.publication import HistoryRead, StorageError
 from harness.config import history_rule, open_realm, router_table
 from harness.core import CoreRouter, Peer, of_type
 

@@ -16,10 +16,10 @@ import pytest
 from autobahn.wamp import message as m
 from autobahn.wamp.serializer import JsonObjectSerializer
 
-from cairn.gateway.core import ForgetRetained, Persist
-from cairn.gateway.publication import Restored, StoredPublication
-from cairn.gateway.publication_ids import PublicationIds, new_key
-from cairn.gateway.retention import RetainedEvent, RetainedStream, Retention
+from cairn.formats.publication_ids import PublicationIds, new_key
+from cairn.gateway.core.publication import Restored, StoredPublication
+from cairn.gateway.core.retention import RetainedEvent, RetainedStream, Retention
+from cairn.gateway.core.session import ForgetRetained, Persist
 from harness.config import permission, realm, retention_rule, role, router_table, user
 from harness.core import CoreRouter, Peer, of_type
 from tests.test_retention import REALM, login_of

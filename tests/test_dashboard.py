@@ -29,8 +29,8 @@ import pytest
 import pytest_asyncio
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.config_history import PROVISIONING, History
-from cairn.gateway.core import Sequence
+from cairn.gateway.core.session import Sequence
+from cairn.gateway.ops.config_history import PROVISIONING, History
 from cairn.gateway.store import Store, StoredPublication
 from harness.config import EVERYTHING, history_rule, permission, realm, role, user
 from harness.process import ROOT, RouterProcess

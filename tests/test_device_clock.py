@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.config import HEALTH_TOPIC
+from cairn.gateway.core.config import HEALTH_TOPIC
 from harness.landing import landed
 from harness.wamp_client import connect
 from tests import qemu_device
@@ -116,7 +116,7 @@ def _wait_health_naming(root, device: str, timeout: float = 300) -> None:
 
 def test_readings_taken_before_ntp_steps_a_stale_clock_are_rebased_to_the_true_time(
         stale_clock_device, sink, spark, tmp_path):
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     device = stale_clock_device
     guest_wall = float(device.ssh("date +%s.%N").stdout)
@@ -164,7 +164,7 @@ def _play_sensor(pty: str, temperatures: list[float], pace: float = 0.5) -> None
 
 def test_readings_taken_while_the_link_is_down_reach_the_table_once_and_the_gateway_its_fleet_row(
         stale_clock_device, sink, spark, tmp_path):
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     device = stale_clock_device
     version = device.ssh("/opt/cairn/bin/cairn --version").stdout.split()[-1]

@@ -14,7 +14,7 @@ import sqlite3
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.core import Sequence
+from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import PruneRule, StorageError, Store, StoredPublication
 from harness.config import history_rule, open_realm
 from harness.process import RouterProcess

@@ -1,4 +1,4 @@
-"""gateway.files.write_atomically, the one way Cairn's modules replace a file, on real files:
+"""base.files.write_atomically, the one way Cairn's modules replace a file, on real files:
 the old file or the new one, never a part, with the mode and owner asked for, and no
 temporary file left behind."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.gateway.files import write_atomically
+from cairn.base.files import write_atomically
 
 
 class SourceFailed(Exception):

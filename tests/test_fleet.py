@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cairn.sync import fleet
+from cairn.central import fleet
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 HOUR = 3600.0

@@ -126,7 +126,7 @@ async def live_and_refused(node) -> tuple[list, ApplicationError]:
 
 @pytest.fixture
 def quick_retry(monkeypatch):
-    from cairn.gateway.store_service import StoreService
+    from cairn.gateway.shell.store_service import StoreService
     monkeypatch.setattr(StoreService, "retry_interval", 0.2)
 
 

@@ -1,4 +1,4 @@
-"""The gateway's health records (gateway.health): what each field says, when a record is
+"""The gateway's health records (gateway.shell.health): what each field says, when a record is
 made, that only the router may publish them, and that they travel in the sync batches.
 
 A real router in this process on real sockets and a real SQLite store; the records are read
@@ -19,15 +19,16 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
+from cairn.base import clock
+from cairn.base.clock_readings import Anchor, rfc3339
+from cairn.base.console import installed_version
 from cairn.drivers.runtime import DeviceStatus, RouterLink
-from cairn.gateway import clock, update_state
-from cairn.gateway.clock_readings import Anchor, rfc3339
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.console import installed_version
-from cairn.gateway.health import SCHEMA, HealthReporter
-from cairn.gateway.retention import OWN_AUTHID
+from cairn.formats.batch import encode_rows
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.core.retention import OWN_AUTHID
+from cairn.gateway.ops import update_state
+from cairn.gateway.shell.health import SCHEMA, HealthReporter
 from cairn.gateway.store import HistoryReader
-from cairn.sync.batch_format import encode_rows
 from cairn.sync.sinks import DirectorySink, HttpSink
 from cairn.sync.uploader import Uploader
 from harness.config import history_rule, open_realm, router_table

@@ -3,7 +3,7 @@ SQLite store: the spec's worked example, every argument of ``wamp.subscription.g
 its errors and security rules, and the decisions of DESIGN.md ("Event History").
 
 Each test proves one behaviour and is named after it. Tests about timestamps set the wall
-clock the router reads (``gateway.clock.wall_ns``), so they neither sleep nor depend on how
+clock the router reads (``base.clock.wall_ns``), so they neither sleep nor depend on how
 fast the machine is.
 """
 
@@ -21,9 +21,9 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from cairn.gateway import clock as gateway_clock
-from cairn.gateway.clock_readings import parse_rfc3339
-from cairn.gateway.config import HEALTH_TOPIC
+from cairn.base import clock as gateway_clock
+from cairn.base.clock_readings import parse_rfc3339
+from cairn.gateway.core.config import HEALTH_TOPIC
 from harness.config import history_rule, named_users, permission, realm, role, router_table
 from harness.wamp_client import Client
 from tests.test_broker import SENTINEL, TIMEOUT, Inbox, session_id

@@ -1,4 +1,4 @@
-"""The history topics a realm keeps, within their bounds (gateway.history_topics), on the
+"""The history topics a realm keeps, within their bounds (gateway.core.history_topics), on the
 core in memory: a client's share, the realm's bound, and the drivers past both. What the
 store and a restart show is in test_hostile_clients.py."""
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from autobahn.wamp import message as m
 
-from cairn.gateway.core import Persist
-from cairn.gateway.retention import RetainedEvent
+from cairn.gateway.core.retention import RetainedEvent
+from cairn.gateway.core.session import Persist
 from harness.config import (
     history_rule,
     named_users,

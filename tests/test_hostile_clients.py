@@ -22,8 +22,8 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.flow_control import ReadBudget
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.shell.flow_control import ReadBudget
 from harness.config import NO_READ_BUDGET, history_rule, permission, realm, role, user
 from harness.process import RouterProcess
 from harness.waiting import until

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from cairn.app.update_pull import parse_update
-from cairn.gateway.config_tools import ConfigError
+from cairn.base.config_tools import ConfigError
 from cairn.sync import metered
 from cairn.sync.cli import parse_sync
 from cairn.sync.sinks import DirectorySink

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from cairn.gateway import ops
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.core import Sequence
-from cairn.gateway.metrics import MessageCounters
-from cairn.gateway.metrics import render as render_metrics
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.core.session import Sequence
+from cairn.gateway.ops import maintenance as ops
+from cairn.gateway.shell.metrics import MessageCounters
+from cairn.gateway.shell.metrics import render as render_metrics
 from cairn.gateway.store import SCHEMA_VERSION, Store, StoredPublication
 from harness.config import NO_READ_BUDGET, history_rule, open_realm
 from harness.process import ROOT, RouterProcess, free_port

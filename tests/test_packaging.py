@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = "gateway/dashboard/autobahn.min.js"  # in the source tree; in the wheel: cairn/...
+# the folders pyproject.toml installs as cairn.<folder>: base, formats, gateway, ...
+PACKAGE_FOLDERS = sorted({folder.split("/")[0] for folder in tomllib.loads(
+    (ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()})
 
 
 def fresh_checkout(into: Path) -> Path:
@@ -57,13 +61,13 @@ def test_a_wheel_built_by_pip_alone_carries_the_dashboards_client(wheel_files):
 
 @pytest.mark.slow
 def test_the_wheel_puts_nothing_but_cairn_at_the_top_of_site_packages(wheel_files):
-    """gateway/, drivers/, sync/ and app/ install as cairn.gateway, cairn.drivers, cairn.sync,
-    cairn.app: generic names of their own would collide in an analyst's Spark environment."""
+    """Each package folder (base/, gateway/, sync/, central/...) installs as cairn.<folder>:
+    generic names of their own would collide in an analyst's Spark environment."""
     tops = {name.split("/")[0] for name in wheel_files}
     assert tops == {"cairn", "cairn-0.1.0.dist-info"}, tops
     assert {"cairn/app/cli.py", "cairn/gateway/store/__init__.py",
             "cairn/gateway/store/writer.py", "cairn/drivers/cli.py",
-            "cairn/sync/spark/__init__.py", "cairn/sync/spark/table.py"} <= set(wheel_files)
+            "cairn/central/spark/__init__.py", "cairn/central/spark/table.py"} <= set(wheel_files)
     entry_points = wheel_files["cairn-0.1.0.dist-info/entry_points.txt"].decode()
     assert "cairn = cairn.app.cli:main" in entry_points
 
@@ -73,7 +77,7 @@ def test_every_module_of_the_source_tree_is_in_the_wheel(wheel_files):
     """A package folder left out of pyproject's list installs a cairn that cannot import
     itself (it happened: app/provision/ became a package and the installed `cairn` failed)."""
     root = Path(__file__).resolve().parent.parent
-    sources = {f"cairn/{path.relative_to(root)}" for top in ("gateway", "drivers", "sync", "app")
+    sources = {f"cairn/{path.relative_to(root)}" for top in PACKAGE_FOLDERS
                for path in (root / top).rglob("*.py")}
     assert sources - set(wheel_files) == set()
 

@@ -16,7 +16,7 @@ import pytest
 
 from cairn.app import cli
 from cairn.app.network_profiles import profile_uuid
-from cairn.gateway.config_history import History
+from cairn.gateway.ops.config_history import History
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "images/config"

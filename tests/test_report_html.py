@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, date, datetime
 from html.parser import HTMLParser
 
-from cairn.sync import fleet, report_html
+from cairn.central import fleet, report_html
 from tests.test_fleet import NOW, facts, record
 
 GATEWAYS = [

@@ -31,8 +31,8 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.flow_control import Pacer
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.shell.flow_control import Pacer
 from harness.config import NO_READ_BUDGET, permission, realm, role, router_table, user
 from harness.wamp import EVENT, HELLO, SUBSCRIBE, SUBSCRIBED, WELCOME
 from harness.wamp_client import Client, RawSocketPeer, connect
@@ -474,8 +474,8 @@ def test_the_pacer_writes_a_stream_as_the_peer_reads_and_the_rest_behind_it():
 def test_retention_rules_default_to_the_drivers_topics_and_are_checked():
     import tomllib
 
-    from cairn.gateway.config import DEFAULT_RETENTION, RetentionRule, parse
-    from cairn.gateway.config_tools import ConfigError
+    from cairn.base.config_tools import ConfigError
+    from cairn.gateway.core.config import DEFAULT_RETENTION, RetentionRule, parse
 
     def realm_of(text: str):
         return parse(tomllib.loads(text), "t.toml").realms[0]

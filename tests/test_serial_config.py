@@ -15,7 +15,7 @@ import pytest
 
 from cairn.drivers.modbus import XY_MD02, Register
 from cairn.drivers.serial_config import load, parse
-from cairn.gateway.config import ConfigError
+from cairn.gateway.core.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 MODBUS = '[[sensors]]\nid = "gh1"\nkind = "modbus"\nport = "/dev/ttyUSB0"\n'

@@ -13,7 +13,7 @@ import pytest
 from autobahn.wamp import message
 from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 
-from cairn.gateway import router as gateway_router
+from cairn.gateway.core import router as gateway_router
 from harness.wamp_client import RawSocketPeer, connect
 from tests.conftest import RunningRouter, router_config, start_router
 

@@ -22,11 +22,11 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from cairn.sync import spark as jobs  # noqa: E402
-from cairn.sync.batch_format import manifest_name, stem  # noqa: E402
-from cairn.sync.spark.files import Files  # noqa: E402
-from cairn.sync.spark.landing import _landed, _read_with_spark, read_manifests  # noqa: E402
-from cairn.sync.spark.table import Table  # noqa: E402
+from cairn.central import spark as jobs  # noqa: E402
+from cairn.central.spark.files import Files  # noqa: E402
+from cairn.central.spark.landing import _landed, _read_with_spark, read_manifests  # noqa: E402
+from cairn.central.spark.table import Table  # noqa: E402
+from cairn.formats.batch import manifest_name, stem  # noqa: E402
 from cairn.sync.uploader import Batch, build_batch  # noqa: E402
 from tests.test_sync import run_flaky_upload  # noqa: E402
 
@@ -235,7 +235,7 @@ def test_batches_from_the_flaky_http_server_land_exactly_once(spark, tmp_path):
 
 def test_streaming_ingests_only_what_landed_since_the_last_run(spark, tmp_path, monkeypatch):
     # compact the side tables every time (the table module reads it)
-    monkeypatch.setattr("cairn.sync.spark.table.COMPACT_FILES", 1)
+    monkeypatch.setattr("cairn.central.spark.table.COMPACT_FILES", 1)
     landing, table = tmp_path / "landing", str(tmp_path / "table")
     checkpoint, quarantine = str(tmp_path / "checkpoint"), str(tmp_path / "q")
     for lo in (0, 100):
@@ -379,7 +379,7 @@ def test_a_landing_whose_path_needs_url_encoding_is_ingested(spark, tmp_path):
 def test_names_with_quotes_backslashes_and_sql_are_matched_as_themselves(spark):
     """The filter on a run's file names and gateways (one SQL expression, not a JVM call
     per name) reads a name only as a value, whatever it holds."""
-    from cairn.sync.spark.session import one_of
+    from cairn.central.spark.session import one_of
 
     names = ["gw'a/1.jsonl.bz2", "gw\\b/2", "é/3') OR (1=1", "gw-d"]
     frame = spark.createDataFrame([(n,) for n in [*names, "gw-e", "gw\\b/2x"]], "file string")

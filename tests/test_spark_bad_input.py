@@ -17,14 +17,14 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from cairn.sync import spark as jobs  # noqa: E402
-from cairn.sync.batch_format import (  # noqa: E402
+from cairn.central import spark as jobs  # noqa: E402
+from cairn.central.spark.verify import CHECKED_BYTES  # noqa: E402
+from cairn.formats.batch import (  # noqa: E402
     MAX_LINE_BYTES,
     MAX_MANIFEST_BYTES,
     encode_rows,
     manifest_name,
 )
-from cairn.sync.spark.verify import CHECKED_BYTES  # noqa: E402
 from cairn.sync.uploader import build_batch  # noqa: E402
 from tests.test_spark import T0_MS, event, events, land, write_manifest  # noqa: E402
 

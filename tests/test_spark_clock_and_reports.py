@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from cairn.sync import spark as jobs  # noqa: E402
+from cairn.central import spark as jobs  # noqa: E402
 from tests.test_spark import (  # noqa: E402
     T0_MS,
     TRUE_START,

@@ -26,7 +26,7 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from cairn.sync import spark as jobs  # noqa: E402
+from cairn.central import spark as jobs  # noqa: E402
 from harness import spark_cluster  # noqa: E402
 from harness.spark_cluster import QUICK_JVM  # noqa: E402
 from tests.test_spark import T0_MS, clock_boots, events, land  # noqa: E402
@@ -85,7 +85,7 @@ def run_local(spark, landing: Path, waves: tuple[Path, Path], out: Path) -> None
 DRIVER = textwrap.dedent("""
     import json, shutil, sys
     from cairn.app.cli import main
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     def where(_):
         import importlib.util, os

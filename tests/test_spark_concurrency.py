@@ -25,8 +25,8 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from cairn.sync import spark as jobs  # noqa: E402
-from cairn.sync.table_lock import TableBusy, locked  # noqa: E402
+from cairn.central import spark as jobs  # noqa: E402
+from cairn.central.table_lock import TableBusy, locked  # noqa: E402
 from harness.spark_cluster import QUICK_JVM  # noqa: E402
 from harness.waiting import blocking_until  # noqa: E402
 from tests.test_spark import clock_boots, events, keys, land  # noqa: E402
@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from cairn.sync.table_lock import locked
+    from cairn.central.table_lock import locked
     with locked(sys.argv[1], None, exclusive=True, wait=0, what="a test holder"):
         print("held", flush=True)
         sys.stdin.read()  # until the test closes it

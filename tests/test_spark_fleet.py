@@ -20,9 +20,9 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from cairn.gateway.config import HEALTH_TOPIC  # noqa: E402
-from cairn.gateway.retention import OWN_AUTHID, OWN_AUTHROLE  # noqa: E402
-from cairn.sync import spark as jobs  # noqa: E402
+from cairn.central import spark as jobs  # noqa: E402
+from cairn.gateway.core.config import HEALTH_TOPIC  # noqa: E402
+from cairn.gateway.core.retention import OWN_AUTHID, OWN_AUTHROLE  # noqa: E402
 from tests.test_fleet import record  # noqa: E402
 from tests.test_spark import T0, T0_MS, event, events, land, utc  # noqa: E402
 

@@ -18,10 +18,10 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-from cairn.gateway.publication_ids import PublicationIds  # noqa: E402
-from cairn.sync import spark as jobs  # noqa: E402
-from cairn.sync.batch_format import manifest_name  # noqa: E402
-from cairn.sync.spark.lean import _key_halves, with_publication  # noqa: E402
+from cairn.central import spark as jobs  # noqa: E402
+from cairn.central.spark.lean import _key_halves, with_publication  # noqa: E402
+from cairn.formats.batch import manifest_name  # noqa: E402
+from cairn.formats.publication_ids import PublicationIds  # noqa: E402
 from cairn.sync.uploader import build_batch  # noqa: E402
 from harness.readings import BOOT, BOOTED_MS, KEY, T0_MS, readings  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The pure tier of the Spark jobs: the logic of ``cairn.sync.spark`` that is plain Python over
+"""The pure tier of the Spark jobs: the logic of ``cairn.central.spark`` that is plain Python over
 plain values (which anchor re-bases a boot, what data was lost, which batches overlap, what is
 wrong with a batch given its totals, the one-line summary), tested without a Spark session, in
 milliseconds. PySpark must be importable (the modules import it); no JVM is started.
@@ -17,26 +17,26 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from cairn.sync.spark import verify  # noqa: E402
-from cairn.sync.spark.cli import _conf  # noqa: E402
-from cairn.sync.spark.dedupe import (  # noqa: E402
+from cairn.central.spark import verify  # noqa: E402
+from cairn.central.spark.cli import _conf  # noqa: E402
+from cairn.central.spark.dedupe import (  # noqa: E402
     _one_pass_batches,
     _overlapping,
     _touched_ranges,
 )
-from cairn.sync.spark.rebase import _anchor_changes, reference_anchors  # noqa: E402
-from cairn.sync.spark.reports import NOT_LANDED, _minus, loss_intervals  # noqa: E402
-from cairn.sync.spark.schemas import REQUIRED  # noqa: E402
-from cairn.sync.spark.session import code_zip  # noqa: E402
-from cairn.sync.spark.stats import IngestStats  # noqa: E402
-from cairn.sync.spark.verify import (  # noqa: E402
+from cairn.central.spark.rebase import _anchor_changes, reference_anchors  # noqa: E402
+from cairn.central.spark.reports import NOT_LANDED, _minus, loss_intervals  # noqa: E402
+from cairn.central.spark.schemas import REQUIRED  # noqa: E402
+from cairn.central.spark.session import code_zip  # noqa: E402
+from cairn.central.spark.stats import IngestStats  # noqa: E402
+from cairn.central.spark.verify import (  # noqa: E402
     _bytes_problem,
     _Candidate,
     _lines_past,
     _lines_problem,
     _triage,
 )
-from cairn.sync.spark.write import ROWS_PER_FILE, _output_parts  # noqa: E402
+from cairn.central.spark.write import ROWS_PER_FILE, _output_parts  # noqa: E402
 
 
 def candidate(gateway: str, first: int, last: int, count: int | None = None,
@@ -318,6 +318,6 @@ def test_the_code_shipped_to_executors_holds_the_spark_package(tmp_path):
     """Workers of a cluster import Cairn only from this zip (tests/test_spark_cluster.py)."""
     with zipfile.ZipFile(code_zip(str(tmp_path))) as z:
         names = set(z.namelist())
-    assert {"cairn/__init__.py", "cairn/sync/__init__.py", "cairn/sync/batch_format.py",
-            "cairn/sync/spark/__init__.py", "cairn/sync/spark/table.py",
-            "cairn/sync/spark/ingest.py", "cairn/gateway/__init__.py"} <= names
+    assert {"cairn/__init__.py", "cairn/central/__init__.py", "cairn/formats/batch.py",
+            "cairn/central/spark/__init__.py", "cairn/central/spark/table.py",
+            "cairn/central/spark/ingest.py", "cairn/base/__init__.py"} <= names

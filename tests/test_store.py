@@ -13,8 +13,8 @@ import time
 import weakref
 from pathlib import Path
 
-from cairn.gateway.core import Sequence
-from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.formats.publication_ids import PublicationIds, new_key
+from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import (
     PruneRule,
     Store,

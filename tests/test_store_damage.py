@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway import ops
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.server import Node
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.ops import maintenance as ops
+from cairn.gateway.shell.server import Node
 from cairn.gateway.store import inspect, writer
 from cairn.sync.sinks import DirectorySink
 from harness.config import history_rule, open_realm, router_table

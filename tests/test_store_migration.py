@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.gateway.core import Sequence
+from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import (
     _LEGACY_SEQ_OF_PUBLICATION,
     MIGRATIONS,

@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 from autobahn.wamp.types import PublishOptions
 
-from cairn.gateway.clock_readings import Anchor, rfc3339
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.core import Sequence
+from cairn.base.clock_readings import Anchor, rfc3339
+from cairn.formats.batch import ROW_FIELDS, row_of
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
-from cairn.sync.batch_format import ROW_FIELDS, row_of
 from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
 from cairn.sync.uploader import Uploader
 from harness.config import history_rule, open_realm, router_table
@@ -549,7 +549,7 @@ def test_a_batch_row_has_the_fields_the_central_job_reads(tmp_path):
     fill_store(data_dir, 1)
     [pub] = HistoryReader(data_dir / "cairn.db").publications_after(0, 10)
     assert list(row_of(pub)) == [f.name for f in ROW_FIELDS]
-    spark = pytest.importorskip("cairn.sync.spark", exc_type=ImportError)
+    spark = pytest.importorskip("cairn.central.spark", exc_type=ImportError)
     spark_types = {"long": "bigint", "string": "string", "boolean": "boolean", "json": "string"}
     assert [(f.name, f.dataType.simpleString()) for f in spark.EVENT_SCHEMA.fields] == [
         ("gateway_id", "string"), *((f.name, spark_types[f.type]) for f in ROW_FIELDS)]

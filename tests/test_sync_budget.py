@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from cairn.gateway import clock
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.config_tools import ConfigError
-from cairn.gateway.core import Sequence
-from cairn.gateway.metrics import MessageCounters
-from cairn.gateway.metrics import render as render_metrics
+from cairn.base import clock
+from cairn.base.config_tools import ConfigError
+from cairn.formats.batch import manifest_name
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.core.session import Sequence
+from cairn.gateway.shell.metrics import MessageCounters
+from cairn.gateway.shell.metrics import render as render_metrics
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
-from cairn.sync.batch_format import manifest_name
 from cairn.sync.budget import DAY_NS
 from cairn.sync.cli import parse_sync
 from harness.landing import landed

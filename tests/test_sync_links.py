@@ -28,8 +28,8 @@ pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
+from cairn.central import spark as jobs  # noqa: E402
 from cairn.gateway.store import HistoryReader  # noqa: E402
-from cairn.sync import spark as jobs  # noqa: E402
 from cairn.sync.sinks import HttpSink  # noqa: E402
 from tests.test_spark import keys  # noqa: E402
 from tests.test_sync import (  # noqa: E402

@@ -14,8 +14,8 @@ from autobahn.asyncio.websocket import WampWebSocketServerProtocol
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cairn.gateway.flow_control import WriteBatcher
-from cairn.gateway.transport import (
+from cairn.gateway.shell.flow_control import WriteBatcher
+from cairn.gateway.shell.transport import (
     AUTOBAHN_FACTORY_INTERNALS,
     AUTOBAHN_RAWSOCKET_INTERNALS,
     AUTOBAHN_WEBSOCKET_INTERNALS,

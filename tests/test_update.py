@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from cairn.app import update, update_usb
-from cairn.gateway import ops, update_state
-from cairn.gateway.metrics import MessageCounters, render
+from cairn.gateway.ops import maintenance as ops
+from cairn.gateway.ops import update_state
+from cairn.gateway.shell.metrics import MessageCounters, render
 
 HANDLERS = Path(__file__).resolve().parent.parent / "images/update"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from cairn.app import update_pull
-from cairn.gateway import update_state
-from cairn.gateway.config_tools import ConfigError
+from cairn.base.config_tools import ConfigError
+from cairn.gateway.ops import update_state
 from cairn.sync.sinks import HttpSource
 from harness.central import Central
 

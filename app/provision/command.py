@@ -29,10 +29,10 @@ from cairn.app.provision.folder import (
     Plan,
     scan,
 )
-from cairn.gateway.config_history import PROVISIONING as OUTCOME_FILE
-from cairn.gateway.config_history import provisioning_outcome
-from cairn.gateway.config_tools import ConfigError
-from cairn.gateway.files import write_atomically
+from cairn.base.config_tools import ConfigError
+from cairn.base.files import write_atomically
+from cairn.gateway.ops.config_history import PROVISIONING as OUTCOME_FILE
+from cairn.gateway.ops.config_history import provisioning_outcome
 
 log = logging.getLogger("cairn.provision")
 

@@ -20,7 +20,7 @@ The names below are the package's interface; import them from here.
 
 from __future__ import annotations
 
-from cairn.gateway.publication import StorageError, StoredPublication
+from cairn.gateway.core.publication import StorageError, StoredPublication
 from cairn.gateway.store.check import Findings, inspect, repair
 from cairn.gateway.store.export import Damaged, HistoryReader
 from cairn.gateway.store.port import StorePort, StoreReads

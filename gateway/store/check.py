@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.data_dir import read_sync_status
-from cairn.gateway.publication import StoredPublication
+from cairn.base.data_dir import read_sync_status
+from cairn.gateway.core.publication import StoredPublication
 from cairn.gateway.store.damage import Shape, Unreadable, decoded, readable_text, reading
 from cairn.gateway.store.schema import (
     ANCHOR,

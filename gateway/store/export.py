@@ -1,6 +1,6 @@
 """What ``cairn sync`` reads of the store (:class:`HistoryReader`): history in seq order, as
 stored publications, or :class:`Damaged` for a row that cannot be decoded; clock anchors, gap
-records and the synced watermark. The batch row itself is :mod:`cairn.sync.batch_format`'s."""
+records and the synced watermark. The batch row itself is :mod:`cairn.formats.batch`'s."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.data_dir import read_sync_status
-from cairn.gateway.publication import StoredPublication
+from cairn.base.data_dir import read_sync_status
+from cairn.gateway.core.publication import StoredPublication
 from cairn.gateway.store.damage import Damage, Shape, Unreadable, decoded, readable_text, reading
 from cairn.gateway.store.schema import _RAISE_META, ANCHOR, GAP, STORED, _meta, _meta_int
 
@@ -66,7 +66,7 @@ class HistoryReader:
         return seq if type(seq) is int else 0
 
     def publication_key(self) -> bytes | None:
-        """The key of the stored publications' ids (gateway.publication_ids); None when
+        """The key of the stored publications' ids (formats.publication_ids); None when
         there is none (a store from before them) or it is damaged."""
         value = _meta(self.db, "publication_key")
         try:

@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from cairn.gateway.clock_readings import rfc3339
-from cairn.gateway.patterns import matches
-from cairn.gateway.publication import (
+from cairn.base.clock_readings import rfc3339
+from cairn.formats.publication_ids import PublicationIds
+from cairn.gateway.core.patterns import matches
+from cairn.gateway.core.publication import (
     HistoryRead,
     ReadAbandoned,
     ReadTimeout,
@@ -25,7 +26,6 @@ from cairn.gateway.publication import (
     decode_object,
     decode_payload,
 )
-from cairn.gateway.publication_ids import PublicationIds
 from cairn.gateway.store.damage import Damage, Shape, Unreadable, decoded
 from cairn.gateway.store.schema import (
     _IN_TOPICS,

@@ -8,7 +8,7 @@ import json
 import sqlite3
 from typing import Any
 
-from cairn.gateway.publication import Slot, StoredPublication
+from cairn.gateway.core.publication import Slot, StoredPublication
 from cairn.gateway.store.state import Topics
 
 # A batch of publications goes in as ONE statement: a multi-row INSERT into a TEMP view

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cairn.gateway.patterns import matches
-from cairn.gateway.publication import Slot, StoredPublication
+from cairn.gateway.core.patterns import matches
+from cairn.gateway.core.publication import Slot, StoredPublication
 from cairn.gateway.store.damage import Damage, Unreadable, decoded, describe, why
 from cairn.gateway.store.schema import STORED, TOPIC
 
@@ -40,7 +40,7 @@ def _names_from_history(db: sqlite3.Connection, damaged: list[int],
 class Topics:
     """Every (realm, topic) stored in history, with the small id history_scan names it by.
     Held in memory (hundreds or thousands of topics; the router refuses clients new ones past
-    ``max_history_topics``, gateway.history_topics): a subscription's pattern is matched
+    ``max_history_topics``, gateway.core.history_topics): a subscription's pattern is matched
     against these names once per query instead of against every row. Only the writer thread
     adds, after a commit, by replacing the dict, so the event loop never reads one
     half-changed."""

@@ -25,7 +25,7 @@ its neighbours. So a commit touches as few pages as possible: the rows go in as 
 INSERTs at the end of the table, and the one secondary index, ``publications_scan``, is in
 seq order too, so both only grow at their ends (schema version 3). What other indexes used
 to give is had another way: a stored publication's id is computed from its seq
-(:mod:`gateway.publication_ids`), and the rows per history rule and the retained slots of
+(:mod:`formats.publication_ids`), and the rows per history rule and the retained slots of
 stored publications are kept in memory and written back now and then (:class:`_State`).
 Before, a batch of ten readings of ten sensors dirtied 25 pages, now about 5.
 """
@@ -47,9 +47,9 @@ from typing import Any
 
 import aiosqlite
 
-from cairn.gateway.clock_readings import Anchor
-from cairn.gateway.publication import Restored, StorageError, StoredPublication
-from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.base.clock_readings import Anchor
+from cairn.formats.publication_ids import PublicationIds, new_key
+from cairn.gateway.core.publication import Restored, StorageError, StoredPublication
 from cairn.gateway.store.damage import Damage, describe, reading
 from cairn.gateway.store.pruning import Gap, PruneRule, _insert_gaps, _Pruner, _used_bytes
 from cairn.gateway.store.reader import StoreReader, eligible
@@ -200,7 +200,7 @@ class StoreWriter:
 
     def append(self, pub: StoredPublication, within: float | None = None) -> asyncio.Future:
         """Queue a publication (its seq and publication id from the core's
-        :class:`~gateway.core.Sequence`, seeded from this store) to be
+        :class:`~gateway.core.session.Sequence`, seeded from this store) to be
         committed within ``within`` seconds (0: as soon as the writer is free; None:
         :attr:`flush_interval`). The future resolves when it is durable (or fails with
         StorageError)."""
@@ -564,7 +564,7 @@ def _open_writer(writer: _WriterThread, path: Path, seq_floor: int
 
 
 def _publication_key(db: sqlite3.Connection, damage: Damage) -> bytes:
-    """The key of the publication ids (gateway.publication_ids), made with a new database.
+    """The key of the publication ids (formats.publication_ids), made with a new database.
     A damaged one is made anew: stored rows keep the ids they were sent with, but those can
     no longer be looked up (get_events with after_publication...)."""
     stored = _meta(db, "publication_key")

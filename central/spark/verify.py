@@ -1,0 +1,236 @@
+"""Verifying a batch against its manifest: its bytes (size, sha256) and its lines (count,
+whole events of its gateway, its seq range, no seq twice). The problems are worked out in
+plain Python from per-batch totals (:func:`_bytes_problem`, :func:`_lines_problem`); the totals
+come from one Spark pass each, next to the data.
+
+A batch over :data:`CHECKED_BYTES` is first counted as a stream on the executors and no
+further than its manifest's count + 1 lines (:func:`_expansion_problems`): a few MiB of
+bzip2 can hold gigabytes of well-formed lines (1,848:1 for repeated lean lines), which Spark
+would parse and cache to the last before counting them (an 8 MiB batch: ~15 GB, about 13
+minutes of ingest). A smaller batch is parsed, then quarantined (64 KiB of those repeated
+lines: ~120 MB)."""
+
+from __future__ import annotations
+
+import bz2
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from cairn.central.spark.files import _name
+from cairn.central.spark.lean import parse_lean
+from cairn.central.spark.schemas import EVENT_SCHEMA, REQUIRED
+from cairn.central.spark.session import batch_reader
+from cairn.formats.batch import MAX_BOOTTIME_NS, MAX_WALL_MS
+
+
+@dataclass
+class _Candidate:
+    """A batch whose manifest parsed: its paths and what the manifest says."""
+    manifest_path: str
+    data_path: str
+    manifest: dict[str, Any]
+    data_uri: str = ""  # data_path as Spark's _metadata.file_path gives it (URL-encoded)
+
+    @property
+    def name(self) -> str:
+        return _name(self.data_path)
+
+
+def _bytes_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+    """{data path: problem} for the batches whose raw bytes are not what the manifest says:
+    one pass in the JVM, next to the data, bringing back a length and a sha256 per batch."""
+    if not candidates:
+        return {}
+    sums = {r.uri: (r.length, r.sha256) for r in (
+        spark.read.format("binaryFile").load([c.data_path for c in candidates])
+        .select(F.col("_metadata.file_path").alias("uri"), "length",
+                F.sha2("content", 256).alias("sha256"))
+        .collect())}
+    problems = {}
+    for c in candidates:
+        problem = _bytes_problem(c.manifest, *sums.get(c.data_uri, (None, None)))
+        if problem:
+            problems[c.data_path] = problem
+    return problems
+
+
+def _bytes_problem(manifest: dict[str, Any], length: int | None,
+                   sha256: str | None) -> str | None:
+    if length is None or sha256 is None:
+        return "Spark could not read the data file"
+    if length != manifest["bytes"]:
+        return f"{length} bytes, the manifest says {manifest['bytes']} (truncated?)"
+    if sha256 != manifest["sha256"]:
+        return (f"sha256 {sha256[:16]}... differs from the manifest's "
+                f"{manifest['sha256'][:16]}...")
+    return None
+
+
+CHECKED_BYTES = 64 * 1024  # batches larger than this are counted before Spark parses them
+_STEP = 1 << 20  # bytes decompressed at a time while counting
+
+
+def _expansion_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+    """{data path: problem} for the batches over CHECKED_BYTES that hold more lines than
+    their manifest counts, each read on an executor no further than the line past it (one
+    pass over the files, only when there are such batches: none costs no Python worker)."""
+    big = [c for c in candidates if c.manifest["bytes"] > CHECKED_BYTES]
+    if not big:
+        return {}
+    counts = {c.data_uri: c.manifest["count"] for c in big}
+    past = F.udf(lambda uri, content: uri in counts and _lines_past(content, uri, counts[uri]),
+                 "boolean", useArrow=False)  # pickled rows: the job needs no pyarrow
+    flagged = {r.uri for r in (
+        spark.read.format("binaryFile").load([c.data_path for c in big])
+        .select(F.col("_metadata.file_path").alias("uri"), "content")
+        .where(past("uri", "content")).select("uri").collect())}
+    return {c.data_path: (f"more lines than the {c.manifest['count']} its manifest counts "
+                          f"(not read past line {c.manifest['count'] + 1})")
+            for c in big if c.data_uri in flagged}
+
+
+def _lines_past(data: bytes, name: str, count: int) -> bool:
+    """Does the data file ``name`` (its compressed ``data``) hold more than ``count`` lines?
+    Decompressed as a stream, and no further than the line past ``count``."""
+    newlines, last = 0, b"\n"
+    for chunk in _decompressed(data, name):
+        newlines += chunk.count(b"\n")
+        if newlines > count:
+            return True
+        last = chunk[-1:] or last
+    return newlines == count and last != b"\n"  # a last line without its newline
+
+
+def _decompressed(data: bytes, name: str) -> Iterator[bytes]:
+    """The decompressed bytes of a data file (by its suffix), _STEP at most at a time, every
+    member of a multi-member file as Hadoop reads them; a damaged stream ends it."""
+    if not name.endswith((".gz", ".bz2")):
+        yield data
+        return
+    rest = data
+    try:
+        while rest:
+            if name.endswith(".gz"):
+                member = zlib.decompressobj(31)
+                out = member.decompress(rest, _STEP)
+                while out:
+                    yield out
+                    out = member.decompress(member.unconsumed_tail, _STEP)
+            else:
+                member = bz2.BZ2Decompressor()
+                out = member.decompress(rest, _STEP)
+                while out:
+                    yield out
+                    out = b"" if member.eof or member.needs_input else \
+                        member.decompress(b"", _STEP)
+            rest = member.unused_data if member.eof else b""
+    except (OSError, EOFError, zlib.error):
+        return
+
+
+# times past these are no times (batch_format's bounds keep every later sum in a long)
+_TIME_BOUNDS = {"wall_ms": (-MAX_WALL_MS, MAX_WALL_MS), "boottime_ns": (0, MAX_BOOTTIME_NS)}
+
+
+def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
+    """The lines of ``batches`` as events, with the ``uri`` of the file each came from
+    (schema 2's lean lines decoded to schema 1's); a time out of bounds is missing, so its
+    line is not a whole event."""
+    full = [c for c in batches if c.manifest["schema"] == 1]
+    lean = [c for c in batches if c.manifest["schema"] == 2]
+    frames = [parse_lean(spark, lean)] if lean else []
+    if full or not lean:
+        frames.insert(0, batch_reader(spark).schema(EVENT_SCHEMA)
+                      .json([c.data_path for c in full])
+                      .withColumn("uri", F.col("_metadata.file_path")))
+    lines = frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
+    return lines.withColumns({name: F.when(F.col(name).between(low, high), F.col(name))
+                              for name, (low, high) in _TIME_BOUNDS.items()})
+
+
+def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
+    """Every line of the batches, parsed once and kept (memory, then disk): the line checks,
+    the conflict check and the append all read this, not the files again. ``pos`` is the
+    line's read position (gzip is not splittable: one task reads a file top to bottom)."""
+    return (_parse(spark, candidates)
+            .withColumn("pos", F.monotonically_increasing_id())
+            .persist(StorageLevel.MEMORY_AND_DISK))
+
+
+def _line_problems(lines: DataFrame, candidates: list[_Candidate]) -> dict[str, str]:
+    """Per batch: its lines, those that are not whole events (and the first of them), the
+    lowest and highest seq, the seqs that are there more than once, the gateways named.
+    (A file's lines have consecutive read positions: one task reads it top to bottom.)"""
+    if not candidates:
+        return {}
+    missing = F.filter(F.array(*[F.when(F.col(f).isNull(), F.lit(f)) for f in REQUIRED]),
+                       lambda f: f.isNotNull())
+    per_file = (lines.select("uri", "pos", "gateway_id", "seq", missing.alias("missing"))
+                .groupBy("uri")
+                .agg(F.count(F.lit(1)).alias("lines"),
+                     F.count_if(F.size("missing") > 0).alias("incomplete"),
+                     (F.min_by(F.struct("pos", "missing"), F.when(F.size("missing") > 0,
+                                                                 F.col("pos")))
+                      .alias("first_bad")),
+                     F.min("pos").alias("top"),
+                     F.min("seq").alias("first"), F.max("seq").alias("last"),
+                     F.count_distinct("seq").alias("seqs"),
+                     F.collect_set("gateway_id").alias("gateways")))
+    found = {r.uri: r for r in per_file.collect()}
+    problems = {}
+    for c in candidates:
+        problem = _lines_problem(c.manifest, found.get(c.data_uri))
+        if problem:
+            problems[c.data_path] = problem
+    return problems
+
+
+def _lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
+    """What is wrong with one batch's lines (``batch``: its row of the per-file checks)."""
+    count, gateway_id = manifest["count"], manifest["gateway_id"]
+    if batch is None or batch.lines != count:
+        return f"{0 if batch is None else batch.lines} lines, the manifest says {count}"
+    if batch.incomplete:
+        bad = batch.first_bad
+        what = ("is not JSON" if len(bad.missing) == len(REQUIRED)
+                else f"has no {', '.join(bad.missing)}")
+        return (f"{batch.incomplete} lines are not events of the batch format: "
+                f"line {bad.pos - batch.top + 1} {what}")
+    others = sorted(g for g in batch.gateways if g != gateway_id)
+    if others:
+        return f"rows of gateway {', '.join(others[:3])} in a batch of {gateway_id!r}"
+    if batch.first != manifest["first_seq"] or batch.last != manifest["last_seq"]:
+        return (f"seqs {batch.first}..{batch.last}, the manifest says "
+                f"{manifest['first_seq']}..{manifest['last_seq']}")
+    if batch.seqs != count:
+        return f"{count - batch.seqs} lines repeat a seq of the batch"
+    return None
+
+
+def _triage(parsed: list[_Candidate], done: set[tuple[str, str]],
+            landed: Callable[[_Candidate], bool],
+            ) -> tuple[list[_Candidate], list[_Candidate], list[tuple[_Candidate, str]]]:
+    """(candidates, already, rejected with their reason) of the batches whose manifest
+    parsed: ``done`` holds the (file, sha256) the table has; ``landed`` tells whether a batch's
+    data file is there."""
+    candidates: list[_Candidate] = []
+    already: list[_Candidate] = []
+    rejected: list[tuple[_Candidate, str]] = []
+    for c in parsed:
+        m = c.manifest
+        if (m["file"], m["sha256"]) in done:
+            already.append(c)
+        elif m["file"] != c.name or not m["file"].startswith(m["gateway_id"] + "/"):
+            # a manifest vouches only for the file beside it, in its own gateway's directory
+            rejected.append((c, f"manifest of gateway {m['gateway_id']!r} names {m['file']}"))
+        elif not landed(c):
+            rejected.append((c, "the data file is missing"))
+        else:
+            candidates.append(c)
+    return candidates, already, rejected
