@@ -15,6 +15,7 @@ from cairn.base.console import (
     installed_version,
     setup_logging,
 )
+from cairn.central import cli as central_cli
 from cairn.drivers import cli as sensor_cli
 from cairn.drivers import demo, mqtt_cli
 from cairn.gateway.core import config as cfg
@@ -23,7 +24,8 @@ from cairn.gateway.ops.config_history import RunningConfig, startup_config
 from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
-COMPONENTS = (ops, config_cli, demo, sensor_cli, mqtt_cli, sync_cli, update, provision)
+COMPONENTS = (ops, config_cli, demo, sensor_cli, mqtt_cli, sync_cli, central_cli, update,
+              provision)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """The config toolkit every component's sections are checked with: :class:`ConfigError`
 (file, dotted key, problem), :class:`Validator` (types, tables, URIs, endpoints),
 :func:`secret` (inline, file or environment) and :func:`describe`. Public, so drivers/ and
-sync/ validate their own sections the way gateway.core.config does without its private names."""
+sync/ validate their own sections the way gateway.core.config does, without its private
+names."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.core.patterns import MATCH_POLICIES
-
+# how a URI pattern matches (gateway.core.patterns implements them)
+MATCH_POLICIES = ("exact", "prefix", "wildcard")
 _URI_COMPONENT = re.compile(r"^[^\s.#]+$")
 
 

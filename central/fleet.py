@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from cairn.formats.health import BY_PATH
+
 DAY_S = 86_400.0
 HEALTH_INTERVAL_S = 900.0        # the gateways' default router.health_interval
 OFFLINE_S = DAY_S                # metered links upload every minute: a day of nothing is down
@@ -56,7 +58,6 @@ COLUMNS = (
     " damaged_rows long, gaps long, lost_events long, budget_bytes long, budget_used long,"
     " health_only boolean, health_problem string")
 _TYPES = dict(c.split() for c in COLUMNS.split(","))
-NUMBER = (int, float)
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,9 @@ class Facts:
 # -- reading a record that may be newer, older or damaged ------------------------------------
 
 class Record:
-    """A health record's fields by path (``"card.life_years"``): a field that is missing is
-    None; one of the wrong type is None too, and noted in :attr:`problems`."""
+    """A health record's fields by path (``"card.life_years"``; the fields and their kinds
+    are formats.health.FIELDS): a field that is missing is None; one of the wrong type is
+    None too, and noted in :attr:`problems`."""
 
     def __init__(self, text: str | None) -> None:
         self.problems: list[str] = []
@@ -93,7 +95,7 @@ class Record:
         else:
             self.problems.append(f"a JSON {type(fields).__name__}, not an object")
 
-    def get(self, path: str, kind: type | tuple[type, ...]) -> Any:
+    def get(self, path: str) -> Any:
         value: Any = self.fields
         walked = []
         for key in path.split("."):
@@ -103,10 +105,12 @@ class Record:
                 return self._wrong(".".join(walked), value)
             walked.append(key)
             value = value.get(key)
-        return self.typed(path, value, kind)
+        return self.typed(path, value)
 
-    def typed(self, path: str, value: Any, kind: type | tuple[type, ...]) -> Any:
-        """``value`` if it is a ``kind`` (a bool is not a number; a number is finite)."""
+    def typed(self, path: str, value: Any, field: str | None = None) -> Any:
+        """``value`` if it is of the kind of its ``field`` (``path``, unless a device's:
+        ``devices.*.status``; a bool is not a number; a number is finite)."""
+        kind = BY_PATH[field or path].kind
         if value is None:
             return None
         if isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
@@ -151,28 +155,28 @@ def row(facts: Facts, now_s: float) -> dict[str, Any]:
 
 def _fields(h: Record, facts: Facts, now_s: float) -> dict[str, Any]:
     seen, health = facts.last_seen_s, facts.last_health_s
-    shipped = h.get("sync.damaged_rows_shipped", int) or 0
+    shipped = h.get("sync.damaged_rows_shipped") or 0
     return {
         "urgency": None, "gateway_id": facts.gateway_id,
         "last_seen": _time(seen), "last_seen_age_s": _minus(now_s, seen),
         "last_health": _time(health), "health_lag_s": _minus(seen, health),
-        "version": h.get("version", str), "slot": h.get("slot", str),
-        "uptime_s": h.get("uptime_s", NUMBER),
-        "card_life_years": h.get("card.life_years", NUMBER),
-        "card_bytes_per_day": h.get("card.bytes_per_day", NUMBER),
-        "card_measuring": h.get("card.measuring", bool),
-        "clock_synchronized": h.get("clock.synchronized", bool),
-        "clock_steps": h.get("clock.steps", NUMBER),
-        "backlog_events": h.get("backlog.events", NUMBER),
-        "backlog_oldest_age_s": h.get("backlog.oldest_age_s", NUMBER),
-        "last_update_result": h.get("last_update.result", str),
-        "last_update_version": h.get("last_update.version", str),
+        "version": h.get("version"), "slot": h.get("slot"),
+        "uptime_s": h.get("uptime_s"),
+        "card_life_years": h.get("card.life_years"),
+        "card_bytes_per_day": h.get("card.bytes_per_day"),
+        "card_measuring": h.get("card.measuring"),
+        "clock_synchronized": h.get("clock.synchronized"),
+        "clock_steps": h.get("clock.steps"),
+        "backlog_events": h.get("backlog.events"),
+        "backlog_oldest_age_s": h.get("backlog.oldest_age_s"),
+        "last_update_result": h.get("last_update.result"),
+        "last_update_version": h.get("last_update.version"),
         # the store's count and the uploader's may be the same rows: the larger is sure
-        "damaged_rows": max(h.get("store.damaged_rows_skipped", NUMBER) or 0, shipped),
+        "damaged_rows": max(h.get("store.damaged_rows_skipped") or 0, shipped),
         "gaps": facts.gaps, "lost_events": facts.not_landed + facts.dropped_on_gateway,
-        "budget_bytes": h.get("sync.budget_bytes", NUMBER),
-        "budget_used": h.get("sync.budget_used", NUMBER),
-        "health_only": h.get("sync.health_only", bool),
+        "budget_bytes": h.get("sync.budget_bytes"),
+        "budget_used": h.get("sync.budget_used"),
+        "health_only": h.get("sync.health_only"),
     }
 
 
@@ -192,19 +196,20 @@ def _typed_row(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def _devices(h: Record) -> dict[str, Any]:
-    return h.get("devices", dict) or {}
+    return h.get("devices") or {}
 
 
 def _silent(h: Record) -> list[str]:
     """'name: why' of each device that is not ok or has not read for SILENT_DEVICE_S."""
     silent = []
     for name, device in sorted(_devices(h).items()):
-        device = h.typed(f"devices.{name}", device, dict) or {}
-        status = h.typed(f"devices.{name}.status", device.get("status"), str)
+        device = h.typed(f"devices.{name}", device, "devices.*") or {}
+        status = h.typed(f"devices.{name}.status", device.get("status"), "devices.*.status")
         age = h.typed(f"devices.{name}.last_reading_age_s",
-                      device.get("last_reading_age_s"), NUMBER)
+                      device.get("last_reading_age_s"), "devices.*.last_reading_age_s")
         if status not in (None, "ok"):
-            reason = h.typed(f"devices.{name}.reason", device.get("reason"), str)
+            reason = h.typed(f"devices.{name}.reason", device.get("reason"),
+                             "devices.*.reason")
             silent.append(f"{name} {status}" + (f" ({reason})" if reason else ""))
         elif age is not None and age > SILENT_DEVICE_S:
             silent.append(f"{name} no reading for {duration(age)}")
@@ -238,8 +243,8 @@ class Rule:
 
 
 def _store(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
-    if h.get("store.available", bool) is False:
-        return f"store unavailable: {h.get('store.error', str) or 'no reason given'}"
+    if h.get("store.available") is False:
+        return f"store unavailable: {h.get('store.error') or 'no reason given'}"
     return None
 
 
@@ -274,7 +279,7 @@ def _update(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
     if result in (None, "ok"):
         return None
     version = r["last_update_version"] or "?"
-    reason = h.get("last_update.reason", str)
+    reason = h.get("last_update.reason")
     return f"update to {version} {result}" + (f": {reason}" if reason else "")
 
 
@@ -308,7 +313,7 @@ def _lost(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
 def _no_health(r: dict[str, Any], f: Facts, h: Record, s: list[str]) -> str | None:
     if f.last_health_s is None:
         return "no health record (a version before them, or none landed yet)"
-    interval = h.get("interval_s", NUMBER)  # the gateway's own router.health_interval
+    interval = h.get("interval_s")  # the gateway's own router.health_interval
     late = 2 * interval if interval and interval > 0 else HEALTH_LATE_S
     if (lag := _over(r, "health_lag_s", late)) is None:
         return None

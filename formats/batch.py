@@ -33,12 +33,9 @@ import bz2
 import gzip
 import itertools
 import json
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from cairn.base.clock_readings import rfc3339
-
-if TYPE_CHECKING:
-    from cairn.gateway.core.publication import StoredPublication
 
 SCHEMA_VERSION = 2  # of the manifest and the rows the uploader writes
 DATA_SUFFIXES = {1: ".jsonl.gz", 2: ".jsonl.bz2"}  # by schema; a job refuses other schemas
@@ -81,8 +78,9 @@ ROW_FIELDS = (
 _ROW_NAMES = tuple(f.name for f in ROW_FIELDS)
 
 
-def row_of(pub: StoredPublication) -> dict[str, Any]:
-    """A history publication as a row of a batch (its fields are the publication's)."""
+def row_of(pub: Any) -> dict[str, Any]:
+    """A history publication as a row of a batch (its fields are the publication's: a
+    gateway.core.publication.StoredPublication, or anything with :data:`ROW_FIELDS`)."""
     return {name: getattr(pub, name) for name in _ROW_NAMES}
 
 

@@ -49,7 +49,7 @@ from cairn.formats.batch import (
     manifest_name,
     row_of,
 )
-from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.formats.health import TOPIC as HEALTH_TOPIC
 from cairn.gateway.store import Damaged, HistoryReader
 from cairn.sync import budget, metered
 from cairn.sync.sinks import SinkError

@@ -24,10 +24,11 @@ from cairn.base.clock_readings import Anchor, rfc3339
 from cairn.base.console import installed_version
 from cairn.drivers.runtime import DeviceStatus, RouterLink
 from cairn.formats.batch import encode_rows
+from cairn.formats.health import SCHEMA
 from cairn.gateway.core.config import HEALTH_TOPIC
 from cairn.gateway.core.retention import OWN_AUTHID
 from cairn.gateway.ops import update_state
-from cairn.gateway.shell.health import SCHEMA, HealthReporter
+from cairn.gateway.shell.health import HealthReporter
 from cairn.gateway.store import HistoryReader
 from cairn.sync.sinks import DirectorySink, HttpSink
 from cairn.sync.uploader import Uploader

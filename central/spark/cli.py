@@ -1,5 +1,5 @@
 """``cairn spark ingest|report``: the command line's side of the jobs (the parser is in
-:mod:`cairn.sync.cli`)."""
+:mod:`cairn.central.cli`)."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from cairn.central.spark.files import Files, _now
 from cairn.central.spark.session import _prepare
 from cairn.central.spark.table import LOCK_WAIT_S, Table
 from cairn.central.table_lock import locked
-from cairn.gateway.core.config import HEALTH_TOPIC
-from cairn.gateway.core.retention import OWN_AUTHID
+from cairn.formats.health import OWN_AUTHID
+from cairn.formats.health import TOPIC as HEALTH_TOPIC
 
 log = logging.getLogger("cairn.spark")
 

@@ -23,6 +23,7 @@ from cairn.base.config_tools import (
     Validator,
     secret,
 )
+from cairn.formats import health
 
 ACTIONS = ("publish", "subscribe", "call", "register")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|[smhdw])$")
@@ -33,7 +34,7 @@ MAX_COMMIT_WINDOW = 60.0
 EMBEDDED = "<embedded default>"
 # The router's own health records (gateway.shell.health): only the router publishes there, and the
 # first realm keeps them in history so that they travel in the sync batches with the data.
-HEALTH_TOPIC = "cairn.gateway.health"
+HEALTH_TOPIC = health.TOPIC  # the router's own health records (formats.health)
 # [router] settings a SIGHUP applies (field: config key): each is read where it is used, per
 # request or connection. The others (listeners, data directory, limits, ...) need a restart.
 RELOADABLE = {"status_token": "status_token_file", "allowed_hosts": "allowed_hosts",

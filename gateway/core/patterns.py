@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
-MATCH_POLICIES = ("exact", "prefix", "wildcard")
-
 T = TypeVar("T")
 
 

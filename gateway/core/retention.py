@@ -60,6 +60,7 @@ import msgpack
 from autobahn.wamp import message as m
 
 from cairn.base.clock_readings import Reading, age_s, rfc3339
+from cairn.formats import health
 from cairn.gateway.core.config import HEALTH_TOPIC, Limits, RealmConfig
 from cairn.gateway.core.patterns import FirstMatch, matches
 from cairn.gateway.core.publication import StoredPublication, audience_allows
@@ -70,8 +71,8 @@ if TYPE_CHECKING:
 
 DRIVER = 2  # the standing of a driver's slot on a rule's topic: never evicted
 OWN = 3  # the router's own slot: outside the bounds
-OWN_AUTHID = "cairn.router"  # whom the router's own publications name as their publisher
-OWN_AUTHROLE = "cairn.router"
+# whom the router's own publications name as their publisher (formats.health)
+OWN_AUTHID, OWN_AUTHROLE = health.OWN_AUTHID, health.OWN_AUTHROLE
 
 
 def session_eligible(pub: StoredPublication, session: Session) -> bool:

@@ -7,9 +7,8 @@ life under :data:`~gateway.ops.wear.WARN_YEARS`), the router assembles a record 
 here, in the shell, and publishes it through the core (``Router.publish_health``) like its
 own meta events. The first realm keeps it in history, so ``cairn sync`` ships it in the same
 batches as the readings: a gateway that was offline for a week reports the week. Clients
-may subscribe to it; only the router publishes there. The fields are listed in the README
-(Health records); a reader keeps the fields it does not know (``schema`` says which version
-wrote them).
+may subscribe to it; only the router publishes there. The fields are formats.health.FIELDS
+(the README's table is made of them): the record is built through it.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from cairn.base import clock
 from cairn.base.clock_readings import age_s
 from cairn.base.console import installed_version
 from cairn.base.data_dir import read_sync_status
+from cairn.formats import health as record_format
 from cairn.gateway.ops import update_state
 from cairn.gateway.ops.wear import WARN_YEARS
 
@@ -34,12 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cairn.health")
 
-SCHEMA = 1  # of the record; a newer gateway may add fields, never change these
 STATUS_TOPICS = ("gateway.device..status", "wildcard")  # the drivers' (drivers.runtime)
 READING_TOPICS = ("sensor.", "prefix")
-# what the uploader's status says about the data budget (sync.uploader)
-SYNC_FIELDS = ("state", "last_success", "last_error", "bytes_sent", "budget_bytes",
-               "budget_used", "health_only")
 
 
 class HealthReporter:
@@ -96,8 +92,7 @@ class HealthReporter:
         oldest = figures.get("oldest_unsynced_ms")
         now_ms = clock.wall_ns() // 1_000_000
         update = status["update"]
-        return {
-            "schema": SCHEMA,
+        return record_format.build({
             "interval_s": self.interval,  # the central report expects one this often
             "version": installed_version(),
             "boot_id": web.state.clock.boot_id,
@@ -125,7 +120,7 @@ class HealthReporter:
             "devices": self.devices(),
             "limit_hits": status["limit_hits"],
             "config": self._config(),
-        }
+        })
 
     def devices(self) -> dict[str, dict[str, Any]]:
         """Per device (its status topic or its readings), what its driver said last and
@@ -157,6 +152,6 @@ def _sync(status: dict[str, Any] | None) -> dict[str, Any] | None:
     """The uploader's state as its status file says (None: sync is not running here)."""
     if status is None:
         return None
-    picked = {key: status.get(key) for key in SYNC_FIELDS}
+    picked = {key: status.get(key) for key in record_format.SYNC_STATUS_FIELDS}
     picked["damaged_rows_shipped"] = status.get("damaged_rows", 0)
     return picked
