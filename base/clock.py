@@ -14,7 +14,7 @@ from pathlib import Path
 from cairn.base.clock_readings import Reading
 
 _BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
-_SYNCED_PATHS = (Path("/run/systemd/timesync/synchronized"),)  # timesyncd's flag file
+SYNCED_PATHS = (Path("/run/systemd/timesync/synchronized"),)  # timesyncd's flag file
 STA_UNSYNC = 0x0040  # adjtimex(2) status bit: the clock is not synchronized
 TIME_ERROR = 5       # adjtimex(2) return value: the clock is not synchronized
 
@@ -81,7 +81,7 @@ def kernel_synchronized() -> bool:
 def clock_synchronized() -> bool:
     """True when the kernel says the clock is synchronized, or systemd-timesyncd's flag
     file does (timesyncd sets both; the file also covers a kernel that cannot be read)."""
-    return kernel_synchronized() or any(p.exists() for p in _SYNCED_PATHS)
+    return kernel_synchronized() or any(p.exists() for p in SYNCED_PATHS)
 
 
 class SystemClock:

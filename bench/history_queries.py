@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.lean_wamp import WampClient, WampError
-from bench.measure import CpuMeter, _r, fmt_ms, latency_summary
+from bench.measure import CpuMeter, fmt_ms, latency_summary, rounded
 from bench.store_data import (
     DEVICES,
     HISTORY_PREFIX,
@@ -178,8 +178,8 @@ async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[
                     if times[-1] > 500:
                         break
                 statements.append({"sql": sql, "params": list(params), "plan": plan,
-                                   "sql_ms_median": _r(sorted(times)[len(times) // 2])})
-            out[case["id"]] = {"kwargs": kwargs, "in_process_ms": _r(in_process_ms),
+                                   "sql_ms_median": rounded(sorted(times)[len(times) // 2])})
+            out[case["id"]] = {"kwargs": kwargs, "in_process_ms": rounded(in_process_ms),
                                "statements": statements}
     finally:
         db.close()

@@ -57,7 +57,7 @@ LANDINGS = ("landing", "warm-up", "day-00", "days-00-29", "day-30", "fleet-day")
 
 # -- landing data -------------------------------------------------------------------------
 
-def _row(gw: str, seq: int, wall_ms: int, boot: str, boottime_ns: int, synced: bool,
+def fleet_row(gw: str, seq: int, wall_ms: int, boot: str, boottime_ns: int, synced: bool,
          sensor: int) -> dict[str, Any]:
     topic = f"sensor.{gw}-s{sensor:02d}"
     return {"seq": seq, "publication": seq * 7919 % 2**53, "realm": "realm1", "topic": topic,
@@ -90,7 +90,7 @@ def _gateway(args: tuple[Path, int, int, int, int, int]) -> tuple[int, int]:
         b = 10**9 + i * STEP_MS * 10**6
         synced = i >= unsynced_until
         wall = start_ms + i * STEP_MS if synced else 1000 + i * STEP_MS
-        all_rows.append(_row(gw, seq_base + i + 1, wall, boot, b, synced, i % 20))
+        all_rows.append(fleet_row(gw, seq_base + i + 1, wall, boot, b, synced, i % 20))
     return _land_batches(landing, gw, g, all_rows, anchors, batch_events, seq_base)
 
 
@@ -209,7 +209,7 @@ def _land_minute(landing: Path, gateways: int, minute: int) -> int:
     first = minute * MINUTE_ROWS
     for g in range(gateways):
         gw, boot = f"gw-{g:04d}", f"boot-gw-{g:04d}-s"
-        rows = [_row(gw, first + i + 1, T0_MS + (first + i) * STEP_MS, boot,
+        rows = [fleet_row(gw, first + i + 1, T0_MS + (first + i) * STEP_MS, boot,
                      10**9 + (first + i) * STEP_MS * 10**6, True, i % 20)
                 for i in range(MINUTE_ROWS)]
         anchor = {"id": 1, "reason": "start", "boot_id": boot, "boottime_ns": 10**9,

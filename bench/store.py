@@ -90,7 +90,6 @@ from bench.history_queries import bench_get_events, diagnose_get_events, make_qu
 from bench.lean_wamp import WampClient
 from bench.measure import (
     CpuMeter,
-    _r,
     block_device_stat,
     db_files_size,
     device_sectors_written,
@@ -100,6 +99,7 @@ from bench.measure import (
     fsync_baseline,
     latency_summary,
     proc_io,
+    rounded,
 )
 from bench.pubsub import (
     Profiler,
@@ -177,7 +177,7 @@ async def bench_retained(client: WampClient, expected: int, repeats: int,
             first_event_lat.append(state["first_at"] - t0)
     summary = latency_summary(lat)
     return {"retained": expected, **summary,
-            "first_event_p50_ms": _r(quantile([v / 1e6 for v in first_event_lat], 0.5)),
+            "first_event_p50_ms": rounded(quantile([v / 1e6 for v in first_event_lat], 0.5)),
             "problems": problems[:5], "ok": not problems}
 
 

@@ -158,8 +158,8 @@ def _fields(h: Record, facts: Facts, now_s: float) -> dict[str, Any]:
     shipped = h.get("sync.damaged_rows_shipped") or 0
     return {
         "urgency": None, "gateway_id": facts.gateway_id,
-        "last_seen": _time(seen), "last_seen_age_s": _minus(now_s, seen),
-        "last_health": _time(health), "health_lag_s": _minus(seen, health),
+        "last_seen": _time(seen), "last_seen_age_s": minus(now_s, seen),
+        "last_health": _time(health), "health_lag_s": minus(seen, health),
         "version": h.get("version"), "slot": h.get("slot"),
         "uptime_s": h.get("uptime_s"),
         "card_life_years": h.get("card.life_years"),
@@ -184,7 +184,7 @@ def _time(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC)
 
 
-def _minus(a: float | None, b: float | None) -> float | None:
+def minus(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(a - b, 3)
 
 

@@ -440,7 +440,7 @@ async def test_random_and_mutated_messages_areanswered_or_aborted(router, client
 # -- a subscriber that stops reading -------------------------------------------------------
 
 
-async def _stalled_subscriber(port: int | str, topic: str) -> RawSocketPeer:
+async def stalled_subscriber(port: int | str, topic: str) -> RawSocketPeer:
     """A RawSocket client with a tiny receive buffer that subscribes, then never reads
     (``port``: a TCP port on loopback, or a Unix socket's path)."""
     loop = asyncio.get_running_loop()
@@ -469,7 +469,7 @@ async def test_slow_subscriber_is_disconnected_and_nobody_else_loses_anything(ro
     healthy = await client("rawsocket-unix", "msgpack")
     received: list[int] = []
     await healthy.subscribe(lambda i, data: received.append(i), topic)
-    slow = await _stalled_subscriber(router.rawsocket_port, topic)
+    slow = await stalled_subscriber(router.rawsocket_port, topic)
 
     published, cut_at = 0, None
     while published < 1500 and (cut_at is None or published < cut_at + 20):

@@ -87,19 +87,19 @@ async def _take_readings(port: int, numbers: range, pace: float = 0.5) -> dict[i
     return sent
 
 
-def _landed(root, topic: str, key: str) -> set:
+def landed_manifests(root, topic: str, key: str) -> set:
     _, rows = landed(root)
     return {r["kwargs"][key] for r in rows if r["topic"] == topic}
 
 
 def _landed_numbers(root) -> set[int]:
-    return _landed(root, TOPIC, "n")
+    return landed_manifests(root, TOPIC, "n")
 
 
 def _wait_landed(root, topic: str, key: str, expected: set, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
-    while not expected <= _landed(root, topic, key):
-        assert time.monotonic() < deadline, sorted(expected - _landed(root, topic, key))
+    while not expected <= landed_manifests(root, topic, key):
+        assert time.monotonic() < deadline, sorted(expected - landed_manifests(root, topic, key))
         time.sleep(2)
 
 
@@ -173,7 +173,7 @@ def test_readings_taken_while_the_link_is_down_reach_the_table_once_and_the_gate
     try:
         _play_sensor(device.serial_pty, temperatures)
         time.sleep(20)   # several of the uploader's tries (interval 5 s) fail meanwhile
-        assert not _landed(sink.root, "sensor.uart-1", "temperature") & set(temperatures)
+        assert not landed_manifests(sink.root, "sensor.uart-1", "temperature") & set(temperatures)
     finally:
         device.monitor("set_link nic on")
     _wait_landed(sink.root, "sensor.uart-1", "temperature", set(temperatures))

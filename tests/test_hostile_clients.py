@@ -28,7 +28,7 @@ from harness.config import NO_READ_BUDGET, history_rule, permission, realm, role
 from harness.process import RouterProcess
 from harness.waiting import until
 from harness.wamp_client import Client, RawSocketPeer, connect
-from tests.test_bad_input import _stalled_subscriber
+from tests.test_bad_input import stalled_subscriber
 from tests.test_ops import parse_prometheus
 
 pytestmark = pytest.mark.slow
@@ -482,7 +482,7 @@ async def test_a_unix_socket_subscriber_that_stops_reading_is_cut_like_any_other
     try:
         healthy, received = await connect(router), []
         await healthy.subscribe(lambda i, blob: received.append(i), "sensor.flood")
-        slow = await _stalled_subscriber(str(router.unix_path), "sensor.flood")
+        slow = await stalled_subscriber(str(router.unix_path), "sensor.flood")
         publisher, published = await connect(router), 0
         while not slow_consumers_cut(router) and published < 500:
             await publisher.publish("sensor.flood", published, "x" * 10_000,

@@ -24,7 +24,7 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 
 from cairn.central import spark as jobs  # noqa: E402
 from cairn.central.spark.files import Files  # noqa: E402
-from cairn.central.spark.landing import _landed, _read_with_spark, read_manifests  # noqa: E402
+from cairn.central.spark.landing import landed_manifests, read_manifests, read_with_spark  # noqa: E402
 from cairn.central.spark.table import Table  # noqa: E402
 from cairn.formats.batch import manifest_name, stem  # noqa: E402
 from cairn.sync.uploader import Batch, build_batch  # noqa: E402
@@ -155,13 +155,13 @@ def test_manifests_read_in_the_driver_are_what_spark_reads_of_them(spark, tmp_pa
     odd = land(landing, "h", events(range(1, 6)), 0)
     (landing / manifest_name(odd.name)).write_bytes(b'{"gateway_id": "h\xff"}')
     files = Files(spark)
-    listed = _landed(spark, files, files.qualify(str(landing)),
+    listed = landed_manifests(spark, files, files.qualify(str(landing)),
                      Table(spark, files, files.qualify(str(tmp_path / "table"))))
     uris = sorted(u for u in listed.uris if u.endswith(".manifest.json"))
 
     in_driver = read_manifests(spark, files, uris, {})
 
-    assert sorted(in_driver) == sorted(_read_with_spark(spark, files, uris))
+    assert sorted(in_driver) == sorted(read_with_spark(spark, files, uris))
     assert len(in_driver) == 2 and '{"gateway_id": "h\ufffd"}' in {m.text for m in in_driver}
 
 
@@ -311,7 +311,7 @@ TRUE_START = datetime(2026, 11, 20, 0, 0, tzinfo=UTC)  # when boot 1 really bega
 HOUR_NS = 3600 * 10**9
 
 
-def _ns(moment: datetime) -> int:
+def epoch_ns(moment: datetime) -> int:
     return int(moment.timestamp()) * 10**9
 
 
@@ -325,7 +325,7 @@ def clock_boots(gateway: str) -> tuple[list[dict], list[dict], list[dict], dict[
     an hour (a step, still not synchronized)."""
     truth: dict[int, datetime] = {}
     rows1, rows2 = [], []
-    base1 = _ns(TRUE_START)  # true wall = base1 + boottime
+    base1 = epoch_ns(TRUE_START)  # true wall = base1 + boottime
     for k in range(19):  # seq 1..19 before the step, at boottime 5 s + k * 10 min
         b = 5 * 10**9 + k * 600 * 10**9
         rows1.append(event(k + 1, b // 10**6, boot="b1", boottime_ns=b, synced=False))
@@ -335,7 +335,7 @@ def clock_boots(gateway: str) -> tuple[list[dict], list[dict], list[dict], dict[
         b = step1_b + (k + 1) * 600 * 10**9
         rows1.append(event(20 + k, (base1 + b) // 10**6, boot="b1", boottime_ns=b))
         truth[20 + k] = TRUE_START + timedelta(microseconds=b // 1000)
-    base2 = _ns(datetime(2026, 11, 21, 8, 0, tzinfo=UTC))  # boot 2, true wall = base2 + b
+    base2 = epoch_ns(datetime(2026, 11, 21, 8, 0, tzinfo=UTC))  # boot 2, true wall = base2 + b
     ahead = 5 * HOUR_NS
     step2_b = 7 * 10**9 + HOUR_NS
     for k in range(8):  # seq 26..33, every 15 min: 4 before the hand-set step, 4 after

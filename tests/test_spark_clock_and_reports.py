@@ -16,8 +16,8 @@ from cairn.central import spark as jobs  # noqa: E402
 from tests.test_spark import (  # noqa: E402
     T0_MS,
     TRUE_START,
-    _ns,
     clock_boots,
+    epoch_ns,
     event,
     events,
     land,
@@ -154,7 +154,7 @@ def test_reports_gaps_hourly_and_clock(spark, tmp_path, capsys, cairn_cli):
     assert c_hours == {t.replace(minute=0, second=0, microsecond=0) for t in truth.values()}
 
     steps = [(r.boot_id, r.step, r.step_s, r.clock_synced) for r in read("clock_steps")]
-    assert steps == [("b1", 1, _ns(TRUE_START) / 1e9, True), ("b2", 1, -5 * 3600.0, False)]
+    assert steps == [("b1", 1, epoch_ns(TRUE_START) / 1e9, True), ("b2", 1, -5 * 3600.0, False)]
     spans = {r.boot_id: r for r in read("unsynced")}
     assert (spans["b1"].first_seq, spans["b1"].last_seq, spans["b1"].events) == (1, 19, 19)
     assert utc(spans["b1"].start) == truth[1]
@@ -189,6 +189,6 @@ def test_reports_tell_an_operator_rows_per_day_rebasing_and_the_last_batch(spark
     assert daily == {"2026-11-20": 25, "2026-11-21": 8}
     shifts = {r.boot_id: r.rebased_by_s for r in spark.read.parquet(str(out / "unsynced"))
               .collect()}
-    assert shifts == {"b1": _ns(TRUE_START) / 1e9, "b2": -2.5 * 3600}
+    assert shifts == {"b1": epoch_ns(TRUE_START) / 1e9, "b2": -2.5 * 3600}
     page = (out / "report.html").read_text()
     assert 'aria-label="rows per gateway per day"' in page and 'aria-label="clock spans"' in page

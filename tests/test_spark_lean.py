@@ -19,7 +19,7 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
 from cairn.central import spark as jobs  # noqa: E402
-from cairn.central.spark.lean import _key_halves, with_publication  # noqa: E402
+from cairn.central.spark.lean import key_halves, with_publication  # noqa: E402
 from cairn.formats.batch import manifest_name  # noqa: E402
 from cairn.formats.publication_ids import PublicationIds  # noqa: E402
 from cairn.sync.uploader import build_batch  # noqa: E402
@@ -115,7 +115,7 @@ def test_spark_computes_the_publication_ids_the_gateway_gave():
     rng = random.Random(7)
     for key in (KEY, bytes(16), b"\xff" * 16, rng.randbytes(16)):
         seqs = [0, 1, 2, 2**31, 2**53 - 1, *(rng.randrange(2**53) for _ in range(200))]
-        k0, k1 = _key_halves(key.hex())
+        k0, k1 = key_halves(key.hex())
         frame = spark_session().createDataFrame([(s, k0, k1) for s in seqs],
                                                 "seq long, k0 long, k1 long")
         got = with_publication(frame, "seq", "k0", "k1", "p").collect()

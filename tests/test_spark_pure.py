@@ -18,31 +18,31 @@ import pytest
 pytest.importorskip("pyspark")
 
 from cairn.central.spark import verify  # noqa: E402
-from cairn.central.spark.cli import _conf  # noqa: E402
+from cairn.central.spark.cli import conf_pairs  # noqa: E402
 from cairn.central.spark.dedupe import (  # noqa: E402
-    _one_pass_batches,
-    _overlapping,
-    _touched_ranges,
+    one_pass_batches,
+    overlapping_batches,
+    touched_ranges,
 )
-from cairn.central.spark.rebase import _anchor_changes, reference_anchors  # noqa: E402
-from cairn.central.spark.reports import NOT_LANDED, _minus, loss_intervals  # noqa: E402
+from cairn.central.spark.rebase import anchor_changes, reference_anchors  # noqa: E402
+from cairn.central.spark.reports import NOT_LANDED, loss_intervals, minus  # noqa: E402
 from cairn.central.spark.schemas import REQUIRED  # noqa: E402
 from cairn.central.spark.session import code_zip  # noqa: E402
 from cairn.central.spark.stats import IngestStats  # noqa: E402
 from cairn.central.spark.verify import (  # noqa: E402
-    _bytes_problem,
-    _Candidate,
-    _lines_past,
-    _lines_problem,
-    _triage,
+    Candidate,
+    bytes_problem,
+    lines_past,
+    lines_problem,
+    triage,
 )
-from cairn.central.spark.write import ROWS_PER_FILE, _output_parts  # noqa: E402
+from cairn.central.spark.write import ROWS_PER_FILE, output_parts  # noqa: E402
 
 
 def candidate(gateway: str, first: int, last: int, count: int | None = None,
-              **manifest: Any) -> _Candidate:
+              **manifest: Any) -> Candidate:
     name = f"{gateway}/{first}-{last}"
-    return _Candidate(name + ".manifest.json", name, {
+    return Candidate(name + ".manifest.json", name, {
         "gateway_id": gateway, "first_seq": first, "last_seq": last, "file": name,
         "count": last - first + 1 if count is None else count, **manifest},
         data_uri="file:/" + name)
@@ -87,7 +87,7 @@ def test_new_anchors_move_only_the_reference_of_boots_the_table_has():
         manifest_anchor(5, boot="b3", synced=True)],             # b3: new, no rows yet
         "gaps": [{"id": 7, "realm": "r", "rule": 1, "first_seq": 10, "last_seq": 12,
                   "count": 3, "reason": "full", "wall_ms": 99}]}]
-    changes = _anchor_changes(known, manifests)
+    changes = anchor_changes(known, manifests)
     assert sorted(changes.new) == [("g", 3), ("g", 4), ("g", 5)]
     assert changes.new["g", 3] == anchor(3, reason="step")
     assert {boot: a["id"] for boot, a in changes.refs.items()} == {
@@ -127,7 +127,7 @@ def test_the_gateways_own_loss_records_are_cut_out_of_what_did_not_land():
     ((1, 10), (0, 11), []),
 ])
 def test_minus(span, cut, left):
-    assert _minus(span, cut) == left
+    assert minus(span, cut) == left
 
 
 # -- which batches overlap -------------------------------------------------------------------
@@ -139,7 +139,7 @@ def test_only_batches_overlapping_another_are_deduped():
             candidate("a", 201, 300), candidate("b", 1, 100), candidate("b", 50, 400),
             candidate("b", 401, 500), candidate("c", 1, 300), candidate("c", 2, 3),
             candidate("c", 250, 260)]
-    assert _overlapping(good) == {"a/101-200", "a/150-160", "b/1-100", "b/50-400",
+    assert overlapping_batches(good) == {"a/101-200", "a/150-160", "b/1-100", "b/50-400",
                                   "c/1-300", "c/2-3", "c/250-260"}
 
 
@@ -149,33 +149,33 @@ def test_one_pass_takes_batches_of_known_seqs_without_overlaps_or_logged_neighbo
     shared1, shared2 = candidate("b", 1, 10), candidate("b", 5, 15)
     logged = candidate("c", 1, 10)
     sound = [plain, holed, listed, shared1, shared2, logged]
-    assert _one_pass_batches(sound, {logged.data_uri}) == [plain, listed]
+    assert one_pass_batches(sound, {logged.data_uri}) == [plain, listed]
 
 
 def test_the_table_is_read_in_one_span_per_gateway_of_the_touching_batches():
     a1, a2, a3, b = (candidate("a", 1, 10), candidate("a", 50, 60), candidate("a", 100, 200),
                      candidate("b", 5, 6))
     touching = {a1.data_uri, a2.data_uri, b.data_uri}
-    assert _touched_ranges([a1, a2, a3, b], touching) == {"a": (1, 60), "b": (5, 6)}
-    assert _touched_ranges([a3], touching) == {}
+    assert touched_ranges([a1, a2, a3, b], touching) == {"a": (1, 60), "b": (5, 6)}
+    assert touched_ranges([a3], touching) == {}
 
 
 def test_a_run_writes_files_of_about_rows_per_file_in_whole_waves():
-    assert _output_parts(batches=3, lines=10, parallelism=2) == 2
-    assert _output_parts(batches=1, lines=10, parallelism=8) == 1
-    assert _output_parts(batches=100, lines=3 * ROWS_PER_FILE, parallelism=2) == 4
-    assert _output_parts(batches=100, lines=0, parallelism=2) == 1
+    assert output_parts(batches=3, lines=10, parallelism=2) == 2
+    assert output_parts(batches=1, lines=10, parallelism=8) == 1
+    assert output_parts(batches=100, lines=3 * ROWS_PER_FILE, parallelism=2) == 4
+    assert output_parts(batches=100, lines=0, parallelism=2) == 1
 
 
 # -- what is wrong with a batch --------------------------------------------------------------
 
 def test_a_manifest_is_checked_against_the_length_and_sha256_of_its_bytes():
     manifest = {"bytes": 10, "sha256": "ab" * 32}
-    assert _bytes_problem(manifest, 10, "ab" * 32) is None
-    assert _bytes_problem(manifest, None, None) == "Spark could not read the data file"
-    assert _bytes_problem(manifest, 9, "ab" * 32) == \
+    assert bytes_problem(manifest, 10, "ab" * 32) is None
+    assert bytes_problem(manifest, None, None) == "Spark could not read the data file"
+    assert bytes_problem(manifest, 9, "ab" * 32) == \
         "9 bytes, the manifest says 10 (truncated?)"
-    assert _bytes_problem(manifest, 10, "cd" * 32) == (
+    assert bytes_problem(manifest, 10, "cd" * 32) == (
         "sha256 cdcdcdcdcdcdcdcd... differs from the manifest's abababababababab...")
 
 
@@ -212,7 +212,7 @@ MANIFEST = {"count": 10, "gateway_id": "g", "first_seq": 1, "last_seq": 10}
     (Totals(seqs=8), "2 lines repeat a seq of the batch"),
 ])
 def test_a_batch_is_checked_against_its_manifest_by_its_totals(totals, problem):
-    assert _lines_problem(MANIFEST, totals) == problem
+    assert lines_problem(MANIFEST, totals) == problem
 
 
 def test_a_manifest_vouches_only_for_the_file_beside_it_in_its_gateways_directory():
@@ -221,7 +221,7 @@ def test_a_manifest_vouches_only_for_the_file_beside_it_in_its_gateways_director
     missing = candidate("g", 21, 30, sha256="t")
     elsewhere = candidate("g", 31, 40, sha256="t", file="g/11-20")
     foreign = candidate("g", 41, 50, sha256="t", gateway_id="h")
-    candidates, already, rejected = _triage(
+    candidates, already, rejected = triage(
         [done_, changed, missing, elsewhere, foreign], {("g/1-10", "s"), ("g/11-20", "s")},
         lambda c: c is not missing)
     assert candidates == [changed]  # the same file with other bytes: verified again
@@ -278,40 +278,40 @@ def test_a_batch_is_read_no_further_than_the_line_past_its_manifests_count(monke
             read.append(len(chunk))
             yield chunk
 
-    decompressed = verify._decompressed
-    monkeypatch.setattr(verify, "_decompressed", counted)
-    assert _lines_past(data, "g/1-10.jsonl.gz", 10)
-    assert sum(read) <= verify._STEP
+    decompressed = verify.decompressed
+    monkeypatch.setattr(verify, "decompressed", counted)
+    assert lines_past(data, "g/1-10.jsonl.gz", 10)
+    assert sum(read) <= verify.STEP
 
 
 def test_a_batch_of_as_many_lines_as_its_manifest_counts_is_not_past_it():
-    assert not _lines_past(gzip.compress(LINE * 10), "g/1-10.jsonl.gz", 10)
-    assert not _lines_past(bz2.compress(LINE * 10), "g/1-10.jsonl.bz2", 10)
-    assert not _lines_past(gzip.compress(LINE * 9 + LINE[:-1]), "g/1-10.jsonl.gz", 10)
+    assert not lines_past(gzip.compress(LINE * 10), "g/1-10.jsonl.gz", 10)
+    assert not lines_past(bz2.compress(LINE * 10), "g/1-10.jsonl.bz2", 10)
+    assert not lines_past(gzip.compress(LINE * 9 + LINE[:-1]), "g/1-10.jsonl.gz", 10)
 
 
 def test_a_last_line_without_its_newline_is_a_line():
-    assert _lines_past(gzip.compress(LINE * 10 + LINE[:-1]), "g/1-10.jsonl.gz", 10)
+    assert lines_past(gzip.compress(LINE * 10 + LINE[:-1]), "g/1-10.jsonl.gz", 10)
 
 
 def test_every_member_of_a_multi_member_file_is_counted():
-    assert _lines_past(gzip.compress(LINE * 6) + gzip.compress(LINE * 5), "g/1.jsonl.gz", 10)
-    assert _lines_past(bz2.compress(LINE * 6) + bz2.compress(LINE * 5), "g/1.jsonl.bz2", 10)
-    assert not _lines_past(bz2.compress(LINE * 5) * 2, "g/1.jsonl.bz2", 10)
+    assert lines_past(gzip.compress(LINE * 6) + gzip.compress(LINE * 5), "g/1.jsonl.gz", 10)
+    assert lines_past(bz2.compress(LINE * 6) + bz2.compress(LINE * 5), "g/1.jsonl.bz2", 10)
+    assert not lines_past(bz2.compress(LINE * 5) * 2, "g/1.jsonl.bz2", 10)
 
 
 def test_a_damaged_stream_is_counted_as_far_as_it_goes():
     whole = bomb(20_000)
-    assert _lines_past(whole[:len(whole) // 2], "g/1.jsonl.gz", 10)
-    assert not _lines_past(b"PK\x03\x04 not a gzip stream", "g/1.jsonl.gz", 10)
+    assert lines_past(whole[:len(whole) // 2], "g/1.jsonl.gz", 10)
+    assert not lines_past(b"PK\x03\x04 not a gzip stream", "g/1.jsonl.gz", 10)
 
 
 def test_conf_pairs():
-    assert _conf(None) == {}
-    assert _conf(["a=1", " b =x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
+    assert conf_pairs(None) == {}
+    assert conf_pairs(["a=1", " b =x=y", "c="]) == {"a": "1", "b": "x=y", "c": ""}
     for bad in ("novalue", "=1"):
         with pytest.raises(ValueError, match="--conf wants KEY=VALUE"):
-            _conf([bad])
+            conf_pairs([bad])
 
 
 def test_the_code_shipped_to_executors_holds_the_spark_package(tmp_path):

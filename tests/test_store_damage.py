@@ -240,7 +240,7 @@ async def test_damage_no_read_foresaw_leaves_the_router_routing_without_its_stor
     def fails(*args: Any) -> None:
         raise KeyError("a case no read foresaw")
 
-    monkeypatch.setattr(writer._State, "load", fails)
+    monkeypatch.setattr(writer.StoreState, "load", fails)
     async with running(data) as (node, router):
         assert "a case no read foresaw" in node.stores.error
         assert await routes(router)

@@ -12,7 +12,7 @@ import pytest
 
 from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import (
-    _LEGACY_SEQ_OF_PUBLICATION,
+    LEGACY_SEQ_OF_PUBLICATION,
     MIGRATIONS,
     SCHEMA_VERSION,
     SchemaTooNew,
@@ -82,7 +82,7 @@ async def test_a_version_1_database_is_upgraded_at_start_up_and_keeps_working(tm
             assert await store.reader.seq_of_publication("realm1", publication) == seq
         assert await store.reader.seq_of_publication("realm2", OLD_ROWS[0][1]) is None
         assert await store.reader.seq_of_publication("realm1", 123) is None
-        legacy = _LEGACY_SEQ_OF_PUBLICATION.format(legacy=70_001)
+        legacy = LEGACY_SEQ_OF_PUBLICATION.format(legacy=70_001)
         plan = " ".join(row[-1] for row in await store.reader.query(
             f"EXPLAIN QUERY PLAN {legacy}", (5, "realm1")))
         assert "SEARCH p USING INDEX publications_legacy_publication (<expr>=? AND publication=?" \
@@ -231,8 +231,8 @@ def write_v3_database(path: Path) -> None:
                        " 'sensor-1', ?, ?)",
                        (topic, seq, publication, 1000 + seq, f'{{"topic": "{topic}"}}',
                         b"\x92\x91\x01\xc0"))
-        schema._put_meta(db, "highest_seq", "14")
-        schema._put_meta(db, "state", schema._encode_state(14, Counter({("realm1", 0): 4})))
+        schema.put_meta(db, "highest_seq", "14")
+        schema.put_meta(db, "state", schema.encode_state(14, Counter({("realm1", 0): 4})))
 
 
 async def test_a_version_3_store_keeps_its_retained_slots_with_boot_and_clock_from_history(

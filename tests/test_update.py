@@ -185,7 +185,7 @@ def test_doctor_warns_of_an_update_that_was_not_kept_and_says_why(ab_device):
                                              "activating, not ready",
                         update_state.Trial("B", "1.3.0", "A"))
     report = ops.Report()
-    ops._check_update(report)
+    ops.check_update(report)
     level, detail = _update_line(report)
     assert level == "warn" and "running slot A" in detail
     assert "1.3.0 was not kept" in detail and "cairn-router is activating" in detail
@@ -194,7 +194,7 @@ def test_doctor_warns_of_an_update_that_was_not_kept_and_says_why(ab_device):
 def test_doctor_says_nothing_of_updates_off_an_ab_image(ab_device):
     update_state.CMDLINE.write_text("root=/dev/mmcblk0p2 ro\n")
     report = ops.Report()
-    ops._check_update(report)
+    ops.check_update(report)
     assert report.lines == []
 
 

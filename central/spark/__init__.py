@@ -25,17 +25,17 @@ the reports. The modules, in the order an ingest goes through them:
 This package re-exports what callers import from ``cairn.central.spark``, the module it was."""
 
 from cairn.central.spark.cli import main
-from cairn.central.spark.dedupe import _overlapping
+from cairn.central.spark.dedupe import overlapping_batches
 from cairn.central.spark.files import Files
 from cairn.central.spark.ingest import (
     CHUNK_BATCHES,
     IngestRun,
-    _ingest_paths,
     ingest,
     ingest_manifests,
+    ingest_paths,
     ingest_stream,
 )
-from cairn.central.spark.landing import LandedManifest, LandingError, _landed
+from cairn.central.spark.landing import LandedManifest, LandingError, landed_manifests
 from cairn.central.spark.rebase import reference_anchors
 from cairn.central.spark.reports import (
     NOT_LANDED,
@@ -60,10 +60,10 @@ from cairn.central.spark.schemas import (
     TABLE_COLUMNS,
     TABLE_SCHEMA,
 )
-from cairn.central.spark.session import SHIPPED_PACKAGES, _prepare, code_zip, session, ship_code
+from cairn.central.spark.session import SHIPPED_PACKAGES, code_zip, prepare, session, ship_code
 from cairn.central.spark.stats import IngestStats
 from cairn.central.spark.table import COMPACT_FILES, LOCK_WAIT_S, Table, TableDir
-from cairn.central.spark.verify import _Candidate
+from cairn.central.spark.verify import Candidate
 from cairn.formats.batch import DATA_SUFFIXES, MANIFEST_SUFFIX
 
 # (the functions ingest and session shadow the modules of the same name here: reach those
@@ -78,5 +78,5 @@ __all__ = [
     "ingest_manifests", "ingest_stream", "loss_intervals", "main", "reference_anchors",
     "report", "session", "ship_code", "unsynced_report",
     # private helpers that tests and bench/ reach for
-    "_Candidate", "_ingest_paths", "_landed", "_overlapping", "_prepare",
+    "Candidate", "ingest_paths", "landed_manifests", "overlapping_batches", "prepare",
 ]

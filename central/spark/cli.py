@@ -17,7 +17,7 @@ from cairn.central.spark.session import session
 log = logging.getLogger("cairn.spark")
 
 
-def _conf(pairs: list[str] | None) -> dict[str, str]:
+def conf_pairs(pairs: list[str] | None) -> dict[str, str]:
     conf = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -30,7 +30,7 @@ def _conf(pairs: list[str] | None) -> dict[str, str]:
 def main(args: Any) -> int:
     """``cairn spark ingest|report`` (argparse namespace from sync.cli)."""
     try:
-        conf = _conf(args.conf)
+        conf = conf_pairs(args.conf)
     except ValueError as e:
         print(f"cairn spark: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """Which batches of a run can hold rows the table (or another batch of the run) holds, and
 what to do about it: the one-pass choice and the overlaps among a run's batches (plain
-Python, :func:`_one_pass_batches`, :func:`_overlapping`, :func:`_touched_ranges`), the
-batches overlapping the ingest log (:func:`_touching`, one join with the log), the reading
-and checking of the others one by one (:func:`_check_lines`), and seqs re-used for other
+Python, :func:`one_pass_batches`, :func:`overlapping_batches`, :func:`touched_ranges`), the
+batches overlapping the ingest log (:func:`touching_batches`, one join with the log), the reading
+and checking of the others one by one (:func:`check_lines`), and seqs re-used for other
 events (:func:`_conflicts`)."""
 
 from __future__ import annotations
@@ -14,42 +14,42 @@ from pyspark.sql import functions as F
 
 from cairn.central.spark.session import one_of
 from cairn.central.spark.table import Table
-from cairn.central.spark.verify import _Candidate, _line_problems, _read_lines
+from cairn.central.spark.verify import Candidate, line_problems, read_lines
 from cairn.formats.batch import event_ranges
 
 
-def _one_pass_batches(sound: list[_Candidate], touching: set[str]) -> list[_Candidate]:
+def one_pass_batches(sound: list[Candidate], touching: set[str]) -> list[Candidate]:
     """The batches that can be checked while they are written (:func:`_write_one_pass`):
     which seqs each holds is known (no hole, or the holes its manifest lists), no other
     batch of this run overlapping, no row of the table in their range (nothing to dedupe or
-    compare). The others are read and checked one by one first (:func:`_check_lines`)."""
-    shared = _overlapping(sound)
+    compare). The others are read and checked one by one first (:func:`check_lines`)."""
+    shared = overlapping_batches(sound)
     return [c for c in sound if c.data_path not in shared and c.data_uri not in touching
             and event_ranges(c.manifest) is not None]
 
 
-def _ranges(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
+def ranges_of(spark: SparkSession, batches: list[Candidate]) -> DataFrame:
     """(uri, gw, lo, hi): each batch's data URI, gateway and seq range, from its manifest."""
     return spark.createDataFrame(
         [(c.data_uri, c.manifest["gateway_id"], c.manifest["first_seq"],
           c.manifest["last_seq"]) for c in batches], "uri string, gw string, lo long, hi long")
 
 
-def _touching(spark: SparkSession, table: Table, candidates: list[_Candidate]) -> set[str]:
+def touching_batches(spark: SparkSession, table: Table, candidates: list[Candidate]) -> set[str]:
     """The data URIs of ``candidates`` whose seq range overlaps a batch the ingest log holds:
     the only ones the table can hold rows in the range of, since a batch's rows and its log
     row are committed together. One join with the log, which has a row per batch: the
     table itself is not read, however long it grows."""
     if not candidates:
         return set()
-    ranges = _ranges(spark, candidates)
+    ranges = ranges_of(spark, candidates)
     log_ = table.batch_frame().where(F.col("status") == "ingested")
     return {r.uri for r in F.broadcast(ranges).join(
         log_, (F.col("gw") == log_.gateway_id) & (F.col("lo") <= log_.last_seq)
         & (F.col("hi") >= log_.first_seq)).select("uri").distinct().collect()}
 
 
-def _touched_ranges(good: list[_Candidate], touching: set[str]) -> dict[str, tuple[int, int]]:
+def touched_ranges(good: list[Candidate], touching: set[str]) -> dict[str, tuple[int, int]]:
     """{gateway: (lowest, highest seq)} over the ``good`` batches in ``touching``: where the
     table is read for the keys it holds (one span per gateway keeps the filter coarse)."""
     ranges: dict[str, tuple[int, int]] = {}
@@ -62,7 +62,7 @@ def _touched_ranges(good: list[_Candidate], touching: set[str]) -> dict[str, tup
     return ranges
 
 
-def _in_ranges(spark: SparkSession, table: DataFrame,
+def in_ranges(spark: SparkSession, table: DataFrame,
                ranges: list[tuple[str, int, int, str]]) -> DataFrame:
     """(gateway_id, seq, tag) of the rows of ``table`` inside ``ranges`` ([(gateway, first
     seq, last seq, tag)], not overlapping each other): a broadcast join on the ranges, not
@@ -78,15 +78,15 @@ def _in_ranges(spark: SparkSession, table: DataFrame,
             .select("gateway_id", "seq", "tag"))
 
 
-def _check_lines(spark: SparkSession, table: Table, batches: list[_Candidate],
+def check_lines(spark: SparkSession, table: Table, batches: list[Candidate],
                  touching: set[str], read: list[DataFrame]) -> dict[str, str]:
     """{data path: problem} for ``batches``, read (and kept: appended to ``read``) and
     checked one by one: their lines, then seqs the table holds for other events."""
     if not batches:
         return {}
-    lines = _read_lines(spark, batches)
+    lines = read_lines(spark, batches)
     read.append(lines)
-    problems = _line_problems(lines, batches)
+    problems = line_problems(lines, batches)
     problems.update(_conflicts(spark, table, lines, [c for c in batches
                                                      if c.data_path not in problems], touching))
     return problems
@@ -97,7 +97,7 @@ IDENTITY = ["publication", "topic", "wall_ms", "boot_id", "boottime_ns", "kwargs
 
 
 def _conflicts(spark: SparkSession, table: Table, lines: DataFrame | None,
-               candidates: list[_Candidate], touching: set[str]) -> dict[str, str]:
+               candidates: list[Candidate], touching: set[str]) -> dict[str, str]:
     """{data path: problem} for batches re-using seqs the table holds for other events (a
     gateway whose store was reset, or another gateway under its id). Only the rows of
     batches whose range overlaps an ingested batch's are compared."""
@@ -107,7 +107,7 @@ def _conflicts(spark: SparkSession, table: Table, lines: DataFrame | None,
     compared = [c for c in candidates if c.data_uri in touching]
     if not compared:
         return {}
-    ranges = _ranges(spark, compared)
+    ranges = ranges_of(spark, compared)
     new = (lines.where(one_of("uri", [c.data_uri for c in compared]))
            .select("gateway_id", "seq", "uri", *IDENTITY))
     old = (existing.join(F.broadcast(ranges),
@@ -126,7 +126,7 @@ def _conflicts(spark: SparkSession, table: Table, lines: DataFrame | None,
             "using its id?" for r in found}
 
 
-def _overlapping(good: list[_Candidate]) -> set[str]:
+def overlapping_batches(good: list[Candidate]) -> set[str]:
     """The data paths of batches whose seq range overlaps another batch's of the same
     gateway in this run (they may hold the same (gateway_id, seq))."""
     by_gateway: dict[str, list[tuple[int, int, str]]] = defaultdict(list)

@@ -25,28 +25,28 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.dedupe import _check_lines, _one_pass_batches, _touching
-from cairn.central.spark.files import Files, _name, _now
+from cairn.central.spark.dedupe import check_lines, one_pass_batches, touching_batches
+from cairn.central.spark.files import Files, name_of, utc_now
 from cairn.central.spark.landing import (
+    Landed,
     LandedManifest,
-    _Landed,
-    _landed,
-    _move_batch,
-    _quarantine,
+    landed_manifests,
+    move_batch,
+    quarantine_batch,
     read_manifests,
 )
-from cairn.central.spark.rebase import _Anchors, _anchors, _rebase
+from cairn.central.spark.rebase import Anchors, anchors_of, rebase_boots
 from cairn.central.spark.schemas import ANCHOR_SCHEMA, BATCH_LOG_SCHEMA, GAP_SCHEMA
-from cairn.central.spark.session import _prepare, one_of
+from cairn.central.spark.session import one_of, prepare
 from cairn.central.spark.stats import IngestStats
 from cairn.central.spark.table import LOCK_WAIT_S, Table
 from cairn.central.spark.verify import (
-    _bytes_problems,
-    _Candidate,
-    _expansion_problems,
-    _triage,
+    Candidate,
+    bytes_problems,
+    expansion_problems,
+    triage,
 )
-from cairn.central.spark.write import _append_checked, _write_one_pass
+from cairn.central.spark.write import append_checked, write_one_pass
 from cairn.central.table_lock import locked
 from cairn.formats.batch import (
     MANIFEST_SUFFIX,
@@ -71,7 +71,7 @@ def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None
     the table's exclusive lock (waiting up to ``wait`` seconds for it), ``chunk`` batches
     per step. With ``archive``, batches leave the landing for it once ingested."""
     started = time.monotonic()
-    _prepare(spark)
+    prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     quarantine = files.qualify(quarantine) if quarantine else None
@@ -90,7 +90,7 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table_path: 
     started = time.monotonic()
     table = Table(spark, files, table_path)
     table.recover()
-    landed = _landed(spark, files, landing, table)
+    landed = landed_manifests(spark, files, landing, table)
     manifest_uris = sorted(u for u in landed.uris
                            if u.endswith(MANIFEST_SUFFIX) and u not in landed.unchanged)
     stats = IngestStats()
@@ -101,15 +101,15 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table_path: 
     if archive:
         for manifest_path, gateway in landed.unchanged.values():
             for data_path in data_candidates(manifest_path):  # whichever schema it was
-                _move_batch(files, manifest_path, data_path, f"{archive}/{gateway}")
+                move_batch(files, manifest_path, data_path, f"{archive}/{gateway}")
     for start in range(0, max(len(manifest_uris), 1), chunk):
-        stats.add(_ingest_paths(spark, files, manifest_uris[start:start + chunk], table_path,
+        stats.add(ingest_paths(spark, files, manifest_uris[start:start + chunk], table_path,
                                 quarantine, landed, archive))
     return stats
 
 
-def _ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
-                  table_path: str, quarantine: str | None, landed: _Landed,
+def ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
+                  table_path: str, quarantine: str | None, landed: Landed,
                   archive: str | None) -> IngestStats:
     """Read the manifests ``manifest_uris`` and ingest their batches (an oversized manifest
     is not read: :func:`~cairn.central.spark.landing.read_manifests`)."""
@@ -134,7 +134,7 @@ def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str
     ``foreachBatch``; a re-run micro-batch adds nothing (the anti-join). Holds the table's
     exclusive lock for the whole run."""
     started = time.monotonic()
-    _prepare(spark)
+    prepare(spark)
     files = Files(spark)
     landing, table = files.qualify(landing), files.qualify(table)
     checkpoint = files.qualify(checkpoint)
@@ -233,9 +233,9 @@ class IngestRun:
         self.stats.seconds = time.monotonic() - self.started
         return self.stats
 
-    def parse(self) -> list[_Candidate]:
+    def parse(self) -> list[Candidate]:
         """The batches whose manifest parses; the others are rejected."""
-        parsed: list[_Candidate] = []
+        parsed: list[Candidate] = []
         for manifest_uri, text, size, _ in self.manifests:
             manifest_path = self.files.from_uri(manifest_uri)
             try:
@@ -248,20 +248,20 @@ class IngestRun:
                                   if self.files.exists(d)), data_of(manifest_path))
                 self.reject(manifest_path, data_path, None, str(e))
                 continue
-            parsed.append(_Candidate(manifest_path, data_of(manifest_path, m["schema"]), m,
+            parsed.append(Candidate(manifest_path, data_of(manifest_path, m["schema"]), m,
                                      data_of(manifest_uri, m["schema"])))
         return parsed
 
-    def triage(self, parsed: list[_Candidate]) -> tuple[list[_Candidate], list[_Candidate]]:
+    def triage(self, parsed: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
         """(candidates, already): the batches to verify, and those the table has (same file,
         same bytes); the others are rejected."""
-        candidates, already, rejected = _triage(parsed, self.ingested_before(parsed),
+        candidates, already, rejected = triage(parsed, self.ingested_before(parsed),
                                                 self.landed_data)
         for c, reason in rejected:
             self.reject(c.manifest_path, c.data_path, c.manifest, reason)
         return candidates, already
 
-    def ingested_before(self, parsed: list[_Candidate]) -> set[tuple[str, str]]:
+    def ingested_before(self, parsed: list[Candidate]) -> set[tuple[str, str]]:
         """(file, sha256) of the batches of ``parsed`` the ingest log holds as ingested."""
         if not parsed:
             return set()
@@ -270,13 +270,13 @@ class IngestRun:
                 .where((F.col("status") == "ingested") & one_of("file", names))
                 .select("file", "sha256").collect()}
 
-    def landed_data(self, c: _Candidate) -> bool:
+    def landed_data(self, c: Candidate) -> bool:
         """Whether the batch's data file is there (in the listing, else looked for)."""
         if self.landed is not None:
             return c.data_uri in self.landed
         return self.files.exists(c.data_path)
 
-    def verify_and_write(self, candidates: list[_Candidate]) -> list[_Candidate]:
+    def verify_and_write(self, candidates: list[Candidate]) -> list[Candidate]:
         """Check the ``candidates``, reject the bad, stage the good ones' rows and commit
         them. Returns the good ones."""
         sound = self.verify_bytes(candidates)
@@ -293,49 +293,49 @@ class IngestRun:
         in_one_pass = {c.data_path for c in one_pass}
         checked = [c for c in good if c.data_path not in in_one_pass]
         if checked:
-            _append_checked(self.spark, self.table, self.read, checked, self.touching, anchors,
+            append_checked(self.spark, self.table, self.read, checked, self.touching, anchors,
                             self.stats, self.stage, self.run)
         if good:
             self.commit(good, anchors)
         return good
 
-    def verify_bytes(self, candidates: list[_Candidate]) -> list[_Candidate]:
+    def verify_bytes(self, candidates: list[Candidate]) -> list[Candidate]:
         """The candidates whose bytes are what their manifest says (and, over CHECKED_BYTES,
         that do not hold more lines than it counts)."""
-        self.problems = _bytes_problems(self.spark, candidates)
-        self.problems.update(_expansion_problems(
+        self.problems = bytes_problems(self.spark, candidates)
+        self.problems.update(expansion_problems(
             self.spark, [c for c in candidates if c.data_path not in self.problems]))
         self.clock = self.stats.timed("verify bytes", self.clock)
         return [c for c in candidates if c.data_path not in self.problems]
 
-    def plan(self, sound: list[_Candidate]) -> list[_Candidate]:
+    def plan(self, sound: list[Candidate]) -> list[Candidate]:
         """The batches to check while writing them (the others are checked first)."""
         self.had_rows = self.table.events() is not None
-        self.touching = _touching(self.spark, self.table, sound)  # one look at the log
-        one_pass = _one_pass_batches(sound, self.touching)
+        self.touching = touching_batches(self.spark, self.table, sound)  # one look at the log
+        one_pass = one_pass_batches(sound, self.touching)
         self.clock = self.stats.timed("overlaps", self.clock)
         return one_pass
 
-    def check_lines(self, batches: list[_Candidate]) -> None:
-        self.problems.update(_check_lines(self.spark, self.table, batches, self.touching,
+    def check_lines(self, batches: list[Candidate]) -> None:
+        self.problems.update(check_lines(self.spark, self.table, batches, self.touching,
                                           self.read))
         self.clock = self.stats.timed("read+check lines", self.clock)
 
-    def gather_anchors(self, good: list[_Candidate]) -> _Anchors:
-        anchors = _anchors(self.spark, self.table, good)
+    def gather_anchors(self, good: list[Candidate]) -> Anchors:
+        anchors = anchors_of(self.spark, self.table, good)
         self.stats.rows_read = sum(c.manifest["count"] for c in good)
         return anchors
 
-    def write_one_pass(self, one_pass: list[_Candidate], good: list[_Candidate],
-                       anchors: _Anchors) -> tuple[list[_Candidate], _Anchors, list[_Candidate]]:
+    def write_one_pass(self, one_pass: list[Candidate], good: list[Candidate],
+                       anchors: Anchors) -> tuple[list[Candidate], Anchors, list[Candidate]]:
         """Write ``one_pass`` checked by totals; if the totals are off, check them one by one
         instead (they join the checked batches). Returns good, anchors, the batches written."""
-        if _write_one_pass(self.spark, one_pass, anchors, self.stats, self.stage, self.run):
+        if write_one_pass(self.spark, one_pass, anchors, self.stats, self.stage, self.run):
             self.stats.one_pass = len(one_pass)
         else:
             log.warning("%d batches read in one pass are not all what their manifests "
                         "say: checking them one by one", len(one_pass))
-            found = _check_lines(self.spark, self.table, one_pass, self.touching, self.read)
+            found = check_lines(self.spark, self.table, one_pass, self.touching, self.read)
             self.problems.update(found)
             if found:
                 good = [c for c in good if c.data_path not in found]
@@ -344,7 +344,7 @@ class IngestRun:
         self.clock = self.stats.timed("read+check+write in one pass", self.clock)
         return good, anchors, one_pass
 
-    def commit(self, good: list[_Candidate], anchors: _Anchors) -> None:
+    def commit(self, good: list[Candidate], anchors: Anchors) -> None:
         """Stage the side tables' rows of the ``good`` batches, then commit the run."""
         self.record_anchors(anchors)
         clock = time.monotonic()
@@ -355,13 +355,13 @@ class IngestRun:
         self.table.commit(self.stage)
         self.stats.timed("commit", clock)
 
-    def record_anchors(self, anchors: _Anchors) -> None:
+    def record_anchors(self, anchors: Anchors) -> None:
         """Re-base rows ingested earlier whose boot got another reference anchor in this run
         (an anchor that leaves a boot's reference as it was changes no row: no table scan),
         then stage the new anchors and loss records for their side tables."""
         clock = time.monotonic()
         if anchors.moved and self.had_rows:
-            self.stats.rows_rebased = _rebase(self.spark, self.table, anchors.moved, {
+            self.stats.rows_rebased = rebase_boots(self.spark, self.table, anchors.moved, {
                 k: v for k, v in anchors.refs.items() if k in anchors.moved})
             clock = self.stats.timed("rebase", clock)
         self.table.append(self.table.anchors, [tuple(a[f.name] for f in ANCHOR_SCHEMA.fields)
@@ -376,9 +376,9 @@ class IngestRun:
         self.table.append(self.table.batches, self.log_rows, BATCH_LOG_SCHEMA)
         return self.stats.timed("log", clock)
 
-    def archive_batches(self, batches: list[_Candidate], clock: float) -> None:
+    def archive_batches(self, batches: list[Candidate], clock: float) -> None:
         for c in batches:
-            _move_batch(self.files, c.manifest_path, c.data_path,
+            move_batch(self.files, c.manifest_path, c.data_path,
                         f"{self.archive}/{c.manifest['gateway_id']}")
         self.stats.timed("archive", clock)
 
@@ -387,15 +387,15 @@ class IngestRun:
         """A row of the ingest log (:data:`BATCH_LOG_SCHEMA`)."""
         return (gateway, file, m.get("sha256"), m.get("after_seq"), m.get("first_seq"),
                 m.get("last_seq"), m.get("count"), status, reason, manifest_path,
-                *self.stamps.get(manifest_path, (None, None)), self.run, _now())
+                *self.stamps.get(manifest_path, (None, None)), self.run, utc_now())
 
     def reject(self, manifest_path: str, data_path: str, manifest: dict[str, Any] | None,
                reason: str) -> None:
         """Quarantine a batch, count it, and keep its log row for the end of the run."""
         m = manifest or {}
         gateway = m.get("gateway_id") if isinstance(m.get("gateway_id"), str) else None
-        where = _quarantine(self.files, self.quarantine, manifest_path, data_path, reason)
-        name = _name(data_path)
+        where = quarantine_batch(self.files, self.quarantine, manifest_path, data_path, reason)
+        name = name_of(data_path)
         self.stats.quarantined.append((name, reason))
         log.warning("quarantined %s: %s (%s)", name, reason, where)
         self.log_rows.append(self.log_row(manifest_path, m, gateway, m.get("file") or name,

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.files import Files, _name, _now
+from cairn.central.spark.files import Files, name_of, utc_now
 from cairn.central.spark.table import Table
 from cairn.formats.batch import MANIFEST_SUFFIX, MAX_MANIFEST_BYTES, stem
 
@@ -22,7 +22,7 @@ class LandingError(RuntimeError):
 
 
 @dataclass
-class _Landed:
+class Landed:
     """What a listing of the landing found."""
     uris: set[str]  # the files in its gateway directories, as _metadata.file_path gives them
     # {manifest URI: (bytes, mtime_ms)} of the manifests over MAX_MANIFEST_BYTES: not read
@@ -32,11 +32,11 @@ class _Landed:
     unchanged: dict[str, tuple[str, str]]
 
 
-def _landed(spark: SparkSession, files: Files, landing: str, table: Table) -> _Landed:
+def landed_manifests(spark: SparkSession, files: Files, landing: str, table: Table) -> Landed:
     from py4j.protocol import Py4JJavaError
 
     if not files.exists(landing):
-        return _Landed(set(), {}, {})
+        return Landed(set(), {}, {})
     try:
         # listing the tree from the top lists a directory per call (a glob of gateway/file
         # checked each of 20,000 files on its own: 9-18 s against 6)
@@ -54,7 +54,7 @@ def _landed(spark: SparkSession, files: Files, landing: str, table: Table) -> _L
         ) from None
     batch_files = [r for r in listed if r.path[len(landing) + 1:].count("/") == 1]
     manifests = [r for r in batch_files if r.uri.endswith(MANIFEST_SUFFIX)]
-    return _Landed({r.uri for r in batch_files},  # files deeper down are not batches
+    return Landed({r.uri for r in batch_files},  # files deeper down are not batches
                    {r.uri: (r.bytes, r.mtime_ms) for r in manifests
                     if r.bytes > MAX_MANIFEST_BYTES},
                    _unchanged(spark, table, manifests))
@@ -99,7 +99,7 @@ def read_manifests(spark: SparkSession, files: Files, uris: list[str],
             elsewhere.append(uri)
         else:
             manifests += _read_local(uri, path)
-    return manifests + _read_with_spark(spark, files, elsewhere)
+    return manifests + read_with_spark(spark, files, elsewhere)
 
 
 def _read_local(uri: str, path: str) -> list[LandedManifest]:
@@ -115,7 +115,7 @@ def _read_local(uri: str, path: str) -> list[LandedManifest]:
     return [LandedManifest(uri, text, stat.st_size, stat.st_mtime_ns // 1_000_000)]
 
 
-def _read_with_spark(spark: SparkSession, files: Files, uris: list[str]) -> list[LandedManifest]:
+def read_with_spark(spark: SparkSession, files: Files, uris: list[str]) -> list[LandedManifest]:
     """The manifests ``uris``, read in one Spark job."""
     if not uris:
         return []
@@ -127,7 +127,7 @@ def _read_with_spark(spark: SparkSession, files: Files, uris: list[str]) -> list
     return [LandedManifest(*r) for r in frame.collect()]
 
 
-def _move_batch(files: Files, manifest_path: str, data_path: str, target: str) -> None:
+def move_batch(files: Files, manifest_path: str, data_path: str, target: str) -> None:
     """Move a batch's files (whichever exist) into directory ``target``, the data file first:
     a manifest a crash leaves behind finds its batch in the ingest log the next time."""
     for path in (data_path, manifest_path):
@@ -135,7 +135,7 @@ def _move_batch(files: Files, manifest_path: str, data_path: str, target: str) -
             files.move(path, f"{target}/{path.rsplit('/', 1)[-1]}")
 
 
-def _quarantine(files: Files, quarantine: str | None, manifest_path: str, data_path: str,
+def quarantine_batch(files: Files, quarantine: str | None, manifest_path: str, data_path: str,
                 reason: str) -> str:
     """Move a bad batch (both files, whichever exist) aside with a note of why, under the
     name of the landing directory it came from: never a name its manifest gives (a
@@ -143,8 +143,8 @@ def _quarantine(files: Files, quarantine: str | None, manifest_path: str, data_p
     if quarantine is None:
         return "left in place: no quarantine directory given"
     target = f"{quarantine}/{manifest_path.rstrip('/').split('/')[-2]}"
-    _move_batch(files, manifest_path, data_path, target)
+    move_batch(files, manifest_path, data_path, target)
     files.write_text(f"{target}/{stem(data_path.rsplit('/', 1)[-1])}.reason.json", json.dumps(
-        {"batch": _name(data_path), "reason": reason, "quarantined": _now().isoformat() + "Z",
+        {"batch": name_of(data_path), "reason": reason, "quarantined": utc_now().isoformat() + "Z",
          "from": data_path}, indent=1))
     return f"moved to {target}"

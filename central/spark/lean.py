@@ -70,7 +70,7 @@ def with_publication(frame: DataFrame, seq: str, k0: str, k1: str, name: str) ->
     return frame.selectExpr("*", *_items([*work, (last, name)])).drop(*(a for _, a in work))
 
 
-def _key_halves(key: str | None) -> tuple[int | None, int | None]:
+def key_halves(key: str | None) -> tuple[int | None, int | None]:
     if key is None:
         return None, None
     raw = bytes.fromhex(key)
@@ -81,7 +81,7 @@ def _headers(spark: SparkSession, batches: list[Any]) -> DataFrame:
     """(uri, gateway_id, boots, realms, k0, k1) of each batch, from its manifest."""
     return spark.createDataFrame(
         [(c.data_uri, c.manifest["gateway_id"], c.manifest["boots"], c.manifest["realms"],
-          *_key_halves(c.manifest.get("publication_key"))) for c in batches],
+          *key_halves(c.manifest.get("publication_key"))) for c in batches],
         "uri string, gateway_id string, boots array<string>, realms array<string>,"
         " k0 long, k1 long")
 

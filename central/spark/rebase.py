@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from cairn.central.spark.schemas import REF_SCHEMA, TABLE_COLUMNS
 from cairn.central.spark.table import Table
-from cairn.central.spark.verify import _Candidate
+from cairn.central.spark.verify import Candidate
 
 log = logging.getLogger("cairn.spark")
 
@@ -51,7 +51,7 @@ def _refs_frame(spark: SparkSession, refs: dict[tuple[str, str], dict[str, Any]]
         REF_SCHEMA)
 
 
-def _with_event_time(rows: DataFrame, refs: DataFrame) -> DataFrame:
+def with_event_time(rows: DataFrame, refs: DataFrame) -> DataFrame:
     """Adds event_time, time_estimated, time_anchor and date to rows (raw columns kept)."""
     joined = rows.join(F.broadcast(refs), ["gateway_id", "boot_id"], "left")
     estimated = ~F.col("clock_synced") & F.col("ref_id").isNotNull()
@@ -66,25 +66,25 @@ def _with_event_time(rows: DataFrame, refs: DataFrame) -> DataFrame:
 
 
 @dataclass
-class _Anchors:
+class Anchors:
     """What the good batches of a run bring besides rows."""
     new: dict[tuple[str, int], dict[str, Any]]  # clock anchors the table does not have yet
     refs: dict[tuple[str, str], dict[str, Any]]  # the reference anchor of each boot
     gaps: dict[tuple[str, int], tuple]           # loss records
     moved: set[tuple[str, str]]  # boots with rows in the table whose reference this run moved
-    frame: DataFrame | None = None               # refs, to join rows with (set by _anchors)
+    frame: DataFrame | None = None               # refs, to join rows with (set by anchors_of)
 
 
-def _anchors(spark: SparkSession, table: Table, good: list[_Candidate]) -> _Anchors:
+def anchors_of(spark: SparkSession, table: Table, good: list[Candidate]) -> Anchors:
     """The clock anchors the table knows plus those ``good`` brings, and its loss records."""
     known = [r.asDict() for r in table.anchor_frame().collect()]
-    anchors = _anchor_changes(known, [c.manifest for c in good])
+    anchors = anchor_changes(known, [c.manifest for c in good])
     anchors.frame = _refs_frame(spark, anchors.refs)
     return anchors
 
 
-def _anchor_changes(known: list[dict[str, Any]],
-                    manifests: list[dict[str, Any]]) -> _Anchors:
+def anchor_changes(known: list[dict[str, Any]],
+                    manifests: list[dict[str, Any]]) -> Anchors:
     """The anchors and loss records of ``manifests`` the table does not have (``known``: the
     anchors it has, as rows of ANCHOR_SCHEMA), each boot's reference anchor with them, and
     the boots with rows in the table whose reference they move."""
@@ -109,7 +109,7 @@ def _anchor_changes(known: list[dict[str, Any]],
     known_boots = {(a["gateway_id"], a["boot_id"]) for a in known}
     moved = {boot for boot in {(a["gateway_id"], a["boot_id"]) for a in new.values()}
              if boot in known_boots and refs.get(boot) != before.get(boot)}
-    return _Anchors(new, refs, gaps, moved)
+    return Anchors(new, refs, gaps, moved)
 
 
 def _anchor_row(gateway_id: str, a: dict[str, Any]) -> dict[str, Any]:
@@ -122,7 +122,7 @@ def _anchor_row(gateway_id: str, a: dict[str, Any]) -> dict[str, Any]:
             "clock_synced": bool(a["clock_synced"]), "after_seq": int(a["after_seq"])}
 
 
-def _rebase(spark: SparkSession, table: Table, boots: set[tuple[str, str]],
+def rebase_boots(spark: SparkSession, table: Table, boots: set[tuple[str, str]],
             refs: dict[tuple[str, str], dict[str, Any]]) -> int:
     """Re-base the rows of ``boots`` whose event_time was computed with another reference
     than ``refs`` now gives; rewrite the partitions they leave and enter. Returns how many."""
@@ -141,7 +141,7 @@ def _rebase(spark: SparkSession, table: Table, boots: set[tuple[str, str]],
         old_dates = {r.date for r in stale.select("date").distinct().collect()}
         if not old_dates:
             return 0
-        corrected = (_with_event_time(
+        corrected = (with_event_time(
             stale.drop("event_time", "time_estimated", "time_anchor", "date"), refs_frame)
             .select(*TABLE_COLUMNS)).cache()
         count = corrected.count()

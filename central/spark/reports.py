@@ -16,8 +16,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cairn.central import fleet
-from cairn.central.spark.files import Files, _now
-from cairn.central.spark.session import _prepare
+from cairn.central.spark.files import Files, utc_now
+from cairn.central.spark.session import prepare
 from cairn.central.spark.table import LOCK_WAIT_S, Table
 from cairn.central.table_lock import locked
 from cairn.formats.health import OWN_AUTHID
@@ -65,12 +65,12 @@ def loss_intervals(batches: list[tuple[str, int | None, int, int]],
             reach = end if reach is None else max(reach, end)
         for lo, hi, reason in sorted(dropped.get(gw, [])):
             result.append((gw, lo, hi, reason))
-            holes = [piece for a, b in holes for piece in _minus((a, b), (lo, hi))]
+            holes = [piece for a, b in holes for piece in minus((a, b), (lo, hi))]
         result += [(gw, a, b, NOT_LANDED) for a, b in holes]
     return sorted(result)
 
 
-def _minus(span: tuple[int, int], cut: tuple[int, int]) -> list[tuple[int, int]]:
+def minus(span: tuple[int, int], cut: tuple[int, int]) -> list[tuple[int, int]]:
     (a, b), (c, d) = span, cut
     if d < a or c > b:
         return [span]
@@ -230,11 +230,11 @@ def report(spark: SparkSession, table: str, out: str, wait: float = LOCK_WAIT_S,
     (plots, :mod:`central.report_html`), and summarize them. ``now``: what the fleet report
     measures silence against (default: the time of the run). Holds the
     table's shared lock: no ingest changes the table while the report reads it."""
-    _prepare(spark)
+    prepare(spark)
     files = Files(spark)
     table, out = files.qualify(table), files.qualify(out)
     with locked(table, files, exclusive=False, wait=wait, what="a report"):
-        return _report_locked(spark, files, table, out, now or _now())
+        return _report_locked(spark, files, table, out, now or utc_now())
 
 
 def _report_locked(spark: SparkSession, files: Files, table_path: str,
@@ -301,7 +301,7 @@ def _write_html(files: Files, frames: dict[str, DataFrame], path: str) -> None:
         return [r.asDict() for r in frames[name].collect()]
 
     files.write_text(path, report_html.page(rows("gateways"), rows("gaps"), rows("daily"),
-                                            rows("unsynced"), _now().isoformat(" ", "seconds")
+                                            rows("unsynced"), utc_now().isoformat(" ", "seconds")
                                             + " UTC", rows("fleet")))
 
 

@@ -57,7 +57,7 @@ def one_of(column: str, values: list[str]) -> Column:
     return F.expr(f"`{column}` IN ({listed})")
 
 
-def _prepare(spark: SparkSession) -> None:
+def prepare(spark: SparkSession) -> None:
     for key, value in JOB_CONF.items():
         spark.conf.set(key, value)
     ship_code(spark)

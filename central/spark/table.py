@@ -54,7 +54,7 @@ import logging
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from cairn.central.spark.files import Files, _name
+from cairn.central.spark.files import Files, name_of
 from cairn.central.spark.schemas import (
     ANCHOR_SCHEMA,
     BATCH_LOG_SCHEMA,
@@ -153,7 +153,7 @@ class Table:
 
     def _move_in(self, stage: str) -> None:
         for part in self.files.glob(f"{stage}/date=*/*.parquet"):
-            self.files.move(part, f"{self.root}/{_name(part)}")  # date=D/part-...parquet
+            self.files.move(part, f"{self.root}/{name_of(part)}")  # date=D/part-...parquet
         for side in self._sides():
             for part in self.files.glob(f"{stage}/{side.rsplit('/', 1)[-1]}/*.parquet"):
                 self.files.move(part, f"{side}/{part.rsplit('/', 1)[-1]}")

@@ -1,10 +1,10 @@
 """Verifying a batch against its manifest: its bytes (size, sha256) and its lines (count,
 whole events of its gateway, its seq range, no seq twice). The problems are worked out in
-plain Python from per-batch totals (:func:`_bytes_problem`, :func:`_lines_problem`); the totals
+plain Python from per-batch totals (:func:`bytes_problem`, :func:`lines_problem`); the totals
 come from one Spark pass each, next to the data.
 
 A batch over :data:`CHECKED_BYTES` is first counted as a stream on the executors and no
-further than its manifest's count + 1 lines (:func:`_expansion_problems`): a few MiB of
+further than its manifest's count + 1 lines (:func:`expansion_problems`): a few MiB of
 bzip2 can hold gigabytes of well-formed lines (1,848:1 for repeated lean lines), which Spark
 would parse and cache to the last before counting them (an 8 MiB batch: ~15 GB, about 13
 minutes of ingest). A smaller batch is parsed, then quarantined (64 KiB of those repeated
@@ -22,7 +22,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.files import _name
+from cairn.central.spark.files import name_of
 from cairn.central.spark.lean import parse_lean
 from cairn.central.spark.schemas import EVENT_SCHEMA, REQUIRED
 from cairn.central.spark.session import batch_reader
@@ -30,7 +30,7 @@ from cairn.formats.batch import MAX_BOOTTIME_NS, MAX_WALL_MS
 
 
 @dataclass
-class _Candidate:
+class Candidate:
     """A batch whose manifest parsed: its paths and what the manifest says."""
     manifest_path: str
     data_path: str
@@ -39,10 +39,10 @@ class _Candidate:
 
     @property
     def name(self) -> str:
-        return _name(self.data_path)
+        return name_of(self.data_path)
 
 
-def _bytes_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+def bytes_problems(spark: SparkSession, candidates: list[Candidate]) -> dict[str, str]:
     """{data path: problem} for the batches whose raw bytes are not what the manifest says:
     one pass in the JVM, next to the data, bringing back a length and a sha256 per batch."""
     if not candidates:
@@ -54,13 +54,13 @@ def _bytes_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[s
         .collect())}
     problems = {}
     for c in candidates:
-        problem = _bytes_problem(c.manifest, *sums.get(c.data_uri, (None, None)))
+        problem = bytes_problem(c.manifest, *sums.get(c.data_uri, (None, None)))
         if problem:
             problems[c.data_path] = problem
     return problems
 
 
-def _bytes_problem(manifest: dict[str, Any], length: int | None,
+def bytes_problem(manifest: dict[str, Any], length: int | None,
                    sha256: str | None) -> str | None:
     if length is None or sha256 is None:
         return "Spark could not read the data file"
@@ -73,10 +73,10 @@ def _bytes_problem(manifest: dict[str, Any], length: int | None,
 
 
 CHECKED_BYTES = 64 * 1024  # batches larger than this are counted before Spark parses them
-_STEP = 1 << 20  # bytes decompressed at a time while counting
+STEP = 1 << 20  # bytes decompressed at a time while counting
 
 
-def _expansion_problems(spark: SparkSession, candidates: list[_Candidate]) -> dict[str, str]:
+def expansion_problems(spark: SparkSession, candidates: list[Candidate]) -> dict[str, str]:
     """{data path: problem} for the batches over CHECKED_BYTES that hold more lines than
     their manifest counts, each read on an executor no further than the line past it (one
     pass over the files, only when there are such batches: none costs no Python worker)."""
@@ -84,7 +84,7 @@ def _expansion_problems(spark: SparkSession, candidates: list[_Candidate]) -> di
     if not big:
         return {}
     counts = {c.data_uri: c.manifest["count"] for c in big}
-    past = F.udf(lambda uri, content: uri in counts and _lines_past(content, uri, counts[uri]),
+    past = F.udf(lambda uri, content: uri in counts and lines_past(content, uri, counts[uri]),
                  "boolean", useArrow=False)  # pickled rows: the job needs no pyarrow
     flagged = {r.uri for r in (
         spark.read.format("binaryFile").load([c.data_path for c in big])
@@ -95,11 +95,11 @@ def _expansion_problems(spark: SparkSession, candidates: list[_Candidate]) -> di
             for c in big if c.data_uri in flagged}
 
 
-def _lines_past(data: bytes, name: str, count: int) -> bool:
+def lines_past(data: bytes, name: str, count: int) -> bool:
     """Does the data file ``name`` (its compressed ``data``) hold more than ``count`` lines?
     Decompressed as a stream, and no further than the line past ``count``."""
     newlines, last = 0, b"\n"
-    for chunk in _decompressed(data, name):
+    for chunk in decompressed(data, name):
         newlines += chunk.count(b"\n")
         if newlines > count:
             return True
@@ -107,8 +107,8 @@ def _lines_past(data: bytes, name: str, count: int) -> bool:
     return newlines == count and last != b"\n"  # a last line without its newline
 
 
-def _decompressed(data: bytes, name: str) -> Iterator[bytes]:
-    """The decompressed bytes of a data file (by its suffix), _STEP at most at a time, every
+def decompressed(data: bytes, name: str) -> Iterator[bytes]:
+    """The decompressed bytes of a data file (by its suffix), STEP at most at a time, every
     member of a multi-member file as Hadoop reads them; a damaged stream ends it."""
     if not name.endswith((".gz", ".bz2")):
         yield data
@@ -118,17 +118,17 @@ def _decompressed(data: bytes, name: str) -> Iterator[bytes]:
         while rest:
             if name.endswith(".gz"):
                 member = zlib.decompressobj(31)
-                out = member.decompress(rest, _STEP)
+                out = member.decompress(rest, STEP)
                 while out:
                     yield out
-                    out = member.decompress(member.unconsumed_tail, _STEP)
+                    out = member.decompress(member.unconsumed_tail, STEP)
             else:
                 member = bz2.BZ2Decompressor()
-                out = member.decompress(rest, _STEP)
+                out = member.decompress(rest, STEP)
                 while out:
                     yield out
                     out = b"" if member.eof or member.needs_input else \
-                        member.decompress(b"", _STEP)
+                        member.decompress(b"", STEP)
             rest = member.unused_data if member.eof else b""
     except (OSError, EOFError, zlib.error):
         return
@@ -138,7 +138,7 @@ def _decompressed(data: bytes, name: str) -> Iterator[bytes]:
 _TIME_BOUNDS = {"wall_ms": (-MAX_WALL_MS, MAX_WALL_MS), "boottime_ns": (0, MAX_BOOTTIME_NS)}
 
 
-def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
+def parse_batches(spark: SparkSession, batches: list[Candidate]) -> DataFrame:
     """The lines of ``batches`` as events, with the ``uri`` of the file each came from
     (schema 2's lean lines decoded to schema 1's); a time out of bounds is missing, so its
     line is not a whole event."""
@@ -154,16 +154,16 @@ def _parse(spark: SparkSession, batches: list[_Candidate]) -> DataFrame:
                               for name, (low, high) in _TIME_BOUNDS.items()})
 
 
-def _read_lines(spark: SparkSession, candidates: list[_Candidate]) -> DataFrame:
+def read_lines(spark: SparkSession, candidates: list[Candidate]) -> DataFrame:
     """Every line of the batches, parsed once and kept (memory, then disk): the line checks,
     the conflict check and the append all read this, not the files again. ``pos`` is the
     line's read position (gzip is not splittable: one task reads a file top to bottom)."""
-    return (_parse(spark, candidates)
+    return (parse_batches(spark, candidates)
             .withColumn("pos", F.monotonically_increasing_id())
             .persist(StorageLevel.MEMORY_AND_DISK))
 
 
-def _line_problems(lines: DataFrame, candidates: list[_Candidate]) -> dict[str, str]:
+def line_problems(lines: DataFrame, candidates: list[Candidate]) -> dict[str, str]:
     """Per batch: its lines, those that are not whole events (and the first of them), the
     lowest and highest seq, the seqs that are there more than once, the gateways named.
     (A file's lines have consecutive read positions: one task reads it top to bottom.)"""
@@ -185,13 +185,13 @@ def _line_problems(lines: DataFrame, candidates: list[_Candidate]) -> dict[str, 
     found = {r.uri: r for r in per_file.collect()}
     problems = {}
     for c in candidates:
-        problem = _lines_problem(c.manifest, found.get(c.data_uri))
+        problem = lines_problem(c.manifest, found.get(c.data_uri))
         if problem:
             problems[c.data_path] = problem
     return problems
 
 
-def _lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
+def lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
     """What is wrong with one batch's lines (``batch``: its row of the per-file checks)."""
     count, gateway_id = manifest["count"], manifest["gateway_id"]
     if batch is None or batch.lines != count:
@@ -213,15 +213,15 @@ def _lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
     return None
 
 
-def _triage(parsed: list[_Candidate], done: set[tuple[str, str]],
-            landed: Callable[[_Candidate], bool],
-            ) -> tuple[list[_Candidate], list[_Candidate], list[tuple[_Candidate, str]]]:
+def triage(parsed: list[Candidate], done: set[tuple[str, str]],
+            landed: Callable[[Candidate], bool],
+            ) -> tuple[list[Candidate], list[Candidate], list[tuple[Candidate, str]]]:
     """(candidates, already, rejected with their reason) of the batches whose manifest
     parsed: ``done`` holds the (file, sha256) the table has; ``landed`` tells whether a batch's
     data file is there."""
-    candidates: list[_Candidate] = []
-    already: list[_Candidate] = []
-    rejected: list[tuple[_Candidate, str]] = []
+    candidates: list[Candidate] = []
+    already: list[Candidate] = []
+    rejected: list[tuple[Candidate, str]] = []
     for c in parsed:
         m = c.manifest
         if (m["file"], m["sha256"]) in done:

@@ -1,6 +1,6 @@
 """Writing a run's rows to its staging directory: in one pass, checked by totals on the way
-(:func:`_write_one_pass`), or, for batches checked one by one, without the rows the table or
-another batch of the run holds (:func:`_append_checked`). Both re-base the rows' time and
+(:func:`write_one_pass`), or, for batches checked one by one, without the rows the table or
+another batch of the run holds (:func:`append_checked`). Both re-base the rows' time and
 partition them by date (:func:`_write_rows`)."""
 
 from __future__ import annotations
@@ -13,21 +13,21 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.dedupe import _in_ranges, _overlapping, _ranges, _touched_ranges
+from cairn.central.spark.dedupe import in_ranges, overlapping_batches, ranges_of, touched_ranges
 from cairn.central.spark.files import Files
-from cairn.central.spark.rebase import _Anchors, _with_event_time
+from cairn.central.spark.rebase import Anchors, with_event_time
 from cairn.central.spark.schemas import REQUIRED, TABLE_COLUMNS
 from cairn.central.spark.session import one_of
 from cairn.central.spark.stats import IngestStats
 from cairn.central.spark.table import Table
-from cairn.central.spark.verify import _Candidate, _parse
+from cairn.central.spark.verify import Candidate, parse_batches
 from cairn.formats.batch import event_ranges
 
 ROWS_PER_FILE = 2_000_000     # aim for Parquet files of about this many rows
 BROADCAST_KEYS = 2_000_000    # existing keys up to this many are broadcast for the anti-join
 
 
-def _write_one_pass(spark: SparkSession, batches: list[_Candidate], anchors: _Anchors,
+def write_one_pass(spark: SparkSession, batches: list[Candidate], anchors: Anchors,
                     stats: IngestStats, stage: str, run: str) -> bool:
     """Read ``batches`` once and write their rows to ``stage``, the run's staging directory,
     checking them on the way with totals rather than batch by batch: every line a whole
@@ -35,12 +35,12 @@ def _write_one_pass(spark: SparkSession, batches: list[_Candidate], anchors: _An
     manifests say, and the sum of a hash of (file, seq) over the lines equal to its sum over
     the seqs the manifests say the batches hold (a seq twice, or one in a hole, and another
     missing would change it). Whether all holds; if not, nothing is left written."""
-    ranges = _ranges(spark, batches)
+    ranges = ranges_of(spark, batches)
     # two sums of 31-bit halves of a 64-bit hash: longs that cannot overflow (ANSI mode)
     hashed = F.xxhash64("uri", "seq")
     fingerprint = F.array(F.sum(hashed.bitwiseAND(0x7FFFFFFF)),
                           F.sum(F.shiftrightunsigned(hashed, 33)))
-    rows = _parse(spark, batches).join(F.broadcast(ranges), "uri", "left")
+    rows = parse_batches(spark, batches).join(F.broadcast(ranges), "uri", "left")
     sound = ((F.col("gateway_id") == F.col("gw"))
              & F.col("seq").between(F.col("lo"), F.col("hi")))
     for name in REQUIRED:
@@ -56,7 +56,7 @@ def _write_one_pass(spark: SparkSession, batches: list[_Candidate], anchors: _An
     return False
 
 
-def _expected_fingerprint(spark: SparkSession, batches: list[_Candidate],
+def _expected_fingerprint(spark: SparkSession, batches: list[Candidate],
                           fingerprint: Column) -> Any:
     """``fingerprint`` over the (file, seq) of every row the manifests say the batches hold:
     as many seqs as they count (asked only once the lines read matched that), however far
@@ -68,8 +68,8 @@ def _expected_fingerprint(spark: SparkSession, batches: list[_Candidate],
             .agg(fingerprint.alias("sum")).first()["sum"])
 
 
-def _append_checked(spark: SparkSession, table: Table, read: list[DataFrame],
-                    good: list[_Candidate], touching: set[str], anchors: _Anchors,
+def append_checked(spark: SparkSession, table: Table, read: list[DataFrame],
+                    good: list[Candidate], touching: set[str], anchors: Anchors,
                     stats: IngestStats, stage: str, run: str) -> None:
     """Write the rows of the ``good`` batches among the lines ``read`` to ``stage``, without
     those the table (or another batch of this run) already holds. The table is read only
@@ -81,7 +81,7 @@ def _append_checked(spark: SparkSession, table: Table, read: list[DataFrame],
     rows = lines.where(one_of("uri", uris))
     # only batches that overlap another of this run are deduped among themselves: a
     # shuffle of every row would cost more than the whole read
-    overlapping = _overlapping(good)
+    overlapping = overlapping_batches(good)
     if overlapping:
         shared = one_of("uri", [c.data_uri for c in good if c.data_path in overlapping])
         rows = rows.where(~shared).unionByName(
@@ -89,8 +89,8 @@ def _append_checked(spark: SparkSession, table: Table, read: list[DataFrame],
     existing = table.events()
     clock = time.monotonic()
     if existing is not None and any(c.data_uri in touching for c in good):
-        ranges = _touched_ranges(good, touching)
-        keys = _in_ranges(spark, existing, [(gw, lo, hi, gw) for gw, (lo, hi)
+        ranges = touched_ranges(good, touching)
+        keys = in_ranges(spark, existing, [(gw, lo, hi, gw) for gw, (lo, hi)
                                             in ranges.items()]).select("gateway_id", "seq")
         held = keys.count()
         if held:
@@ -102,14 +102,14 @@ def _append_checked(spark: SparkSession, table: Table, read: list[DataFrame],
     stats.timed("write", clock)
 
 
-def _write_rows(spark: SparkSession, rows: DataFrame, anchors: _Anchors, path: str,
+def _write_rows(spark: SparkSession, rows: DataFrame, anchors: Anchors, path: str,
                 batches: int, lines: int, run: str,
                 checks: dict[str, Column] | None = None) -> dict[str, Any]:
     """Re-base and append ``rows`` (parsed lines with their ``uri``; from ``batches`` batches
     of ``lines`` lines) to the table layout at ``path``, partitioned by date. Returns the
     totals observed on the way: rows, estimated (re-based), and ``checks``."""
     observed = Observation(f"ingest-{run}-{uuid.uuid4().hex[:6]}")
-    rows = (_with_event_time(rows, anchors.frame)
+    rows = (with_event_time(rows, anchors.frame)
             .withColumn("timestamp", F.timestamp_millis("wall_ms"))
             .withColumn("ingested_at", F.current_timestamp())
             # gateway/file (a regular expression here cost half the time of the read)
@@ -118,12 +118,12 @@ def _write_rows(spark: SparkSession, rows: DataFrame, anchors: _Anchors, path: s
                      F.sum(F.col("time_estimated").cast("long")).alias("estimated"),
                      *[e.alias(name) for name, e in (checks or {}).items()])
             .select(*TABLE_COLUMNS))
-    parts = _output_parts(batches, lines, spark.sparkContext.defaultParallelism)
+    parts = output_parts(batches, lines, spark.sparkContext.defaultParallelism)
     rows.coalesce(parts).write.mode("append").partitionBy("date").parquet(path)
     return observed.get
 
 
-def _output_parts(batches: int, lines: int, parallelism: int) -> int:
+def output_parts(batches: int, lines: int, parallelism: int) -> int:
     """How many tasks write ``lines`` lines of ``batches`` batches: files of about
     :data:`ROWS_PER_FILE` rows, in whole waves of tasks, no more tasks than batches (gzip
     is not splittable: a batch is read by one task)."""

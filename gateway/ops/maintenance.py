@@ -183,7 +183,7 @@ def doctor(config_path: str | None) -> Report:
     _check_sink(report, data.get("sync"))
     _check_sync_wait(report, config.router.data_dir, data.get("sync"))
     _check_wear(report, config)
-    _check_update(report)
+    check_update(report)
     return report
 
 
@@ -222,7 +222,7 @@ def _check_data_dir(report: Report, config: Config) -> None:
     report.add(level, "free space", f"{free / 2**20:.0f} MiB free on {data_dir}")
 
 
-def _check_update(report: Report) -> None:
+def check_update(report: Report) -> None:
     """The A/B system (nothing off an A/B image): the slot running, an update on trial and
     the last update's result. A failed update is a warning: the device runs the slot it
     came from, as it should."""

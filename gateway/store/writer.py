@@ -26,7 +26,7 @@ INSERTs at the end of the table, and the one secondary index, ``publications_sca
 seq order too, so both only grow at their ends (schema version 3). What other indexes used
 to give is had another way: a stored publication's id is computed from its seq
 (:mod:`formats.publication_ids`), and the rows per history rule and the retained slots of
-stored publications are kept in memory and written back now and then (:class:`_State`).
+stored publications are kept in memory and written back now and then (:class:`StoreState`).
 Before, a batch of ten readings of ten sensors dirtied 25 pages, now about 5.
 """
 
@@ -51,23 +51,23 @@ from cairn.base.clock_readings import Anchor
 from cairn.formats.publication_ids import PublicationIds, new_key
 from cairn.gateway.core.publication import Restored, StorageError, StoredPublication
 from cairn.gateway.store.damage import Damage, describe, reading
-from cairn.gateway.store.pruning import Gap, PruneRule, _insert_gaps, _Pruner, _used_bytes
+from cairn.gateway.store.pruning import Gap, Pruner, PruneRule, insert_gaps, used_bytes
 from cairn.gateway.store.reader import StoreReader, eligible
-from cairn.gateway.store.rows import _BATCH_SCHEMA, _MAX_BATCH_ROWS, _insert_batch, _Rows
+from cairn.gateway.store.rows import BATCH_SCHEMA, MAX_BATCH_ROWS, BatchRows, insert_batch
 from cairn.gateway.store.schema import (
-    _RAISE_META,
-    _configure,
-    _encode_state,
-    _fetch,
-    _highest_seq,
-    _meta,
-    _meta_int,
-    _migrate,
-    _put_meta,
-    _refuse_newer_schema,
-    _transaction,
+    RAISE_META,
+    configure,
+    encode_state,
+    fetch_all,
+    highest_seq,
+    migrate,
+    put_meta,
+    read_meta,
+    read_meta_int,
+    refuse_newer_schema,
+    transaction,
 )
-from cairn.gateway.store.state import Topics, _State
+from cairn.gateway.store.state import StoreState, Topics
 
 log = logging.getLogger("cairn.store")
 
@@ -117,13 +117,13 @@ class StoreWriter:
 
     unavailable: str | None = None  # why not: UnavailableStore says (this one is open)
     flush_interval = 0.05  # the bound on what a power cut may take without acknowledge
-    write_back_interval = 300.0  # seconds between write-backs of _State...
+    write_back_interval = 300.0  # seconds between write-backs of StoreState...
     write_back_rows = 20_000  # ...or rows: what start-up reads again after a power cut
     max_queue_bytes = 4 * 2**20  # router.limits.max_store_queue_bytes: past it, congested
     refuse_factor = 4  # past this many times it, publications are refused (not queued)
 
     def __init__(self, path: Path, writer: _WriterThread, reader: StoreReader,
-                 state: _State, topics: Topics, publication_ids: PublicationIds) -> None:
+                 state: StoreState, topics: Topics, publication_ids: PublicationIds) -> None:
         self.path = path
         self.publication_ids = publication_ids
         self.topics = topics
@@ -148,8 +148,8 @@ class StoreWriter:
         # pruned as it comes, not a minute later
         self.bounds: tuple[list[PruneRule], int] | None = None
         self._transaction = asyncio.Lock()  # one transaction at a time on the writer
-        self._rows = _Rows(topics)  # the writer thread's
-        self._pruner = _Pruner(state, topics, self._rows)  # the writer thread's
+        self._rows = BatchRows(topics)  # the writer thread's
+        self._pruner = Pruner(state, topics, self._rows)  # the writer thread's
         # asyncio.get_running_loop() costs a getpid() system call: once per append is too much
         self._loop = asyncio.get_running_loop()
 
@@ -161,7 +161,7 @@ class StoreWriter:
         (shipped upstream) even if this database does not hold them: none is handed out
         again."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        _refuse_newer_schema(path)  # before anything could touch the file
+        refuse_newer_schema(path)  # before anything could touch the file
         writer = _WriterThread()
         try:
             state, topics, key, legacy, damage = await writer.run(_open_writer, writer, path,
@@ -193,7 +193,7 @@ class StoreWriter:
         # health record's at a stop) would hold the checkpoint for the whole busy timeout
         await self.reader.close()
         with contextlib.suppress(sqlite3.Error):
-            await self._writer.run(_fetch, self._writer.db, "PRAGMA wal_checkpoint(TRUNCATE)")
+            await self._writer.run(fetch_all, self._writer.db, "PRAGMA wal_checkpoint(TRUNCATE)")
         await self._writer.close()
 
     # -- writing -------------------------------------------------------------------------
@@ -432,15 +432,15 @@ class StoreWriter:
                       or time.monotonic() - state.written >= self.write_back_interval)
         if write_back:
             rows += self._rows.slots({**state.retained, **slots})
-        if len(rows) <= _MAX_BATCH_ROWS and not batch.has_records() and not write_back:
-            _insert_batch(db, rows)  # autocommit: the usual case, one statement
+        if len(rows) <= MAX_BATCH_ROWS and not batch.has_records() and not write_back:
+            insert_batch(db, rows)  # autocommit: the usual case, one statement
         else:
-            with _transaction(db):
-                for start in range(0, len(rows), _MAX_BATCH_ROWS):
-                    _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
+            with transaction(db):
+                for start in range(0, len(rows), MAX_BATCH_ROWS):
+                    insert_batch(db, rows[start:start + MAX_BATCH_ROWS])
                 _write_records(db, batch)
                 if write_back:
-                    _put_meta(db, "state", _encode_state(top, state.counts + counts))
+                    put_meta(db, "state", encode_state(top, state.counts + counts))
         self.topics.add(new_topics)
         state.top = top
         state.counts = state.counts + counts
@@ -461,11 +461,11 @@ class StoreWriter:
             return
         rules, max_bytes = self.bounds
         counts = self._state.counts
-        if _used_bytes(db) <= max_bytes and all(
+        if used_bytes(db) <= max_bytes and all(
                 counts[(r.realm, r.index)] - r.max_events < self.prune_budget for r in rules):
             return
         gaps, _ = self._pruner.drop(db, rules, max_bytes, 0, False,
-                                    _meta_int(db, "synced_seq") or 0, self.prune_budget)
+                                    read_meta_int(db, "synced_seq") or 0, self.prune_budget)
         for g in gaps:  # (what is left over goes with the next commit's check)
             log.warning("dropped %d events (seq %s..%s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.reason)
@@ -474,12 +474,12 @@ class StoreWriter:
         """The state, and every seq handed out, stored or not, so none is ever reused."""
         db = self._writer.db
         state = self._state
-        with _transaction(db):
+        with transaction(db):
             rows = self._rows.slots(state.retained)
-            for start in range(0, len(rows), _MAX_BATCH_ROWS):
-                _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
-            _put_meta(db, "state", _encode_state(state.top, state.counts))
-            db.execute(_RAISE_META, ("highest_seq", self.next_seq - 1))
+            for start in range(0, len(rows), MAX_BATCH_ROWS):
+                insert_batch(db, rows[start:start + MAX_BATCH_ROWS])
+            put_meta(db, "state", encode_state(state.top, state.counts))
+            db.execute(RAISE_META, ("highest_seq", self.next_seq - 1))
         state.retained, state.seq, state.rows = {}, state.top, 0
 
     # -- bounds --------------------------------------------------------------------------
@@ -487,7 +487,7 @@ class StoreWriter:
     async def set_synced_seq(self, seq: int) -> None:
         """Everything up to ``seq`` has reached the central sink (the uploader says so)."""
         async with self._transaction:
-            await self._writer.run(_fetch, self._writer.db, _RAISE_META, ("synced_seq", seq))
+            await self._writer.run(fetch_all, self._writer.db, RAISE_META, ("synced_seq", seq))
 
     async def prune(self, rules: list[PruneRule], max_bytes: int, now_ms: int,
                     clock_synced: bool) -> list[Gap]:
@@ -540,34 +540,34 @@ Store = StoreWriter  # the name the shell, tests and bench import
 
 
 def _open_writer(writer: _WriterThread, path: Path, seq_floor: int
-                 ) -> tuple[_State, Topics, bytes, int, Damage]:
+                 ) -> tuple[StoreState, Topics, bytes, int, Damage]:
     """Open, migrate, and read what the store keeps in memory: its state, the topics, the
     publication id key (made with a new database) and the last seq with a random id; and
     the damaged rows these reads left out."""
     writer.connect(path)
     db = reading(writer.db)
-    _configure(db)
-    _migrate(db, path)
-    for statement in _BATCH_SCHEMA:  # TEMP: this connection's, not the file's
+    configure(db)
+    migrate(db, path)
+    for statement in BATCH_SCHEMA:  # TEMP: this connection's, not the file's
         db.execute(statement)
     damage = Damage()
     topics = Topics.load(db, damage)
-    state = _State.load(db, topics, damage)
-    state.top = _highest_seq(db, damage)
+    state = StoreState.load(db, topics, damage)
+    state.top = highest_seq(db, damage)
     if state.top < seq_floor:
         log.warning("%s holds seqs up to %d only, but seqs up to %d were used (shipped "
                     "upstream): new ones start after %d", path, state.top, seq_floor, seq_floor)
-        db.execute(_RAISE_META, ("highest_seq", seq_floor))
+        db.execute(RAISE_META, ("highest_seq", seq_floor))
         state.top = seq_floor
     key = _publication_key(db, damage)
-    return state, topics, key, _meta_int(db, "legacy_publication_seq", damage) or 0, damage
+    return state, topics, key, read_meta_int(db, "legacy_publication_seq", damage) or 0, damage
 
 
 def _publication_key(db: sqlite3.Connection, damage: Damage) -> bytes:
     """The key of the publication ids (formats.publication_ids), made with a new database.
     A damaged one is made anew: stored rows keep the ids they were sent with, but those can
     no longer be looked up (get_events with after_publication...)."""
-    stored = _meta(db, "publication_key")
+    stored = read_meta(db, "publication_key")
     if stored is not None:
         with contextlib.suppress(TypeError, ValueError):
             if len(key := bytes.fromhex(stored)) == 16:
@@ -576,7 +576,7 @@ def _publication_key(db: sqlite3.Connection, damage: Damage) -> bytes:
                      f" a new one is made, and the stored publications' ids cannot be looked"
                      f" up any more")
     key = new_key()
-    _put_meta(db, "publication_key", key.hex())
+    put_meta(db, "publication_key", key.hex())
     return key
 
 
@@ -595,4 +595,4 @@ def _write_records(db: sqlite3.Connection, batch: _Pending) -> None:
             [(a.reason, a.boot_id, a.boottime_ns, a.wall_ns, a.offset_before_ns,
               int(a.synced), after) for a, after in batch.anchors])
     if batch.gaps:
-        _insert_gaps(db, batch.gaps)
+        insert_gaps(db, batch.gaps)

@@ -54,4 +54,4 @@ if _synced is not None:
     from cairn.base import clock as _clock
 
     _clock.kernel_synchronized = lambda: _synced == "1"
-    _clock._SYNCED_PATHS = ()
+    _clock.SYNCED_PATHS = ()
