@@ -18,7 +18,7 @@ if shutil.which("java") is None:
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
 from cairn.central import spark as jobs  # noqa: E402
-from cairn.central.spark.verify import CHECKED_BYTES  # noqa: E402
+from cairn.central.plan import CHECKED_BYTES  # noqa: E402
 from cairn.formats.batch import (  # noqa: E402
     MAX_LINE_BYTES,
     MAX_MANIFEST_BYTES,

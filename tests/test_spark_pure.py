@@ -1,7 +1,7 @@
-"""The pure tier of the Spark jobs: the logic of ``cairn.central.spark`` that is plain Python over
-plain values (which anchor re-bases a boot, what data was lost, which batches overlap, what is
-wrong with a batch given its totals, the one-line summary), tested without a Spark session, in
-milliseconds. PySpark must be importable (the modules import it); no JVM is started.
+"""The pure tier of the Spark jobs: the logic of the jobs that is plain Python over plain
+values (``cairn.central.plan``: which anchor re-bases a boot, what data was lost, which batches
+overlap, what is wrong with a batch given its totals; ``central.stats``: the one-line
+summary), tested without a Spark session, in milliseconds, and without PySpark installed.
 The end-to-end tests (tests/test_spark*.py) keep what needs Spark: the reads, the joins, the
 commit protocol and crash recovery."""
 
@@ -15,28 +15,28 @@ from typing import Any, NamedTuple
 
 import pytest
 
-pytest.importorskip("pyspark")
-
-from cairn.central.spark import verify  # noqa: E402
-from cairn.central.spark.cli import conf_pairs  # noqa: E402
-from cairn.central.spark.dedupe import (  # noqa: E402
-    one_pass_batches,
-    overlapping_batches,
-    touched_ranges,
-)
-from cairn.central.spark.rebase import anchor_changes, reference_anchors  # noqa: E402
-from cairn.central.spark.reports import NOT_LANDED, loss_intervals, minus  # noqa: E402
-from cairn.central.spark.schemas import REQUIRED  # noqa: E402
-from cairn.central.spark.session import code_zip  # noqa: E402
-from cairn.central.spark.stats import IngestStats  # noqa: E402
-from cairn.central.spark.verify import (  # noqa: E402
+from cairn.central import plan
+from cairn.central.plan import (
+    NOT_LANDED,
+    REQUIRED,
+    ROWS_PER_FILE,
     Candidate,
+    anchor_changes,
     bytes_problem,
+    code_zip,
+    conf_pairs,
     lines_past,
     lines_problem,
+    loss_intervals,
+    minus,
+    one_pass_batches,
+    output_parts,
+    overlapping_batches,
+    reference_anchors,
+    touched_ranges,
     triage,
 )
-from cairn.central.spark.write import ROWS_PER_FILE, output_parts  # noqa: E402
+from cairn.central.stats import IngestStats
 
 
 def candidate(gateway: str, first: int, last: int, count: int | None = None,
@@ -278,10 +278,10 @@ def test_a_batch_is_read_no_further_than_the_line_past_its_manifests_count(monke
             read.append(len(chunk))
             yield chunk
 
-    decompressed = verify.decompressed
-    monkeypatch.setattr(verify, "decompressed", counted)
+    decompressed = plan.decompressed
+    monkeypatch.setattr(plan, "decompressed", counted)
     assert lines_past(data, "g/1-10.jsonl.gz", 10)
-    assert sum(read) <= verify.STEP
+    assert sum(read) <= plan.STEP
 
 
 def test_a_batch_of_as_many_lines_as_its_manifest_counts_is_not_past_it():

@@ -24,8 +24,17 @@ the reports. The modules, in the order an ingest goes through them:
 
 This package re-exports what callers import from ``cairn.central.spark``, the module it was."""
 
+from cairn.central.plan import (
+    NOT_LANDED,
+    REQUIRED,
+    SHIPPED_PACKAGES,
+    Candidate,
+    code_zip,
+    loss_intervals,
+    overlapping_batches,
+    reference_anchors,
+)
 from cairn.central.spark.cli import main
-from cairn.central.spark.dedupe import overlapping_batches
 from cairn.central.spark.files import Files
 from cairn.central.spark.ingest import (
     CHUNK_BATCHES,
@@ -36,16 +45,13 @@ from cairn.central.spark.ingest import (
     ingest_stream,
 )
 from cairn.central.spark.landing import LandedManifest, LandingError, landed_manifests
-from cairn.central.spark.rebase import reference_anchors
 from cairn.central.spark.reports import (
-    NOT_LANDED,
     Report,
     SparkReport,
     clock_steps_report,
     fleet_report,
     gap_report,
     hourly_report,
-    loss_intervals,
     report,
     unsynced_report,
 )
@@ -56,14 +62,12 @@ from cairn.central.spark.schemas import (
     GAP_SCHEMA,
     JOB_CONF,
     REF_SCHEMA,
-    REQUIRED,
     TABLE_COLUMNS,
     TABLE_SCHEMA,
 )
-from cairn.central.spark.session import SHIPPED_PACKAGES, code_zip, prepare, session, ship_code
-from cairn.central.spark.stats import IngestStats
+from cairn.central.spark.session import prepare, session, ship_code
 from cairn.central.spark.table import COMPACT_FILES, LOCK_WAIT_S, Table, TableDir
-from cairn.central.spark.verify import Candidate
+from cairn.central.stats import IngestStats
 from cairn.formats.batch import DATA_SUFFIXES, MANIFEST_SUFFIX
 
 # (the functions ingest and session shadow the modules of the same name here: reach those

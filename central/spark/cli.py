@@ -9,22 +9,13 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from cairn.central.plan import conf_pairs
 from cairn.central.spark.ingest import CHUNK_BATCHES, ingest, ingest_stream
 from cairn.central.spark.landing import LandingError
 from cairn.central.spark.reports import report
 from cairn.central.spark.session import session
 
 log = logging.getLogger("cairn.spark")
-
-
-def conf_pairs(pairs: list[str] | None) -> dict[str, str]:
-    conf = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--conf wants KEY=VALUE, not {pair!r}")
-        conf[key.strip()] = value
-    return conf
 
 
 def main(args: Any) -> int:

@@ -7,25 +7,13 @@ events (:func:`_conflicts`)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from cairn.central.plan import Candidate
 from cairn.central.spark.session import one_of
 from cairn.central.spark.table import Table
-from cairn.central.spark.verify import Candidate, line_problems, read_lines
-from cairn.formats.batch import event_ranges
-
-
-def one_pass_batches(sound: list[Candidate], touching: set[str]) -> list[Candidate]:
-    """The batches that can be checked while they are written (:func:`_write_one_pass`):
-    which seqs each holds is known (no hole, or the holes its manifest lists), no other
-    batch of this run overlapping, no row of the table in their range (nothing to dedupe or
-    compare). The others are read and checked one by one first (:func:`check_lines`)."""
-    shared = overlapping_batches(sound)
-    return [c for c in sound if c.data_path not in shared and c.data_uri not in touching
-            and event_ranges(c.manifest) is not None]
+from cairn.central.spark.verify import line_problems, read_lines
 
 
 def ranges_of(spark: SparkSession, batches: list[Candidate]) -> DataFrame:
@@ -47,19 +35,6 @@ def touching_batches(spark: SparkSession, table: Table, candidates: list[Candida
     return {r.uri for r in F.broadcast(ranges).join(
         log_, (F.col("gw") == log_.gateway_id) & (F.col("lo") <= log_.last_seq)
         & (F.col("hi") >= log_.first_seq)).select("uri").distinct().collect()}
-
-
-def touched_ranges(good: list[Candidate], touching: set[str]) -> dict[str, tuple[int, int]]:
-    """{gateway: (lowest, highest seq)} over the ``good`` batches in ``touching``: where the
-    table is read for the keys it holds (one span per gateway keeps the filter coarse)."""
-    ranges: dict[str, tuple[int, int]] = {}
-    for c in good:
-        if c.data_uri not in touching:
-            continue
-        gw, m = c.manifest["gateway_id"], c.manifest
-        lo, hi = ranges.get(gw, (m["first_seq"], m["last_seq"]))
-        ranges[gw] = (min(lo, m["first_seq"]), max(hi, m["last_seq"]))
-    return ranges
 
 
 def in_ranges(spark: SparkSession, table: DataFrame,
@@ -126,20 +101,3 @@ def _conflicts(spark: SparkSession, table: Table, lines: DataFrame | None,
             "using its id?" for r in found}
 
 
-def overlapping_batches(good: list[Candidate]) -> set[str]:
-    """The data paths of batches whose seq range overlaps another batch's of the same
-    gateway in this run (they may hold the same (gateway_id, seq))."""
-    by_gateway: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
-    for c in good:
-        by_gateway[c.manifest["gateway_id"]].append(
-            (c.manifest["first_seq"], c.manifest["last_seq"], c.data_path))
-    found: set[str] = set()
-    for ranges in by_gateway.values():
-        ranges.sort()
-        reach, holder = None, None  # the furthest last_seq so far, and its batch
-        for first, last, path in ranges:
-            if reach is not None and first <= reach:
-                found.update((path, holder))
-            if reach is None or last > reach:
-                reach, holder = last, path
-    return found

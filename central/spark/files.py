@@ -125,11 +125,6 @@ class Files:
         return bytes(data).decode()
 
 
-def name_of(path: str) -> str:
-    """The last two parts of a path: ``gateway/file``, how batches are named in reports."""
-    return "/".join(path.rstrip("/").split("/")[-2:])
-
-
 def utc_now() -> Any:
     """Now in UTC, naive: how the table's TIMESTAMP columns hold times (session zone UTC)."""
     from datetime import UTC, datetime

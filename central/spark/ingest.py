@@ -25,8 +25,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.dedupe import check_lines, one_pass_batches, touching_batches
-from cairn.central.spark.files import Files, name_of, utc_now
+from cairn.central.plan import Anchors, Candidate, name_of, one_pass_batches, triage
+from cairn.central.spark.dedupe import check_lines, touching_batches
+from cairn.central.spark.files import Files, utc_now
 from cairn.central.spark.landing import (
     Landed,
     LandedManifest,
@@ -35,18 +36,13 @@ from cairn.central.spark.landing import (
     quarantine_batch,
     read_manifests,
 )
-from cairn.central.spark.rebase import Anchors, anchors_of, rebase_boots
+from cairn.central.spark.rebase import anchors_of, rebase_boots
 from cairn.central.spark.schemas import ANCHOR_SCHEMA, BATCH_LOG_SCHEMA, GAP_SCHEMA
 from cairn.central.spark.session import one_of, prepare
-from cairn.central.spark.stats import IngestStats
 from cairn.central.spark.table import LOCK_WAIT_S, Table
-from cairn.central.spark.verify import (
-    Candidate,
-    bytes_problems,
-    expansion_problems,
-    triage,
-)
+from cairn.central.spark.verify import bytes_problems, expansion_problems
 from cairn.central.spark.write import append_checked, write_one_pass
+from cairn.central.stats import IngestStats
 from cairn.central.table_lock import locked
 from cairn.formats.batch import (
     MANIFEST_SUFFIX,

@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.files import Files, name_of, utc_now
+from cairn.central.plan import name_of
+from cairn.central.spark.files import Files, utc_now
 from cairn.central.spark.table import Table
 from cairn.formats.batch import MANIFEST_SUFFIX, MAX_MANIFEST_BYTES, stem
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from cairn.central import fleet
+from cairn.central.plan import NOT_LANDED, loss_intervals
 from cairn.central.spark.files import Files, utc_now
 from cairn.central.spark.session import prepare
 from cairn.central.spark.table import LOCK_WAIT_S, Table
@@ -25,7 +25,6 @@ from cairn.formats.health import TOPIC as HEALTH_TOPIC
 
 log = logging.getLogger("cairn.spark")
 
-NOT_LANDED = "not landed"
 FLEET_LINES = 20  # the most urgent gateways the summary names (all are in fleet.csv)
 
 
@@ -36,45 +35,6 @@ def _table_losses(table: Table) -> list[tuple[str, int, int, str]]:
          .select("gateway_id", "after_seq", "first_seq", "last_seq").collect()],
         [tuple(r) for r in table.gap_frame()
          .select("gateway_id", "first_seq", "last_seq", "reason").collect()])
-
-
-def loss_intervals(batches: list[tuple[str, int | None, int, int]],
-                   gaps: list[tuple[str, int | None, int | None, str | None]],
-                   ) -> list[tuple[str, int, int, str]]:
-    """Seq ranges lost per gateway: ranges no ingested batch covers (``batches``: (gateway_id,
-    after_seq, first_seq, last_seq); a batch covers ``after_seq+1 .. last_seq``), and the
-    gateways' own loss records (``gaps``: (gateway_id, first_seq, last_seq, reason)).
-    Non-overlapping."""
-    covered: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for gateway_id, after_seq, first_seq, last_seq in batches:
-        start = first_seq if after_seq is None else after_seq + 1
-        covered[gateway_id].append((start, last_seq))
-    dropped: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
-    for gateway_id, first_seq, last_seq, reason in gaps:
-        if first_seq is not None and last_seq is not None:
-            dropped[gateway_id].append((first_seq, last_seq,
-                                        f"dropped on the gateway: {reason}"))
-    result = []
-    for gw in sorted(set(covered) | set(dropped)):
-        holes = []
-        spans = sorted(covered.get(gw, []))
-        reach = None
-        for start, end in spans:
-            if reach is not None and start > reach + 1:
-                holes.append((reach + 1, start - 1))
-            reach = end if reach is None else max(reach, end)
-        for lo, hi, reason in sorted(dropped.get(gw, [])):
-            result.append((gw, lo, hi, reason))
-            holes = [piece for a, b in holes for piece in minus((a, b), (lo, hi))]
-        result += [(gw, a, b, NOT_LANDED) for a, b in holes]
-    return sorted(result)
-
-
-def minus(span: tuple[int, int], cut: tuple[int, int]) -> list[tuple[int, int]]:
-    (a, b), (c, d) = span, cut
-    if d < a or c > b:
-        return [span]
-    return [p for p in ((a, c - 1), (d + 1, b)) if p[0] <= p[1]]
 
 
 def gap_report(spark: SparkSession, table: Table, events: DataFrame) -> tuple[DataFrame,

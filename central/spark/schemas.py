@@ -33,8 +33,6 @@ EVENT_SCHEMA = T.StructType([T.StructField("gateway_id", T.StringType())] + [
     T.StructField(f.name, _ROW_TYPES[f.type]) for f in ROW_FIELDS])
 # One line of a schema 2 batch (batch_format.LEAN_FIELDS), as read before it is decoded
 LEAN_SCHEMA = T.StructType([T.StructField(f.key, _ROW_TYPES[f.type]) for f in LEAN_FIELDS])
-# the fields every event has (NOT NULL in the gateway's store)
-REQUIRED = ("gateway_id", *(f.name for f in ROW_FIELDS if f.required))
 
 
 def _struct(*parts: str) -> T.StructType:

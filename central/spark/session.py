@@ -11,6 +11,7 @@ import sys
 from pyspark.sql import Column, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
 
+from cairn.central.plan import code_zip
 from cairn.central.spark.schemas import JOB_CONF
 from cairn.formats.batch import MAX_LINE_BYTES
 
@@ -61,50 +62,6 @@ def prepare(spark: SparkSession) -> None:
     for key, value in JOB_CONF.items():
         spark.conf.set(key, value)
     ship_code(spark)
-
-
-# Cairn's packages the executors import: central and the two it may import (formats, base;
-# tests/test_architecture.py keeps it so), subpackages included. Workers of a cluster need
-# Python and PySpark, not Cairn: the job ships these itself.
-SHIPPED_PACKAGES = ("central", "formats", "base")
-
-
-def code_zip(directory: str | None = None) -> str:
-    """A zip of :data:`SHIPPED_PACKAGES` (their ``.py`` files, under ``cairn/`` as installed),
-    named by its content's hash so that a changed Cairn gets a new name (Spark refuses a
-    second file of the same name)."""
-    import hashlib
-    import importlib.util
-    import tempfile
-    import zipfile
-
-    # (path on disk, name in the zip): each package where it is installed (site-packages/cairn,
-    # or the repository's folders in an editable install)
-    sources = []
-    for package in SHIPPED_PACKAGES:
-        spec = importlib.util.find_spec(f"cairn.{package}")
-        assert spec is not None and spec.submodule_search_locations, package
-        top = list(spec.submodule_search_locations)[0]
-        sources += [(os.path.join(folder, name),
-                     f"cairn/{package}/{os.path.relpath(os.path.join(folder, name), top)}")
-                    for folder, _, names in os.walk(top) for name in names
-                    if name.endswith(".py")]
-    sources.sort(key=lambda source: source[1])
-    digest = hashlib.sha256()
-    for path, name in sources:
-        digest.update(name.encode() + b"\0")
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    target = os.path.join(directory or tempfile.gettempdir(),
-                          f"cairn-{digest.hexdigest()[:16]}.zip")
-    if not os.path.exists(target):  # write aside and rename: concurrent jobs share the name
-        temp = f"{target}.{os.getpid()}.tmp"
-        with zipfile.ZipFile(temp, "w", zipfile.ZIP_DEFLATED) as z:
-            z.writestr("cairn/__init__.py", "")  # zipimport finds regular packages only
-            for path, name in sources:
-                z.write(path, name)
-        os.replace(temp, target)
-    return target
 
 
 def ship_code(spark: SparkSession) -> None:

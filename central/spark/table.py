@@ -54,7 +54,8 @@ import logging
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from cairn.central.spark.files import Files, name_of
+from cairn.central.plan import name_of
+from cairn.central.spark.files import Files
 from cairn.central.spark.schemas import (
     ANCHOR_SCHEMA,
     BATCH_LOG_SCHEMA,

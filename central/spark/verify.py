@@ -12,34 +12,22 @@ lines: ~120 MB)."""
 
 from __future__ import annotations
 
-import bz2
-import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
-
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.files import name_of
+from cairn.central.plan import (
+    CHECKED_BYTES,
+    REQUIRED,
+    Candidate,
+    bytes_problem,
+    lines_past,
+    lines_problem,
+)
 from cairn.central.spark.lean import parse_lean
-from cairn.central.spark.schemas import EVENT_SCHEMA, REQUIRED
+from cairn.central.spark.schemas import EVENT_SCHEMA
 from cairn.central.spark.session import batch_reader
 from cairn.formats.batch import MAX_BOOTTIME_NS, MAX_WALL_MS
-
-
-@dataclass
-class Candidate:
-    """A batch whose manifest parsed: its paths and what the manifest says."""
-    manifest_path: str
-    data_path: str
-    manifest: dict[str, Any]
-    data_uri: str = ""  # data_path as Spark's _metadata.file_path gives it (URL-encoded)
-
-    @property
-    def name(self) -> str:
-        return name_of(self.data_path)
 
 
 def bytes_problems(spark: SparkSession, candidates: list[Candidate]) -> dict[str, str]:
@@ -60,22 +48,6 @@ def bytes_problems(spark: SparkSession, candidates: list[Candidate]) -> dict[str
     return problems
 
 
-def bytes_problem(manifest: dict[str, Any], length: int | None,
-                   sha256: str | None) -> str | None:
-    if length is None or sha256 is None:
-        return "Spark could not read the data file"
-    if length != manifest["bytes"]:
-        return f"{length} bytes, the manifest says {manifest['bytes']} (truncated?)"
-    if sha256 != manifest["sha256"]:
-        return (f"sha256 {sha256[:16]}... differs from the manifest's "
-                f"{manifest['sha256'][:16]}...")
-    return None
-
-
-CHECKED_BYTES = 64 * 1024  # batches larger than this are counted before Spark parses them
-STEP = 1 << 20  # bytes decompressed at a time while counting
-
-
 def expansion_problems(spark: SparkSession, candidates: list[Candidate]) -> dict[str, str]:
     """{data path: problem} for the batches over CHECKED_BYTES that hold more lines than
     their manifest counts, each read on an executor no further than the line past it (one
@@ -93,45 +65,6 @@ def expansion_problems(spark: SparkSession, candidates: list[Candidate]) -> dict
     return {c.data_path: (f"more lines than the {c.manifest['count']} its manifest counts "
                           f"(not read past line {c.manifest['count'] + 1})")
             for c in big if c.data_uri in flagged}
-
-
-def lines_past(data: bytes, name: str, count: int) -> bool:
-    """Does the data file ``name`` (its compressed ``data``) hold more than ``count`` lines?
-    Decompressed as a stream, and no further than the line past ``count``."""
-    newlines, last = 0, b"\n"
-    for chunk in decompressed(data, name):
-        newlines += chunk.count(b"\n")
-        if newlines > count:
-            return True
-        last = chunk[-1:] or last
-    return newlines == count and last != b"\n"  # a last line without its newline
-
-
-def decompressed(data: bytes, name: str) -> Iterator[bytes]:
-    """The decompressed bytes of a data file (by its suffix), STEP at most at a time, every
-    member of a multi-member file as Hadoop reads them; a damaged stream ends it."""
-    if not name.endswith((".gz", ".bz2")):
-        yield data
-        return
-    rest = data
-    try:
-        while rest:
-            if name.endswith(".gz"):
-                member = zlib.decompressobj(31)
-                out = member.decompress(rest, STEP)
-                while out:
-                    yield out
-                    out = member.decompress(member.unconsumed_tail, STEP)
-            else:
-                member = bz2.BZ2Decompressor()
-                out = member.decompress(rest, STEP)
-                while out:
-                    yield out
-                    out = b"" if member.eof or member.needs_input else \
-                        member.decompress(b"", STEP)
-            rest = member.unused_data if member.eof else b""
-    except (OSError, EOFError, zlib.error):
-        return
 
 
 # times past these are no times (batch_format's bounds keep every later sum in a long)
@@ -191,46 +124,3 @@ def line_problems(lines: DataFrame, candidates: list[Candidate]) -> dict[str, st
     return problems
 
 
-def lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
-    """What is wrong with one batch's lines (``batch``: its row of the per-file checks)."""
-    count, gateway_id = manifest["count"], manifest["gateway_id"]
-    if batch is None or batch.lines != count:
-        return f"{0 if batch is None else batch.lines} lines, the manifest says {count}"
-    if batch.incomplete:
-        bad = batch.first_bad
-        what = ("is not JSON" if len(bad.missing) == len(REQUIRED)
-                else f"has no {', '.join(bad.missing)}")
-        return (f"{batch.incomplete} lines are not events of the batch format: "
-                f"line {bad.pos - batch.top + 1} {what}")
-    others = sorted(g for g in batch.gateways if g != gateway_id)
-    if others:
-        return f"rows of gateway {', '.join(others[:3])} in a batch of {gateway_id!r}"
-    if batch.first != manifest["first_seq"] or batch.last != manifest["last_seq"]:
-        return (f"seqs {batch.first}..{batch.last}, the manifest says "
-                f"{manifest['first_seq']}..{manifest['last_seq']}")
-    if batch.seqs != count:
-        return f"{count - batch.seqs} lines repeat a seq of the batch"
-    return None
-
-
-def triage(parsed: list[Candidate], done: set[tuple[str, str]],
-            landed: Callable[[Candidate], bool],
-            ) -> tuple[list[Candidate], list[Candidate], list[tuple[Candidate, str]]]:
-    """(candidates, already, rejected with their reason) of the batches whose manifest
-    parsed: ``done`` holds the (file, sha256) the table has; ``landed`` tells whether a batch's
-    data file is there."""
-    candidates: list[Candidate] = []
-    already: list[Candidate] = []
-    rejected: list[tuple[Candidate, str]] = []
-    for c in parsed:
-        m = c.manifest
-        if (m["file"], m["sha256"]) in done:
-            already.append(c)
-        elif m["file"] != c.name or not m["file"].startswith(m["gateway_id"] + "/"):
-            # a manifest vouches only for the file beside it, in its own gateway's directory
-            rejected.append((c, f"manifest of gateway {m['gateway_id']!r} names {m['file']}"))
-        elif not landed(c):
-            rejected.append((c, "the data file is missing"))
-        else:
-            candidates.append(c)
-    return candidates, already, rejected

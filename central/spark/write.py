@@ -5,7 +5,6 @@ partition them by date (:func:`_write_rows`)."""
 
 from __future__ import annotations
 
-import math
 import time
 import uuid
 from typing import Any
@@ -13,17 +12,24 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from cairn.central.spark.dedupe import in_ranges, overlapping_batches, ranges_of, touched_ranges
+from cairn.central.plan import (
+    REQUIRED,
+    Anchors,
+    Candidate,
+    output_parts,
+    overlapping_batches,
+    touched_ranges,
+)
+from cairn.central.spark.dedupe import in_ranges, ranges_of
 from cairn.central.spark.files import Files
-from cairn.central.spark.rebase import Anchors, with_event_time
-from cairn.central.spark.schemas import REQUIRED, TABLE_COLUMNS
+from cairn.central.spark.rebase import with_event_time
+from cairn.central.spark.schemas import TABLE_COLUMNS
 from cairn.central.spark.session import one_of
-from cairn.central.spark.stats import IngestStats
 from cairn.central.spark.table import Table
-from cairn.central.spark.verify import Candidate, parse_batches
+from cairn.central.spark.verify import parse_batches
+from cairn.central.stats import IngestStats
 from cairn.formats.batch import event_ranges
 
-ROWS_PER_FILE = 2_000_000     # aim for Parquet files of about this many rows
 BROADCAST_KEYS = 2_000_000    # existing keys up to this many are broadcast for the anti-join
 
 
@@ -123,9 +129,3 @@ def _write_rows(spark: SparkSession, rows: DataFrame, anchors: Anchors, path: st
     return observed.get
 
 
-def output_parts(batches: int, lines: int, parallelism: int) -> int:
-    """How many tasks write ``lines`` lines of ``batches`` batches: files of about
-    :data:`ROWS_PER_FILE` rows, in whole waves of tasks, no more tasks than batches (gzip
-    is not splittable: a batch is read by one task)."""
-    waves = math.ceil(lines / ROWS_PER_FILE / parallelism)
-    return max(1, min(batches, waves * parallelism))
