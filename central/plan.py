@@ -331,7 +331,7 @@ def conf_pairs(pairs: list[str] | None) -> dict[str, str]:
 # -- session ---------------------------------------------------------------------------------
 
 # Cairn's packages the executors import: central and the two it may import (formats, base;
-# tests/test_architecture.py keeps it so), subpackages included. Workers of a cluster need
+# tests/pure/test_architecture.py keeps it so), subpackages included. Workers of a cluster need
 # Python and PySpark, not Cairn: the job ships these itself.
 SHIPPED_PACKAGES = ("central", "formats", "base")
 

@@ -1,7 +1,7 @@
 """Hypothesis strategies for the fuzzing run: WAMP frames for each serializer and
 ``get_events`` keyword arguments.
 
-Built on the strategies of tests/test_bad_input.py (random, well-formed and mutated WAMP
+Built on the strategies of tests/system/test_bad_input.py (random, well-formed and mutated WAMP
 messages) plus what those leave out: integers beyond 64 bits, NaN and infinities, lone
 surrogates, bytes where strings go, deep nesting, the serializers' own extension types
 (CBOR tags, MessagePack ext types, shared references that make cycles), and byte-level

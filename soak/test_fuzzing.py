@@ -162,7 +162,7 @@ REALM = open_realm(history=[history_rule("sensor")])
 
 
 class LiveWsPeer(WsPeer):
-    """tests/test_bad_input.py's raw WebSocket peer, for all three serializers."""
+    """tests/system/test_bad_input.py's raw WebSocket peer, for all three serializers."""
 
     def send(self, raw_message: list[Any]) -> None:
         self.send_bytes(SERIALIZERS[self.serializer]._serializer.serialize(raw_message))

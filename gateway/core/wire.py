@@ -4,7 +4,7 @@ The serializers (JSON, MessagePack, CBOR) are autobahn's wire formats with faste
 readers; :func:`decode` turns one frame into messages and refuses, with a reason, what the
 router must not pass on (malformed messages, unknown types, values not every serializer can
 carry). The transports (gateway.shell.transport) call it; being pure, it is part of the core that
-tests/test_architecture.py keeps free of I/O.
+tests/pure/test_architecture.py keeps free of I/O.
 """
 
 from __future__ import annotations

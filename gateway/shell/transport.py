@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("cairn.transport")
 
 # Members of autobahn's server protocols outside its public API that this module overrides
-# or reads. tests/test_transport.py checks each on live connections, so a release that
+# or reads. tests/system/test_transport.py checks each on live connections, so a release that
 # renames one fails there, naming it, instead of silently bypassing an override (autobahn
 # is pinned below its next major version in pyproject.toml).
 AUTOBAHN_WEBSOCKET_INTERNALS = (
