@@ -8,6 +8,7 @@ import logging
 import sys
 
 from cairn.app import config_cli, provision, update
+from cairn.app.sections import check_whole
 from cairn.base.console import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "router":  # a bad file with a last good one beside it runs that
             config, running = startup_config(args.config)
         else:
-            config, running = cfg.check_whole(*cfg.read_document(args.config)), None
+            config, running = check_whole(*cfg.read_document(args.config)), None
     except cfg.ConfigError as e:
         print(f"cairn: bad config: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -88,7 +89,7 @@ def run_router(config: cfg.Config, running: RunningConfig, log_level: str | None
         logging.getLogger("cairn").error("bad config: %s; running on the last good "
                                          "configuration %s", running.problem, config.source)
     try:
-        asyncio.run(serve(config, running=running))
+        asyncio.run(serve(config, running=running, check=check_whole))
     except (OSError, SchemaTooNew, sqlite3.DatabaseError, ops.DataDirBusy) as e:
         logging.getLogger("cairn").error("cannot start: %s", e)
         return EXIT_FAILURE

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from cairn.app.sections import check_whole
 from cairn.base.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from cairn.gateway.core.config import Config, ConfigError, load, restart_needed
 from cairn.gateway.ops.config_history import (
@@ -257,7 +258,7 @@ class Applier:
         history = self.history
         with history.locked():
             try:
-                new = validate(text, str(self.file))
+                new = validate(text, str(self.file), check_whole)
             except ConfigError as e:
                 history.record(text, by, source, None, "refused", str(e), request)
                 self.say(f"cairn config: refused, nothing changed: {e}")

@@ -38,7 +38,7 @@ from cairn.gateway.core import config as gateway_config
 from cairn.gateway.core.config import read_document
 from cairn.gateway.store import HistoryReader
 from cairn.sync import metered
-from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
+from cairn.sync.sinks import Sink, SinkError, open_sink, prefixes, scheme_of
 from cairn.sync.uploader import Uploader
 
 log = logging.getLogger("cairn.sync")
@@ -87,9 +87,8 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     if not sink:
         raise ConfigError(source, f"{at}.sink", "missing: a directory (dir:/path) or an "
                                                 "http(s):// URL to PUT batches to")
-    if not sink.startswith(("dir:", "http://", "https://")):
-        raise ConfigError(source, f"{at}.sink",
-                          f"must start with dir:, http:// or https://, not {sink!r}")
+    if scheme_of(sink) is None:  # one of sync.sinks.SCHEMES
+        raise ConfigError(source, f"{at}.sink", f"must start with {prefixes()}, not {sink!r}")
     router = gateway_config.parse_router(v, v.table(data, "router"), "router")
     numbers = {}
     for key, default in (("interval", 60.0), ("timeout", 30.0), ("max_backoff", 600.0)):
@@ -128,16 +127,9 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
         on_metered=metered.parse_policy(v, t, at), **numbers)
 
 
-gateway_config.SECTION_CHECKS["sync"] = parse_sync  # a change of cairn.toml is checked whole
-
-
-def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
-    if config.sink.startswith("dir:"):
-        return DirectorySink(Path(config.sink.removeprefix("dir:")), config.bandwidth)
-    return HttpSink(config.sink, token=config.token, username=config.username,
-                    password=config.password, timeout=config.timeout,
-                    verify_tls=config.verify_tls, bandwidth=config.bandwidth,
-                    redirect_hosts=config.redirect_hosts)
+def make_sink(config: SyncConfig) -> Sink:
+    """The sink of ``[sync] sink``, by its URL scheme (sync.sinks.SCHEMES)."""
+    return open_sink(config.sink, config)
 
 
 def add_commands(commands: Any) -> None:

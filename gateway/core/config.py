@@ -235,25 +235,16 @@ def restart_needed(running: Config, new: Config) -> list[str]:
     return keys
 
 
-# The checks of the sections other components read (``[sync]``: sync.cli, ``[update]``:
-# app.update_pull), each registered by the module that owns it when it is imported: gateway
-# imports none of them, and the router itself must not refuse to start on them.
-SECTION_CHECKS: dict[str, Callable[[dict[str, Any], str], object]] = {}
+# The sections a cairn.toml may have: the router reads [router] and [[realms]]; the others'
+# checks are app.sections.SECTIONS (a test keeps the two equal).
+SECTIONS = {"router", "realms", "driver", "sensors", "mqtt", "sync", "update"}
+# what a change of the file is checked with: parse, or the whole file's check (app.sections)
+Check = Callable[[dict[str, Any], str], "Config"]
 
 
 def load(path: str | Path | None) -> Config:
     """Load and validate a config file; ``None`` gives the embedded default."""
     return parse(*read_document(path))
-
-
-def check_whole(data: dict[str, Any], source: str) -> Config:
-    """``parse``, and each registered check of a section ``data`` has: what a change of the
-    file must pass, so that no component is left unable to start on it."""
-    config = parse(data, source)
-    for section, check in SECTION_CHECKS.items():
-        if section in data:
-            check(data, source)
-    return config
 
 
 def read_document(path: str | Path | None) -> tuple[dict[str, Any], str]:
@@ -282,7 +273,7 @@ def read_text(text: str, source: str) -> dict[str, Any]:
 
 def parse(data: dict[str, Any], source: str) -> Config:
     v = Validator(source)
-    v.keys(data, "", {"router", "realms", "driver", "sensors", "mqtt", "sync", "update"})
+    v.keys(data, "", SECTIONS)
     router = parse_router(v, v.table(data, "router"), "router")
     realms = tuple(
         _realm(v, table, f"realms[{i}]") for i, table in enumerate(v.tables(data, "realms"))

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cairn.gateway.core.config import (
+    Check,
     Config,
     ConfigError,
     Permission,
-    check_whole,
     covers_everything,
+    parse,
     read_text,
     restart_needed,
 )
@@ -54,10 +55,11 @@ def require_admin(realm: Realm, caller: Session, uri: str) -> None:
                         f"{caller.authrole!r})")
 
 
-def validate(text: str, source: str) -> Config:
-    """``text`` as the file ``source`` would be, every section checked (``[sync]`` and
-    ``[update]`` too, where their owners registered): ConfigError naming the key if bad."""
-    return check_whole(read_text(text, source), source)
+def validate(text: str, source: str, check: Check = parse) -> Config:
+    """``text`` as the file ``source`` would be, checked by ``check`` (the router's own
+    sections, or every section's: app.sections.check_whole): ConfigError naming the key if
+    bad."""
+    return check(read_text(text, source), source)
 
 
 def invalid(e: ConfigError) -> WampError:
@@ -98,7 +100,7 @@ class ConfigAdmin:
                             "cairn.admin.config.apply takes one argument: the TOML text")
         file = self.file
         try:
-            new = validate(text, str(file))
+            new = validate(text, str(file), self.state.check)
         except ConfigError as e:
             raise invalid(e) from None
         action = "restart" if restart_needed(self.state.config, new) else "reload"

@@ -30,10 +30,12 @@ from cairn.base.data_dir import cra_decoy_key
 from cairn.gateway.core.config import (
     EMBEDDED,
     RELOADABLE,
+    Check,
     Config,
     ConfigError,
     Endpoint,
     load,
+    parse,
     restart_needed,
 )
 from cairn.gateway.core.limits import LimitHits
@@ -64,9 +66,13 @@ GOODBYE_WAIT = 0.2  # s stop() gives the peers told GOODBYE to answer and close,
 
 
 class Node:
-    def __init__(self, config: Config, running: RunningConfig | None = None) -> None:
+    def __init__(self, config: Config, running: RunningConfig | None = None,
+                 check: Check = parse) -> None:
         """``running``: which file it was told to run and whether ``config`` is that file
-        or the last good one (by default: the file ``config`` came from)."""
+        or the last good one (by default: the file ``config`` came from). ``check``: what a
+        new text of the file must pass (``cairn.admin.config.apply``): the router's own
+        sections by default, the whole file's check when the ``cairn`` command runs it
+        (app.sections.check_whole)."""
         self.config = config
         self.limit_hits = LimitHits(time.monotonic)
         if running is None:
@@ -74,7 +80,8 @@ class Node:
             running = RunningConfig(file, sha256=file_digest(file) if file else None)
         self.running = running
         self.state = ShellState(config, self.limit_hits,
-                                Admission(config.router.limits, self.limit_hits), running)
+                                Admission(config.router.limits, self.limit_hits), running,
+                                check=check)
         self.callbacks = Callbacks(self.receive, self.violation, self.lost)
         self.router: Router  # built in start(), once the store is open
         self.web: Web  # built in start(), with the router
@@ -331,7 +338,7 @@ class Node:
 
 
 async def serve(config: Config, ready: asyncio.Event | None = None,
-                running: RunningConfig | None = None) -> None:
+                running: RunningConfig | None = None, check: Check = parse) -> None:
     """Run the router until SIGTERM or SIGINT. When it cannot start on its file (a listener
     on an address the host does not have...) and a last good configuration differs, it runs
     on that one."""
@@ -343,7 +350,7 @@ async def serve(config: Config, ready: asyncio.Event | None = None,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hangup.set)
-    node = await _start(config, running)
+    node = await _start(config, running, check)
     reloads = loop.create_task(_reload_on_hangup(node, hangup))
     # What exists now (modules, config, retained events) lives as long as the process: keep
     # it out of the collector's full passes, which otherwise stall the loop for 10-30 ms.
@@ -369,8 +376,8 @@ async def _reload_on_hangup(node: Node, hangup: asyncio.Event) -> None:
         node.reload()
 
 
-async def _start(config: Config, running: RunningConfig | None) -> Node:
-    node = Node(config, running)
+async def _start(config: Config, running: RunningConfig | None, check: Check) -> Node:
+    node = Node(config, running, check)
     _raise_file_limit(config)
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(functools.partial(_loop_exception, node.limit_hits))
@@ -385,7 +392,7 @@ async def _start(config: Config, running: RunningConfig | None) -> Node:
         problem = f"{node.running.file}: cannot start on it: {e}"
         log.error("%s; running on the last good configuration %s", problem, last_good.source)
         return await _start(last_good, RunningConfig(node.running.file, "last-good", problem,
-                                                     sha))
+                                                     sha), check)
 
 
 def _fallback(running: RunningConfig) -> tuple[Config, str] | None:

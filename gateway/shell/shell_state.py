@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cairn.base.clock import SystemClock
+from cairn.gateway.core.config import Check, parse
 from cairn.gateway.core.limits import LimitHits
 from cairn.gateway.shell.admission import Admission
 from cairn.gateway.shell.flow_control import WriteBatcher
@@ -32,6 +33,7 @@ class ShellState:
     limit_hits: LimitHits
     admission: Admission
     running: RunningConfig | None = None  # which file, the last good one, why (config_history)
+    check: Check = parse  # what a new text of the file must pass (config_admin)
     clock: SystemClock = field(default_factory=SystemClock)  # read for each call into the core
     writes: WriteBatcher = field(default_factory=WriteBatcher)
     counters: MessageCounters = field(default_factory=MessageCounters)

@@ -433,7 +433,8 @@ def test_payload_wheel_and_pins(payload):
     manifest = json.loads((payload / "manifest.json").read_text())
     with zipfile.ZipFile(payload / manifest["wheel"]) as wheel:
         names = set(wheel.namelist())
-    for module in ("app/cli.py", "gateway/ops.py", "gateway/metrics.py", "sync/cli.py",
+    for module in ("app/cli.py", "gateway/ops/maintenance.py", "gateway/shell/metrics.py",
+                   "sync/cli.py", "central/plan.py", "base/clock.py", "formats/batch.py",
                    "drivers/__init__.py", "gateway/dashboard/index.html",
                    "gateway/dashboard/autobahn.min.js"):
         assert f"cairn/{module}" in names, module

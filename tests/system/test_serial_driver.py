@@ -147,7 +147,7 @@ async def test_heartbeat_republishes_an_unchanged_reading(router, sim, drivers, 
     driver = drivers.start(router, modbus(sim, "hb", deadband=1.0, heartbeat=0.3))
     await until(lambda: len(watch.readings("hb")) >= 4, what="three heartbeats")
     assert all(r == {"temperature": 20.0, "humidity": 50.0} for r in watch.readings("hb"))
-    polls = driver.buses[str(sim.bus.link)].polls
+    polls = driver.ports[str(sim.bus.link)].polls
     assert polls >= 2 * len(watch.readings("hb"))   # only the heartbeats were published
 
 
