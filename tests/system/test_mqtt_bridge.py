@@ -13,10 +13,8 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,7 +26,7 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 from cairn.drivers import mqtt_cli
 from cairn.drivers.mqtt_bridge import MapRule, MqttBridge, load
 from cairn.drivers.runtime import open_session
-from harness.process import ROOT, RouterProcess, free_port
+from harness.process import ROOT, RouterProcess, free_port, wait_for_ports
 from harness.waiting import until
 from tests.system.test_durability import REALM
 
@@ -51,13 +49,11 @@ class Mosquitto:
             pytest.fail("mosquitto is not installed (scripts/setup.sh test installs it)")
         self.proc = subprocess.Popen([binary, "-c", str(self.config)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(
-                    ("127.0.0.1", self.port), 0.2):
-                return self
-            time.sleep(0.02)
-        raise TimeoutError("mosquitto did not listen")
+        try:  # until it listens, or exits (a generous deadline: a loaded CI machine)
+            wait_for_ports([self.port], lambda: self.proc.poll() is None)
+        except RuntimeError as e:
+            raise TimeoutError(f"mosquitto did not listen: {e}") from None
+        return self
 
     def stop(self) -> None:
         self.proc.terminate()
