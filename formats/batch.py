@@ -14,16 +14,17 @@ bytes as ``{"$bytes": base64}``. Two schemas; the uploader writes the lean one:
 - **2** (``.jsonl.bz2``, :func:`encode_lean`): bzip2 of JSON Lines of :data:`LEAN_FIELDS`,
   about a tenth of that. What the table can derive is left out: the gateway id (the
   manifest's), the realm and boot id (indexes into the manifest's ``realms`` and ``boots``),
-  the publication id (the gateway's keyed permutation of the seq, :mod:`gateway.
-  publication_ids`, recomputed from the manifest's ``publication_key``; a row whose id is
-  not that one, from before the key, carries it). seq, wall_ms and boottime - wall_ms are
-  deltas from the line before (the first line's are whole), boottime in milliseconds (the
-  table's ``boottime_ns`` is a whole millisecond). Fields that are null, and
+  the publication id (the gateway's keyed permutation of the seq,
+  :mod:`formats.publication_ids`, recomputed from the manifest's ``publication_key``; a row
+  whose id is not that one, from before the key, carries it). seq, wall_ms and boottime -
+  wall_ms are deltas from the line before (the first line's are whole), boottime in
+  milliseconds (the table's ``boottime_ns`` is a whole millisecond). Fields that are null, and
   ``clock_synced`` when true, are left out. bzip2: its block sort finds the fields repeated
   line after line (half of gzip's bytes here), Spark reads it natively, and Python has it.
 
-The uploader writes with :func:`data_name`, :func:`encode_lean` and :func:`manifest_name`;
-the job reads with :func:`parse_manifest` (the Spark schemas derive from the fields here).
+The uploader writes with :func:`encode_lean` and :func:`build_manifest` (which names the
+data file, :func:`data_name`; its own name is :func:`manifest_name`); the job reads with
+:func:`parse_manifest`, beside it (the Spark schemas derive from the fields here).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import base64
 import bz2
 import gzip
+import hashlib
 import itertools
 import json
 from typing import Any, NamedTuple
@@ -256,6 +258,41 @@ def event_ranges(m: dict[str, Any]) -> list[tuple[int, int]] | None:
         ranges.append((start, first + offset - 1))
         start = first + offset + missing
     return ranges + [(start, last)]
+
+
+def build_manifest(gateway_id: str, rows: list[dict[str, Any]], data: bytes, after_seq: int,
+                   anchors: list[dict[str, Any]], gaps: list[dict[str, Any]], created_ms: int,
+                   key: bytes | None = None, schema: int = SCHEMA_VERSION) -> dict[str, Any]:
+    """The manifest of the data file ``data`` holding ``rows`` (in seq order, every history
+    row after ``after_seq`` up to the last one): what :func:`parse_manifest` reads back.
+    ``anchors`` and ``gaps`` are the store's records; the ones that concern this batch are
+    picked here. ``key``: the store's publication id key (schema 2 leaves out the ids it
+    gives)."""
+    first, last = rows[0]["seq"], rows[-1]["seq"]
+    boots = {row["boot_id"] for row in rows}
+    manifest = {
+        "schema": schema,
+        "gateway_id": gateway_id,
+        "file": data_name(gateway_id, first, last, schema),
+        "after_seq": after_seq,
+        "first_seq": first,
+        "last_seq": last,
+        "count": len(rows),
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "created": rfc3339(created_ms),
+        # every anchor of the boots in the batch (a later batch of the same boot repeats
+        # them with any new ones), and anchors recorded inside the batch's seq range
+        "anchors": [{**a, "clock_synced": bool(a["clock_synced"])} for a in anchors
+                    if a["boot_id"] in boots or after_seq <= a["after_seq"] < last],
+        "gaps": [g for g in gaps
+                 if g["last_seq"] is not None and g["first_seq"] is not None
+                 and g["last_seq"] > after_seq and g["first_seq"] <= last],
+    }
+    if schema == 2:
+        manifest.update(lean_header(rows), publication_key=key.hex() if key else None,
+                        holes=holes_of([row["seq"] for row in rows]))
+    return manifest
 
 
 class ManifestError(ValueError):

@@ -33,7 +33,7 @@ WINDOW_S = DAY_S
 MIN_SPAN_S = 3600.0  # a rate over less than an hour is start-up and noise, not a day's wear
 SETTLE_S = 60.0  # the store's creation reaches the card within this (dirty write-back ~30 s)
 WARN_YEARS = 5.0  # cairn doctor warns below this
-_SYS_DEV_BLOCK = Path("/sys/dev/block")
+SYS_DEV_BLOCK = Path("/sys/dev/block")
 
 
 def process_write_bytes() -> int | None:
@@ -53,7 +53,7 @@ def disk_of(path: Path) -> Path | None:
         dev = os.stat(path).st_dev
     except OSError:
         return None
-    node = _SYS_DEV_BLOCK / f"{os.major(dev)}:{os.minor(dev)}"
+    node = SYS_DEV_BLOCK / f"{os.major(dev)}:{os.minor(dev)}"
     try:
         node = node.resolve(strict=True)
     except OSError:

@@ -7,6 +7,7 @@ imports in a circle. A shortcut fails the suite, naming the import that made it.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,11 +49,13 @@ def source(module: str) -> Path:
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
+@functools.cache
 def is_cairn(name: str) -> bool:
     return name.startswith("cairn.") and source(name).exists()
 
 
-def imports_of(module: str, typing_too: bool = False) -> set[str]:
+@functools.cache  # each file is parsed once per check: the tier runs in seconds
+def imports_of(module: str, typing_too: bool = False) -> frozenset[str]:
     """The modules ``module`` imports at run time, in functions too (and, ``typing_too``, for
     type hints under ``if TYPE_CHECKING``)."""
     tree = ast.parse(source(module).read_text())
@@ -70,7 +73,7 @@ def imports_of(module: str, typing_too: bool = False) -> set[str]:
                 # from cairn.base import clock; from cairn.central.spark import table
                 found.update(f"{node.module}.{alias.name}" for alias in node.names
                              if is_cairn(f"{node.module}.{alias.name}"))
-    return found
+    return frozenset(found)
 
 
 def folder_of(module: str) -> str:
@@ -300,9 +303,10 @@ OURS = ("cairn.", "harness", "tests", "bench", "soak")
 
 def private_names_crossing_modules() -> list[str]:
     """Each ``_name`` (not a ``__dunder__``) a module takes from another of ours, imported
-    (``from cairn.gateway.store.schema import _meta``) or as an attribute of a module it
-    imported (``schema._meta``). A name another module uses is part of its package's
-    internal surface: it goes without the underscore."""
+    (``from cairn.gateway.store.schema import _meta``), as an attribute of a module it
+    imported (``schema._meta``) or a test's ``monkeypatch.setattr(schema, "_meta", ...)``. A
+    name another module uses is part of its package's internal surface: it goes without the
+    underscore."""
     found = []
     for path in sorted(p for top in CHECKED for p in (ROOT / top).rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -324,6 +328,15 @@ def private_names_crossing_modules() -> list[str]:
                   if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                   and node.value.id in modules and node.attr.startswith("_")
                   and not node.attr.startswith("__")]
+        # and a test's monkeypatch.setattr(module, "_name", ...)
+        found += [f"{path.relative_to(ROOT)}: setattr({node.args[0].id}, {node.args[1].value!r})"
+                  for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "setattr" and len(node.args) >= 2
+                  and isinstance(node.args[0], ast.Name) and node.args[0].id in modules
+                  and isinstance(node.args[1], ast.Constant)
+                  and str(node.args[1].value).startswith("_")
+                  and not str(node.args[1].value).startswith("__")]
     return found
 
 

@@ -321,3 +321,6 @@ def test_the_code_shipped_to_executors_holds_the_spark_package(tmp_path):
     assert {"cairn/__init__.py", "cairn/central/__init__.py", "cairn/formats/batch.py",
             "cairn/central/spark/__init__.py", "cairn/central/spark/table.py",
             "cairn/central/spark/ingest.py", "cairn/base/__init__.py"} <= names
+    # and nothing of the edge: central imports neither gateway, drivers nor sync
+    assert not [n for n in names if n.startswith(("cairn/gateway", "cairn/drivers",
+                                                  "cairn/sync", "cairn/app"))]

@@ -89,7 +89,7 @@ DRIVER = textwrap.dedent("""
 
     def where(_):
         import importlib.util, os
-        spec = importlib.util.find_spec("cairn") and importlib.util.find_spec("cairn.sync")
+        spec = importlib.util.find_spec("cairn") and importlib.util.find_spec("cairn.central")
         return (os.environ.get("CAIRN_WORKER_PYTHON"), spec and spec.origin)
 
     spark = jobs.session(sys.argv[1], json.loads(sys.argv[2]), app="cairn-tests-driver")
@@ -178,5 +178,5 @@ def test_executors_import_cairn_only_from_the_zip_the_job_ships(both):
     seen = both[3]
     assert seen["before"] == [["without-cairn", None]] * 4
     zipped = Path(jobs.code_zip()).name
-    assert all(python == "without-cairn" and f"{zipped}/cairn/sync/__init__.py" in origin
+    assert all(python == "without-cairn" and f"{zipped}/cairn/central/__init__.py" in origin
                for python, origin in seen["after"])

@@ -141,12 +141,12 @@ def fake_sysfs(root: Path, path: Path, partition: bool) -> None:
 @pytest.mark.parametrize("partition", [True, False])
 def test_a_data_directory_is_measured_on_the_whole_disk(tmp_path, monkeypatch, partition):
     fake_sysfs(tmp_path / "sys", tmp_path, partition)
-    monkeypatch.setattr(wear, "_SYS_DEV_BLOCK", tmp_path / "sys/dev/block")
+    monkeypatch.setattr(wear, "SYS_DEV_BLOCK", tmp_path / "sys/dev/block")
     assert disk_of(tmp_path) == (tmp_path / "sys/devices/platform/mmc/mmcblk0").resolve()
 
 
 def test_a_data_directory_without_a_block_device_has_no_disk(tmp_path, monkeypatch):
-    monkeypatch.setattr(wear, "_SYS_DEV_BLOCK", tmp_path / "empty")
+    monkeypatch.setattr(wear, "SYS_DEV_BLOCK", tmp_path / "empty")
     assert disk_of(tmp_path) is None
 
 

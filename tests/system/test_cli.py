@@ -31,7 +31,9 @@ def write_config(tmp_path: Path, port: int = 0, rawsocket: tuple[str, ...] = (),
     return path
 
 
-def cairn(*args: str, cwd: Path | None = None, timeout: float = 10) -> subprocess.CompletedProcess:
+def cairn(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``cairn ARGS`` to its end (a generous deadline: it returns when the command does, and
+    a loaded machine took over 10 s to start one)."""
     return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout,
                           cwd=cwd)
 

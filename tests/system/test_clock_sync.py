@@ -83,7 +83,7 @@ def test_timesyncds_flag_file_counts_when_the_kernel_says_unsynchronized(tmp_pat
                                                                          monkeypatch):
     flag = tmp_path / "synchronized"
     monkeypatch.setattr(clock, "kernel_synchronized", lambda: False)
-    monkeypatch.setattr(clock, "_SYNCED_PATHS", (flag,))
+    monkeypatch.setattr(clock, "SYNCED_PATHS", (flag,))
     assert clock.clock_synchronized() is False
     flag.touch()
     assert clock.clock_synchronized() is True
@@ -91,7 +91,7 @@ def test_timesyncds_flag_file_counts_when_the_kernel_says_unsynchronized(tmp_pat
 
 def test_the_kernels_state_counts_without_the_flag_file(tmp_path, monkeypatch):
     monkeypatch.setattr(clock, "kernel_synchronized", lambda: True)
-    monkeypatch.setattr(clock, "_SYNCED_PATHS", (tmp_path / "absent",))
+    monkeypatch.setattr(clock, "SYNCED_PATHS", (tmp_path / "absent",))
     assert clock.clock_synchronized() is True
 
 

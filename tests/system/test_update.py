@@ -209,7 +209,7 @@ def test_a_bundle_rauc_refuses_is_recorded_with_raucs_reason(ab_device, monkeypa
     def refuse(*args: str) -> str:
         raise update.UpdateError("rauc install x.raucb: signature verification failed")
 
-    monkeypatch.setattr(update, "_rauc", refuse)
+    monkeypatch.setattr(update, "run_rauc", refuse)
     monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
     with pytest.raises(update.UpdateError):
         update.install(Path("x.raucb"), "0.3.0")
@@ -230,7 +230,7 @@ def test_a_refused_install_leaves_the_update_on_trial_and_the_install_under_way(
                                                                                monkeypatch):
     put_on_trial(ab_device, version="0.2.0")
     (ab_device / update_state.INSTALLING).write_text("slot=B\nversion=0.2.1\nfrom_slot=A\n")
-    monkeypatch.setattr(update, "_rauc", _refusing(ab_device))
+    monkeypatch.setattr(update, "run_rauc", _refusing(ab_device))
     monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
     with pytest.raises(update.UpdateError):
         update.install(Path("x.raucb"), "0.3.0")
@@ -241,7 +241,7 @@ def test_a_refused_install_leaves_the_update_on_trial_and_the_install_under_way(
 
 def test_an_install_rauc_gave_up_on_ends_its_own_record(ab_device, monkeypatch):
     ab_device.mkdir(parents=True, exist_ok=True)
-    monkeypatch.setattr(update, "_rauc", _refusing(ab_device, writes_installing=True))
+    monkeypatch.setattr(update, "run_rauc", _refusing(ab_device, writes_installing=True))
     monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
     with pytest.raises(update.UpdateError):
         update.install(Path("x.raucb"), "0.3.0")
@@ -260,7 +260,8 @@ def rauc_installing(ab_device, monkeypatch) -> Path:
     """RAUC busy writing 1.2.3 into slot B, as its pre-install handler recorded it."""
     ab_device.mkdir(parents=True, exist_ok=True)
     (ab_device / update_state.INSTALLING).write_text("slot=B\nversion=1.2.3\nfrom_slot=A\n")
-    monkeypatch.setattr(update, "_rauc", _rauc_answering("Already processing a different method"))
+    monkeypatch.setattr(update, "run_rauc",
+                        _rauc_answering("Already processing a different method"))
     monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
     return ab_device
 
@@ -281,7 +282,7 @@ def test_the_status_while_rauc_installs_says_so(rauc_installing):
 
 
 def test_the_status_fails_on_any_other_rauc_failure(ab_device, monkeypatch):
-    monkeypatch.setattr(update, "_rauc", _rauc_answering("rauc is not running"))
+    monkeypatch.setattr(update, "run_rauc", _rauc_answering("rauc is not running"))
     monkeypatch.setattr(update, "UPDATE_DIR", ab_device)
     with pytest.raises(update.UpdateError, match="not running"):
         update.status()
