@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 
 import pytest
 from autobahn.wamp.types import PublishOptions
@@ -27,9 +28,12 @@ REALM = open_realm(history=[history_rule("sensor")])
 PUBLISHERS = 8
 
 
-async def _publish_until_killed(router: RouterProcess, seconds: float) -> dict[int, tuple]:
-    """Publishers stream acknowledged retained publications until the router is killed.
-    Returns {publication id: (publisher, counter)} of every acknowledged one."""
+async def _publish_until_killed(router: RouterProcess, seconds: float,
+                                at_least: int = 0) -> dict[int, tuple]:
+    """Publishers stream acknowledged retained publications until the router is killed:
+    after ``seconds``, and once ``at_least`` are acknowledged (a loaded machine acknowledges
+    fewer a second; within a minute). Returns {publication id: (publisher, counter)} of
+    every acknowledged one."""
     acked: dict[int, tuple[int, int]] = {}
     sessions = [await connect(router, "rawsocket-tcp", "msgpack") for _ in range(PUBLISHERS)]
 
@@ -44,6 +48,9 @@ async def _publish_until_killed(router: RouterProcess, seconds: float) -> dict[i
 
     tasks = [asyncio.create_task(stream(k)) for k in range(PUBLISHERS)]
     await asyncio.sleep(seconds)
+    deadline = time.monotonic() + 60
+    while len(acked) < at_least and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     router.kill()
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     return acked
@@ -64,7 +71,7 @@ async def _all_history(session, sub_id: int) -> list[dict]:
 async def test_every_acknowledged_publication_survives_sigkill_and_restart(tmp_path):
     router = RouterProcess(tmp_path, REALM).start()
     try:
-        acked = await _publish_until_killed(router, seconds=1.5)
+        acked = await _publish_until_killed(router, seconds=1.5, at_least=250)
         assert len(acked) > 200, f"too few acknowledged publications to mean anything: {len(acked)}"
 
         router.start()

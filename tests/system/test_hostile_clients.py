@@ -77,10 +77,19 @@ async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
     return True
 
 
-async def still_open(held: list[tuple]) -> int:
-    """How many of the connections the router has not closed (within a second)."""
-    closed = await asyncio.gather(*(closed_within(reader, 1) for reader, _ in held))
-    return closed.count(False)
+async def still_open(held: list[tuple], expected: int, timeout: float = 30) -> int:
+    """How many of the connections the router has not closed: after a second, or later once
+    no more than ``expected`` are (a loaded machine closes them late; a generous deadline
+    costs nothing, it ends when they are closed)."""
+    waits = [asyncio.ensure_future(closed_within(reader, timeout)) for reader, _ in held]
+    await asyncio.sleep(1)
+    deadline = time.monotonic() + timeout
+    while sum(not w.done() or not w.result() for w in waits) > expected and \
+            time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    for w in waits:
+        w.cancel()
+    return sum(not w.done() or w.cancelled() or not w.result() for w in waits)
 
 
 def metrics(router: RouterProcess) -> dict[str, dict]:
@@ -177,7 +186,7 @@ async def test_one_lan_host_cannot_hold_more_than_its_share_of_connections(lan_r
                                         for _ in range(100)), return_exceptions=True)
         held += [o for o in opened if not isinstance(o, BaseException)]
     assert len(held) > 1024 - 32  # the kernel let most of them in before the router said no
-    assert await still_open(held) == 32  # max_connections_per_address
+    assert await still_open(held, 32) == 32  # max_connections_per_address
 
     # a driver on the Unix socket and a local client still get in, /status answers
     driver = await connect(router, "rawsocket-unix", "msgpack")
@@ -199,7 +208,7 @@ async def test_network_connections_are_capped_in_total_and_local_ones_apart(lan_
                         "max_pending_per_address = 100\n")
     address = lan_address()
     held = [await open_from(address, router.rawsocket_port, b"\x7f") for _ in range(15)]
-    assert await still_open(held) == 10
+    assert await still_open(held, 10) == 10
     assert hits(router, "max_connections") == 5
     local = await connect(router, "rawsocket-tcp", "msgpack")  # loopback: not counted
     await local.leave()
@@ -212,7 +221,7 @@ async def test_one_address_holds_at_most_its_share_of_connections_without_a_sess
     router = lan_router("max_pending_per_address = 5\n")
     address = lan_address()
     held = [await open_from(address, router.rawsocket_port, b"\x7f") for _ in range(8)]
-    assert await still_open(held) == 5
+    assert await still_open(held, 5) == 5
     assert hits(router, "max_pending_per_address") == 3
     for _, writer in held:
         writer.close()
