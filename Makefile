@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint bench soak setup setup-test setup-image payload image bundle \
-	image-pi-gen appliance-test
+.PHONY: run test lint bench soak docs setup setup-test setup-image setup-docs payload image \
+	bundle image-pi-gen appliance-test
 
 run: setup
 	.venv/bin/cairn demo
@@ -15,6 +15,9 @@ lint: setup-test
 
 bench: setup-test  # Cairn vs Crossbar.io and Mosquitto, ~5 min; writes docs/benchmarks.md
 	.venv/bin/python -m bench
+
+docs: setup-docs  # the documentation site from docs/ (MkDocs): open site/index.html, offline
+	.venv/bin/mkdocs build --strict
 
 soak: setup-test  # the soak and fault suite (soak/), ~20 min; not part of `make test`
 	.venv/bin/pytest soak -v -s
@@ -54,3 +57,6 @@ setup-test:
 
 setup-image:
 	scripts/setup.sh image
+
+setup-docs:
+	scripts/setup.sh docs

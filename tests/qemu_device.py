@@ -93,7 +93,7 @@ def free_port() -> int:
 
 # What the test image is made of (the payload's sources, the units, the recipe): a change
 # elsewhere (a test) does not rebuild it.
-IMAGE_SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway",
+IMAGE_SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "docs", "gateway",
                  "drivers", "sync", "app", "systemd", "images"]
 
 
