@@ -39,15 +39,16 @@ bundle: setup setup-image
 image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh
 
-# The image booted in qemu-system-aarch64 and tested from here, as root: two devices, one
+# The image booted in qemu-system-aarch64 and tested from here, as root: three devices, one
 # after the other (tests/test_device.py the appliance, then tests/test_device_update.py power
 # cuts during an install and A/B updates on the same device; tests/test_device_clock.py a
-# clock in 2000); the base root file system is cached in ~/.cache/cairn, the test image in
-# build/. Two devices at a time made RAUC fail every install on the starved one
-# (images/README.md).
+# clock in 2000; tests/test_device_pi.py the card on QEMU's Raspberry Pi 3, through its own
+# U-Boot); the base root file system is cached in ~/.cache/cairn, the test image in build/.
+# Two devices at a time made RAUC fail every install on the starved one (images/README.md).
 appliance-test: setup-test setup-image
 	.venv/bin/pytest -m appliance -v -s --durations=0 \
-		tests/test_device.py tests/test_device_update.py tests/test_device_clock.py
+		tests/test_device.py tests/test_device_update.py tests/test_device_clock.py \
+		tests/test_device_pi.py
 
 setup:
 	scripts/setup.sh

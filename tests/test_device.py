@@ -259,6 +259,17 @@ def test_systemd_feeds_the_hardware_watchdog(device):
     assert int(props["WatchdogLastPingTimestampMonotonic"]) > 0, props
 
 
+def test_the_boot_state_is_in_raw_sectors_of_the_card_and_rauc_reads_and_writes_it(device):
+    """RAUC's fw_env.config, written at boot for this card, names the two raw copies (no file
+    on the FAT); the health gate's mark-good gave slot A its tries back through it, and the
+    console said the router was ready."""
+    config = device.ssh("cat /etc/fw_env.config").stdout
+    assert "/dev/vda 0x800000 0x4000" in config and "/dev/vda 0x1000000 0x4000" in config
+    state = device.ssh("sudo fw_printenv BOOT_ORDER BOOT_A_LEFT").stdout.split("\n")
+    assert state[:2] == ["BOOT_ORDER=A B", "BOOT_A_LEFT=3"], state
+    assert "cairn: ready: router ready, store open" in device.console_tail(chars=10_000_000)
+
+
 def test_dashboard_and_metrics_answer_through_an_ssh_tunnel(device):
     with device.tunnel() as port:
         status, page = http_get(port, "/")
