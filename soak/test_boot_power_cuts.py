@@ -30,7 +30,7 @@ from tests import boot_state, qemu_device, qemu_pi
 from tests.qemu_device import partition_device, partitions
 
 CUTS = int(os.environ.get("CAIRN_POWER_CUTS", "50"))
-SCRIPT_STARTS = "## Executing script"
+SCRIPT_STARTS = "with script"   # U-Boot's boot flow: "** Booting bootflow '...' with script"
 STATE_WRITTEN = "cairn: booting slot"
 
 pytestmark = qemu_device.appliance_marks()

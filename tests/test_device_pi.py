@@ -30,12 +30,6 @@ READY = r"cairn: ready: router ready, store open, no driver failed \(slot (\w), 
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory):
-    log = tmp_path_factory.mktemp("build") / "build.log"
-    return qemu_device.build_test_image(log)
-
-
-@pytest.fixture(scope="module")
 def pi(image, tmp_path_factory):
     card = qemu_pi.PiCard(image[0], tmp_path_factory.mktemp("pi3"))
     card.fat_before = fat_sha256(card)
