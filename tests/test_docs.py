@@ -467,8 +467,11 @@ def test_the_readme_is_a_five_minute_read():
     assert len(lines) <= README_MAX_LINES, (
         f"README.md has {len(lines)} lines, more than {README_MAX_LINES}: move the detail to "
         f"a page under docs/")
-    top = "\n".join(lines[:10])
-    assert "make run" in top and "make test" in top, "the two commands come first"
+    # the two commands first: the page's first code block, in its first lines
+    fence = next(i for i, line in enumerate(lines) if line.startswith("```"))
+    commands = lines[fence + 1:fence + 3]
+    assert fence < 5 and [c.split("#")[0].strip() for c in commands] == ["make run", "make test"], (
+        "README.md must open with a code block of the two commands, make run then make test")
 
 
 # -- the site --------------------------------------------------------------------------------
