@@ -449,6 +449,9 @@ def test_every_relative_link_and_anchor_resolves(page):
         elif page.parent == DOCS and DOCS not in dest.parents:
             broken.append(f"{where}: outside docs/, so not in the site (name the path in "
                           f"code instead)")
+        elif page == README and dest != README and DOCS not in dest.parents:
+            broken.append(f"{where}: outside docs/, which is all a device has beside its "
+                          f"README (images/build_payload.py): name the path in code instead")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{where}: no heading with that anchor in {dest.name}")
     assert not broken, "broken links:\n  " + "\n  ".join(broken)
