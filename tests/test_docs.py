@@ -1,7 +1,9 @@
 """The documentation keeps up with the code: every config key the code accepts is in the
-reference (docs/configuration.md) and every key there is one the code accepts; every relative
-link and anchor in README.md and docs/*.md resolves; the README stays a five-minute read; and
-the MkDocs site builds in strict mode with nothing fetched from another host.
+reference (docs/configuration.md), under the kinds that take it, and every key there is one the
+code accepts; every TOML example is accepted by the code; every ``cairn`` command is in the
+commands table; every relative link and anchor in README.md and docs/*.md resolves; the README
+stays a five-minute read; and the MkDocs site builds in strict mode with nothing fetched from
+another host.
 
 Where the accepted keys come from: every component checks its tables with
 ``Validator.keys(table, at, allowed)``, which refuses any other key. This test finds every such
@@ -15,6 +17,7 @@ checked by calling that function.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib.util
 import re
@@ -387,6 +390,33 @@ def test_the_embedded_default_in_the_reference_is_the_code_s():
     assert tomllib.loads(shown.group(1)) == tomllib.loads(gateway_config.EMBEDDED_TOML), (
         "docs/configuration.md shows another embedded default than gateway/config.py's "
         "EMBEDDED_TOML")
+
+
+# -- the commands ----------------------------------------------------------------------------
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next((dict(action.choices) for action in parser._actions
+                 if isinstance(action, argparse._SubParsersAction)), {})
+
+
+def test_every_command_is_in_the_operations_table():
+    """Each ``cairn`` command has a row of the commands table in docs/operations.md that
+    names it (`` `cairn update ...` ``), and the row names each of its subcommands in code."""
+    from cairn.app.cli import build_parser
+
+    rows = [line for line in (DOCS / "operations.md").read_text().splitlines()
+            if line.startswith("| `cairn ")]
+    missing = []
+    for name, parser in sorted(_commands(build_parser()).items()):
+        mine = [row for row in rows if f"`cairn {name}" in row]
+        if not mine:
+            missing.append(f"cairn {name}")
+            continue
+        spans = " ".join(span for row in mine for span in re.findall(r"`([^`]+)`", row))
+        missing += [f"cairn {name} {sub}" for sub in sorted(_commands(parser))
+                    if not re.search(rf"(?<![\w-]){re.escape(sub)}(?![\w-])", spans)]
+    assert not missing, ("docs/operations.md's commands table does not name: "
+                         + ", ".join(missing))
 
 
 # -- links -----------------------------------------------------------------------------------
