@@ -83,18 +83,32 @@ def _metrics_url(config_path: str) -> str:
     return f"{scheme}://{host}:{listen.port}/metrics"
 
 
+def _metrics(config_path: str) -> str:
+    # the device's own router: a tls: listener's certificate is for the LAN's name
+    context = ssl._create_unverified_context()
+    with urllib.request.urlopen(_metrics_url(config_path), timeout=10,
+                                context=context) as reply:
+        return reply.read().decode()
+
+
+def history_last_seq(config_path: str) -> str:
+    """The newest seq the store holds (committed, as its reader sees it), for the ready line:
+    what a power cut from then on leaves on the card."""
+    try:
+        m = re.search(r"^cairn_history_last_seq (\S+)", _metrics(config_path), re.M)
+    except Exception as e:  # the line says so; readiness was decided already
+        return f"unknown ({e})"
+    return m.group(1) if m else "none"
+
+
 def health_problems(config_path: str) -> list[str]:
     """What keeps this boot from being healthy; empty when it is."""
     state = subprocess.run(["systemctl", "is-active", "cairn-router.service"],
                            capture_output=True, text=True).stdout.strip()
     if state != "active":
         return [f"cairn-router is {state or 'unknown'}, not ready"]
-    # the device's own router: a tls: listener's certificate is for the LAN's name
-    context = ssl._create_unverified_context()
     try:
-        with urllib.request.urlopen(_metrics_url(config_path), timeout=10,
-                                    context=context) as reply:
-            metrics = reply.read().decode()
+        metrics = _metrics(config_path)
     except Exception as e:  # the router answers or it is not healthy, whatever the reason
         return [f"the router's /metrics did not answer: {e}"]
     if not re.search(r"^cairn_store_available 1\b", metrics, re.M):
@@ -187,6 +201,14 @@ def add_commands(commands: Any) -> None:
                                        "bundle of another version (cairn-update-pull.service).")
     p.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG)
     p.add_argument("--once", action="store_true", help="check once (exit 1 if it failed)")
+    r = actions.add_parser("ready", help="wait until the router is ready, its store open and "
+                                         "no driver failed, and say so (cairn-ready.service)",
+                           description="Waits for what the health gate checks and prints one "
+                                       "line when it holds (or why not, after --timeout): on "
+                                       "the device it goes to the serial console, the way in "
+                                       "when there is no network. Exit 1 if not ready.")
+    r.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG)
+    r.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, metavar="S")
     h = actions.add_parser("health", help="the boot's health gate (cairn-health.service)")
     h.add_argument("--config", metavar="FILE", default=DEFAULT_CONFIG)
     h.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S, metavar="S",
@@ -347,6 +369,16 @@ def main(args: argparse.Namespace) -> int:
             print(f"cairn update usb: {what}")
             if installed:
                 run("systemctl", "--no-block", "reboot")
+        elif args.action == "ready":
+            problems = wait_healthy(lambda: health_problems(args.config), args.timeout)
+            if problems:
+                print(f"cairn: not ready after {args.timeout:.0f} s: " + "; ".join(problems))
+                return 1
+            slot = booted_slot(Path("/proc/cmdline").read_text()) or "-"
+            uptime = float(Path("/proc/uptime").read_text().split()[0])
+            print(f"cairn: ready: router ready, store open, no driver failed (slot {slot}, "
+                  f"history to seq {history_last_seq(args.config)}, {uptime:.0f} s since the "
+                  "kernel started)")
         elif args.action == "health":
             slot = booted_slot(Path("/proc/cmdline").read_text())
             done, why = health_gate(UPDATE_DIR, slot, lambda: health_problems(args.config),

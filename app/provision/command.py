@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import tomllib
@@ -185,8 +187,36 @@ def add_commands(commands: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.render_network:
         return render_network(args.render_network)
-    return provision(args.folder, args.etc, args.data, args.dry_run,
-                     live=not args.dry_run and args.data == DATA)
+    inputs = scan(args.folder)
+    writes = not args.dry_run and not (inputs.empty() and not inputs.not_understood)
+    with writable(args.folder) if writes else contextlib.nullcontext():
+        return provision(args.folder, args.etc, args.data, args.dry_run,
+                         live=not args.dry_run and args.data == DATA)
+
+
+@contextlib.contextmanager
+def writable(folder: Path):
+    """The device mounts its boot partition read-only (nothing writes the FAT on a normal
+    boot, so a power cut cannot tear it): it is made writable only while provisioning takes
+    files off it and writes its report, then read-only again. A folder on a writable file
+    system (a test, a laptop) is left as it is."""
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if not read_only:
+        yield
+        return
+    mount = subprocess.run(["findmnt", "-n", "-o", "TARGET", "--target", str(folder)],
+                           capture_output=True, text=True).stdout.strip()
+    done = subprocess.run(["mount", "-o", "remount,rw", mount], capture_output=True, text=True)
+    if done.returncode != 0:
+        log.error("cannot make %s writable: %s", mount, done.stderr.strip())
+    try:
+        yield
+    finally:
+        if done.returncode == 0:
+            subprocess.run(["mount", "-o", "remount,ro", mount], check=False)
 
 
 def render_network(path: Path) -> int:

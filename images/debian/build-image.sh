@@ -152,8 +152,12 @@ fi
 
 # -- 3. the appliance (the same script as the Raspberry Pi OS image) and the A/B system -----
 # The root is the slot U-Boot chose (root=PARTUUID=... from boot.scr), read-only under its
-# overlay. /boot/firmware (U-Boot's state, which RAUC writes; the cairn/ folder provisioning
-# reads) is nofail: a boot partition slow to appear (the first QEMU boots on a loaded host:
+# overlay. /boot/firmware (the Pi firmware, U-Boot, the device trees, boot.scr; the cairn/
+# folder provisioning reads) is mounted read-only and never checked at boot: nothing writes
+# the FAT on a normal boot (a read-write mount alone writes its boot sector twice, the dirty
+# flag set and cleared; a power cut between leaves it set, and fsck -a would then write it),
+# so a power cut cannot tear what the firmware and U-Boot read. Provisioning makes it
+# writable while it takes files off it. It is nofail: a boot partition slow to appear (the first QEMU boots on a loaded host:
 # over 90 s; once 5 min, udev held back) must not put the device in emergency mode; it is
 # waited for as long as the data partition, since a first boot's SSH key comes from it. The
 # data partition (made at first boot) holds the store and the device's own settings, bound
@@ -163,7 +167,7 @@ fi
 # written; SQLite fsyncs what it needs (bench/wear.py mounts the same).
 cat > "$R/etc/fstab" <<'EOF'
 # <file system>   <mount point>   <type>  <options>  <dump> <pass>
-LABEL=CAIRN-BOOT  /boot/firmware  vfat    defaults,noatime,umask=0077,nofail,x-systemd.device-timeout=10min  0  2
+LABEL=CAIRN-BOOT  /boot/firmware  vfat    ro,noatime,umask=0077,nofail,x-systemd.device-timeout=10min  0  0
 LABEL=cairn-data  /data           ext4    defaults,noatime,commit=60,nofail,x-systemd.requires=cairn-data-partition.service,x-systemd.device-timeout=10min  0  2
 /data/cairn       /var/lib/cairn  none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
 /data/etc/cairn   /etc/cairn      none    bind,nofail,x-systemd.requires=cairn-device-settings.service  0  0
@@ -274,11 +278,12 @@ echo "cairn_cmdline=console=ttyS1,115200 console=tty0" > "$BOOTDIR/cairn/bootarg
 # examples, for a person with a laptop, beside it (never read by the device)
 cp -r "$IMAGES/provision" "$BOOTDIR/cairn-example"
 printf '%s\r\n' "Put this device's settings in this folder; see ../cairn-example/README.txt." \
-    "boot.env and bootargs.env belong to the boot loader: leave them." \
+    "bootargs.env belongs to the boot loader: leave it." \
     > "$BOOTDIR/cairn/README.txt"
-# the boot chooser's state: slot A first with its 3 tries, slot B empty until an update
+# the boot chooser's state (written into the card's raw sectors below, not into the FAT):
+# slot A first with its 3 tries, slot B empty until an update
 printf 'BOOT_ORDER=A B\nBOOT_A_LEFT=3\nBOOT_B_LEFT=0\n' |
-    mkenvimage -s 0x4000 -o "$BOOTDIR/cairn/boot.env" -
+    mkenvimage -r -s 0x4000 -o "$WORK/boot-state.env" -
 
 # -- 5. the manifest, the slot's root file system, the image and the bundle ---------------------
 VERSION=$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["version"])' \
@@ -304,11 +309,13 @@ root_mib=$((used_mib * 11 / 10 + ROOT_SLACK_MIB))
 ROOTFS=$OUT/$NAME.rootfs.ext4
 rm -f "$ROOTFS"
 mkfs.ext4 -q -L cairn-root -d "$R" -E root_owner=0:0 "$ROOTFS" "${root_mib}M"
-# The disk: MBR (the Pi firmware reads partition 1), 4 MiB aligned as pi-gen does; slot B is
-# empty (boot.scr gives it no tries) until the first update writes it.
+# The disk: MBR (the Pi firmware reads partition 1), partitions 8 MiB aligned; before the
+# first, the boot chooser's state, two copies in raw sectors at 8 and 16 MiB, each in an
+# erase block of its own (images/boot/boot.cmd, images/update/cairn-boot-state). Slot B is
+# empty (the state gives it no tries) until the first update writes it.
 IMG=$OUT/$NAME.img
 rm -f "$IMG" "$IMG.xz"
-boot_start=8192; a_start=$((boot_start + BOOT_MIB * 2048)); b_start=$((a_start + SLOT_MIB * 2048))
+boot_start=$((24 * 2048)); a_start=$((boot_start + BOOT_MIB * 2048)); b_start=$((a_start + SLOT_MIB * 2048))
 truncate -s $(((b_start + SLOT_MIB * 2048) * 512)) "$IMG"
 sfdisk --quiet "$IMG" <<EOF
 label: dos
@@ -319,7 +326,10 @@ start=$b_start, size=$((SLOT_MIB * 2048)), type=83
 EOF
 dd if="$WORK/boot.part" of="$IMG" bs=1M seek=$((boot_start / 2048)) conv=notrunc,sparse status=none
 dd if="$ROOTFS" of="$IMG" bs=1M seek=$((a_start / 2048)) conv=notrunc,sparse status=none
-rm -f "$WORK/boot.part"
+for state_mib in 8 16; do
+    dd if="$WORK/boot-state.env" of="$IMG" bs=1M seek=$state_mib conv=notrunc status=none
+done
+rm -f "$WORK/boot.part" "$WORK/boot-state.env"
 
 if [ "$BUNDLE" = 1 ]; then
     # A RAUC bundle of the same slot: dm-verity format, signed with the builder's key.

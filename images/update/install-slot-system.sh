@@ -12,11 +12,18 @@ R=${1:?usage: install-slot-system.sh ROOTFS [KEYRING.pem]}
 KEYRING=${2:-}
 
 install -D -m 644 "$HERE/system.conf" "$R/etc/rauc/system.conf"
-install -D -m 644 "$HERE/fw_env.config" "$R/etc/fw_env.config"
+# the boot chooser's state: where this card keeps it is found at boot (cairn-boot-state), and
+# RAUC runs only once it is
+ln -sfn /run/cairn-boot-state/fw_env.config "$R/etc/fw_env.config"
+mkdir -p "$R/usr/lib/systemd/system/rauc.service.d"
+printf '%s\n' '[Unit]' 'Requires=cairn-boot-state.service' 'After=cairn-boot-state.service' \
+	> "$R/usr/lib/systemd/system/rauc.service.d/cairn.conf"
 install -D -m 755 "$HERE/cairn-update-installing" "$HERE/cairn-update-installed" \
-	"$HERE/cairn-device-settings" "$HERE/cairn-device-identity" -t "$R/usr/lib/cairn/"
+	"$HERE/cairn-device-settings" "$HERE/cairn-device-identity" "$HERE/cairn-boot-state" \
+	-t "$R/usr/lib/cairn/"
 install -m 644 "$HERE/cairn-device-settings.service" "$HERE/cairn-health.service" \
-	"$HERE/cairn-update-pull.service" "$HERE/cairn-update-usb@.service" \
+	"$HERE/cairn-update-pull.service" "$HERE/cairn-update-usb@.service" "$HERE/cairn-ready.service" \
+	"$HERE/cairn-boot-state.service" \
 	"$HERE/cairn-provision.service" "$HERE/cairn-device-identity.service" \
 	"$R/usr/lib/systemd/system/"
 install -D -m 644 "$HERE/90-cairn-update-usb.rules" "$R/usr/lib/udev/rules.d/90-cairn-update-usb.rules"
@@ -25,7 +32,8 @@ install -D -m 644 "$HERE/90-cairn-update-usb.rules" "$R/usr/lib/udev/rules.d/90-
 if [ -n "$KEYRING" ]; then
 	install -D -m 644 "$KEYRING" "$R/etc/cairn/update/keyring.pem"
 fi
-systemctl --root="$R" enable cairn-device-settings.service cairn-health.service \
+systemctl --root="$R" enable cairn-device-settings.service cairn-health.service cairn-ready.service \
+	cairn-boot-state.service \
 	cairn-update-pull.service cairn-provision.service cairn-device-identity.service
 
 # The overlay root from the first boot on: overlayroot reads this from the slot in the

@@ -3,12 +3,14 @@ for the modules that share it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
 @pytest.fixture(scope="session")
 def image():
-    """The Debian test image and its boot files (tests/appliance/qemu_device.py), built once per run
+    """The Debian test image and its boot files (qemu_device.py), built once per run
     for every appliance test module, rebuilt only when its sources changed."""
     import time
 
@@ -34,3 +36,17 @@ def appliance_device(image, tmp_path_factory):
     yield from qemu_device.booted(image, tmp_path_factory.mktemp("device"),
                                   {qemu_device.CENTRAL: qemu_device.free_port()},
                                   provision=qemu_device.PROVISIONED)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The appliance boots' systemd generator times and any boot that froze (issue: the boot
+    that freezes in systemd), counted on the boots the tests make anyway."""
+    from tests.appliance import qemu_device
+
+    took = sorted(qemu_device.GENERATOR_SECONDS)
+    if took or qemu_device.FROZEN_BOOTS:
+        terminalreporter.write_line(
+            f"[appliance] {len(took)} boots ready, {len(qemu_device.FROZEN_BOOTS)} froze in "
+            f"systemd; generators took {took[0]:.1f} to {took[-1]:.1f} s (median "
+            f"{took[len(took) // 2]:.1f} s)" if took else
+            f"[appliance] {len(qemu_device.FROZEN_BOOTS)} boots froze in systemd")

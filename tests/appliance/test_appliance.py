@@ -46,7 +46,8 @@ IMAGE_UNITS = ["cairn-data-partition.service", "cairn-readonly-root.service",
                "cairn-overlay-rw.service", "cairn-drivers.service",
                "cairn-device-settings.service", "cairn-health.service",
                "cairn-update-pull.service", "cairn-update-usb@.service",
-               "cairn-provision.service", "cairn-device-identity.service"]
+               "cairn-provision.service", "cairn-device-identity.service",
+               "cairn-boot-state.service", "cairn-ready.service"]
 # what `systemd-analyze verify` is asked about: templates through an instance, so that
 # their specifiers (%i) are expanded as on the device
 INSTANCES = {"cairn-sensor@.service": "cairn-sensor@greenhouse.service",
@@ -108,7 +109,7 @@ def fake_device_root(root: Path, cairn: Path | None = None) -> Path:
     for tool in ("cairn-data-partition", "cairn-readonly-root", "cairn-drivers"):
         shutil.copy2(FIRSTBOOT / tool, root / "usr/lib/cairn" / tool)
     for tool in ("cairn-device-settings", "cairn-update-installing", "cairn-update-installed",
-                 "cairn-device-identity"):
+                 "cairn-device-identity", "cairn-boot-state"):
         shutil.copy2(UPDATE / tool, root / "usr/lib/cairn" / tool)
     (root / "opt/cairn/bin").mkdir(parents=True)
     shutil.copy2(cairn or (CAIRN if CAIRN.exists() else shutil.which("true")),

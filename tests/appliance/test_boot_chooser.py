@@ -1,8 +1,9 @@
 """The A/B boot chooser, images/boot/boot.cmd, run by U-Boot itself: Debian's u-boot-qemu
 (``qemu_arm64``) as the firmware of QEMU's virt machine, on a card laid out as the image's
-(FAT boot partition, root slots A and B), its state file written the way RAUC's ``uboot``
-backend writes it (an environment image with a CRC, as ``mkenvimage`` and ``fw_setenv`` make
-it). The same script runs on a Raspberry Pi 4 under u-boot-rpi; only the board differs.
+(the boot state in raw sectors, a FAT boot partition, root slots A and B), its state written
+the way RAUC's ``uboot`` backend writes it (libubootenv's fw_setenv: boot_state.py).
+The same script runs on a Raspberry Pi under u-boot-rpi (test_device_pi.py); only the
+board differs.
 
 A slot's kernel here is the smallest arm64 Linux image U-Boot's booti accepts, whose first
 instruction branches to itself: a kernel that never reaches user space, so nothing marks its
@@ -11,25 +12,27 @@ by then) or the board resets."""
 
 from __future__ import annotations
 
-import os
+import hashlib
 import re
 import shutil
 import subprocess
 import time
-import zlib
 from pathlib import Path
 
 import pytest
 
+from tests.appliance import boot_state
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "images" / "boot" / "boot.cmd"
 UBOOT = Path("/usr/lib/u-boot/qemu_arm64/u-boot.bin")
-ENV_SIZE = 0x4000
-BOOT_START, BOOT_SECTORS = 8192, 131072     # a 64 MiB FAT32 boot partition (its least)
+BOOT_START = boot_state.BOOT_START          # the image's layout: the FAT at 24 MiB
+BOOT_SECTORS = 131072                       # a 64 MiB FAT32 boot partition (its least)
 SLOT_SECTORS = 16384                        # two 8 MiB root slots
 
 missing = next((tool for tool in ("qemu-system-aarch64", "mkimage", "mkenvimage", "mkfs.vfat",
-                                  "mcopy", "sfdisk") if not shutil.which(tool)), None)
+                                  "mcopy", "sfdisk", *boot_state.TOOLS)
+                if not shutil.which(tool)), None)
 pytestmark = pytest.mark.skipif(
     missing is not None or not UBOOT.exists(),
     reason=f"{missing or UBOOT} is not installed (scripts/setup.sh test installs it)")
@@ -45,26 +48,15 @@ def hanging_kernel() -> bytes:
     return bytes(header) + bytes(0x10000 - 64)
 
 
-def env_image(**values: str | int) -> bytes:
-    """A state file as RAUC's fw_setenv writes it (mkenvimage's format)."""
-    text = "".join(f"{name}={value}\n" for name, value in values.items())
-    done = subprocess.run(["mkenvimage", "-s", str(ENV_SIZE), "-o", "-", "-"],
-                          input=text.encode(), capture_output=True, check=True)
-    return done.stdout
-
-
-def parse_env(image: bytes) -> dict[str, str]:
-    crc, data = int.from_bytes(image[:4], "little"), image[4:]
-    assert zlib.crc32(data) == crc, "the state file's CRC does not match"
-    pairs = data.split(b"\0\0", 1)[0].split(b"\0")
-    return dict(p.decode().split("=", 1) for p in pairs if p)
+NEW_CARD = {"BOOT_ORDER": "A B", "BOOT_A_LEFT": 3, "BOOT_B_LEFT": 3}
 
 
 class Card:
-    """A card image: boot.scr and cairn/boot.env on its FAT partition, and root slots A and B,
-    each with a kernel and initrd in /boot unless it is left out of ``kernels``."""
+    """A card image: boot.scr on its FAT partition, root slots A and B, each with a kernel and
+    initrd in /boot unless it is left out of ``kernels``, and the boot state in both of its
+    copies (``state``; None: a card whose state was never written)."""
 
-    def __init__(self, workdir: Path, state: bytes | None, kernels: str = "AB") -> None:
+    def __init__(self, workdir: Path, state: dict | None, kernels: str = "AB") -> None:
         self.workdir = workdir
         self.disk = workdir / "card.img"
         fat = workdir / "boot.part"
@@ -75,10 +67,6 @@ class Card:
                         str(BOOT_SECTORS // 2)], capture_output=True, check=True)
         subprocess.run(["mmd", "-i", str(fat), "::cairn"], check=True)
         subprocess.run(["mcopy", "-i", str(fat), str(script), "::boot.scr"], check=True)
-        if state is not None:
-            (workdir / "boot.env").write_bytes(state)
-            subprocess.run(["mcopy", "-i", str(fat), str(workdir / "boot.env"),
-                            "::cairn/boot.env"], check=True)
         slot_a = BOOT_START + BOOT_SECTORS
         total = slot_a + 2 * SLOT_SECTORS
         with open(self.disk, "wb") as f:
@@ -99,6 +87,9 @@ class Card:
             subprocess.run(["mkfs.ext4", "-q", "-d", str(root), str(part),
                             f"{SLOT_SECTORS // 2}k"], check=True)
             self._write(part, slot_a + index * SLOT_SECTORS)
+        if state is not None:
+            boot_state.initialise(self.disk, **state)
+        self.fat_digest = self.fat_sha256()
 
     def _write(self, part: Path, start: int) -> None:
         with open(part, "rb") as src, open(self.disk, "r+b") as dst:
@@ -107,23 +98,15 @@ class Card:
         part.unlink()
 
     def state(self) -> dict[str, str]:
-        done = subprocess.run(["mcopy", "-n", "-i", f"{self.disk}@@{BOOT_START * 512}",
-                               "::cairn/boot.env", "-"], capture_output=True, check=True)
-        return parse_env(done.stdout)
+        return boot_state.read(self.disk)
 
-    def damage_state(self) -> None:
-        """One flipped byte in the state file's variables (a torn write, a bad sector)."""
-        image = bytearray(self.state_bytes())
-        image[8] ^= 0x20
-        path = self.workdir / "damaged.env"
-        path.write_bytes(bytes(image))
-        subprocess.run(["mcopy", "-o", "-i", f"{self.disk}@@{BOOT_START * 512}", str(path),
-                        "::cairn/boot.env"], check=True)
+    def console(self) -> str:
+        return (self.workdir / "console.log").read_text(errors="replace")
 
-    def state_bytes(self) -> bytes:
-        return subprocess.run(["mcopy", "-n", "-i", f"{self.disk}@@{BOOT_START * 512}",
-                               "::cairn/boot.env", "-"], capture_output=True,
-                              check=True).stdout
+    def fat_sha256(self) -> str:
+        with open(self.disk, "rb") as f:
+            f.seek(BOOT_START * 512)
+            return hashlib.sha256(f.read(BOOT_SECTORS * 512)).hexdigest()
 
     def boot(self, timeout: float = 120) -> str:
         """Powers the board on and returns the slot whose kernel U-Boot started, or "reset"
@@ -165,10 +148,15 @@ class Card:
 
 @pytest.fixture
 def card(tmp_path):
-    def make(state: bytes | None = env_image(BOOT_ORDER="A B", BOOT_A_LEFT=3,
-                                             BOOT_B_LEFT=3), kernels: str = "AB") -> Card:
-        return Card(tmp_path, state, kernels)
-    return make
+    made = []
+
+    def make(state: dict | None = NEW_CARD, kernels: str = "AB") -> Card:
+        made.append(Card(tmp_path, state, kernels))
+        return made[-1]
+    yield make
+    # whatever a test booted, nothing wrote the FAT: a power cut cannot tear it
+    for c in made:
+        assert c.fat_sha256() == c.fat_digest, "the boot chooser wrote the FAT partition"
 
 
 def test_a_new_card_boots_slot_a_and_takes_one_of_its_tries(card):
@@ -178,7 +166,7 @@ def test_a_new_card_boots_slot_a_and_takes_one_of_its_tries(card):
 
 
 def test_the_slot_rauc_installed_to_boots_next(card):
-    c = card(env_image(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3))
+    c = card(dict(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3))
     assert c.boot() == "B"
     assert c.state()["BOOT_B_LEFT"] == "2"
     assert c.state()["BOOT_A_LEFT"] == "3"
@@ -186,13 +174,13 @@ def test_the_slot_rauc_installed_to_boots_next(card):
 
 def test_a_slot_that_never_reaches_user_space_gives_way_to_the_old_one_after_three_boots(card):
     """Nobody marks B good (its kernel never starts user space): three tries, then A."""
-    c = card(env_image(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3))
+    c = card(dict(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3))
     assert [c.boot() for _ in range(4)] == ["B", "B", "B", "A"]
     assert c.state() == {"BOOT_ORDER": "B A", "BOOT_A_LEFT": "2", "BOOT_B_LEFT": "0"}
 
 
 def test_when_every_slot_used_up_its_tries_they_get_them_again_and_the_board_resets(card):
-    c = card(env_image(BOOT_ORDER="A B", BOOT_A_LEFT=0, BOOT_B_LEFT=0))
+    c = card(dict(BOOT_ORDER="A B", BOOT_A_LEFT=0, BOOT_B_LEFT=0))
     assert c.boot() == "reset"
     assert c.state() == {"BOOT_ORDER": "A B", "BOOT_A_LEFT": "3", "BOOT_B_LEFT": "3"}
     assert c.boot() == "A"
@@ -201,37 +189,71 @@ def test_when_every_slot_used_up_its_tries_they_get_them_again_and_the_board_res
 def test_a_slot_without_a_kernel_gives_up_its_tries_at_once_and_the_board_resets(card):
     """An install cut short leaves slot B empty or torn: one boot, not three, and back to A
     (falling through to U-Boot's network boot would end at a prompt nobody sees)."""
-    c = card(env_image(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3), kernels="A")
+    c = card(dict(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3), kernels="A")
     assert c.boot() == "reset"
     assert c.state() == {"BOOT_ORDER": "B A", "BOOT_A_LEFT": "3", "BOOT_B_LEFT": "0"}
     assert c.boot() == "A"
 
 
-def test_without_a_state_file_slot_a_boots_and_the_state_is_written(card):
+def test_a_card_without_a_state_boots_slot_a_says_so_and_writes_the_state(card):
     c = card(state=None)
     assert c.boot() == "A"
+    assert "cairn: no boot state on the card" in c.console()
     assert c.state() == {"BOOT_ORDER": "A B", "BOOT_A_LEFT": "2", "BOOT_B_LEFT": "3"}
 
 
-def test_a_damaged_state_file_is_read_as_the_defaults(card):
-    c = card(env_image(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=1))
-    c.damage_state()
+def test_each_write_goes_to_the_other_copy_with_the_counter_one_higher(card):
+    """So that a write torn by a power cut leaves the copy before it whole."""
+    c = card()
+    assert [copy.counter for copy in boot_state.copies(c.disk)] == [1, 1]
+    c.boot()
+    first, second = boot_state.copies(c.disk)
+    assert (first.counter, second.counter) == (1, 2) and second.values["BOOT_A_LEFT"] == "2"
+    assert first.values["BOOT_A_LEFT"] == "3"
+    c.boot()
+    first, second = boot_state.copies(c.disk)
+    assert (first.counter, second.counter) == (3, 2) and first.values["BOOT_A_LEFT"] == "1"
+
+
+def test_a_torn_copy_leaves_the_state_before_it(card):
+    """The newer copy damaged (the power went while it was written): the older one is the
+    state, as it was before that write."""
+    c = card(dict(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=3))
+    boot_state.write(c.disk, BOOT_B_LEFT=1)           # the second copy, the newer
+    boot_state.damage(c.disk, 1)
+    assert c.boot() == "B"
+    assert c.state() == {"BOOT_ORDER": "B A", "BOOT_A_LEFT": "3", "BOOT_B_LEFT": "2"}
+
+
+def test_with_both_copies_damaged_slot_a_boots_with_a_console_line(card):
+    c = card(dict(BOOT_ORDER="B A", BOOT_A_LEFT=3, BOOT_B_LEFT=1))
+    boot_state.damage(c.disk, 0)
+    boot_state.damage(c.disk, 1)
     assert c.boot() == "A"
+    assert "both copies damaged" in c.console()
     assert c.state() == {"BOOT_ORDER": "A B", "BOOT_A_LEFT": "2", "BOOT_B_LEFT": "3"}
 
 
-def test_the_state_file_is_what_fw_setenv_reads(card, tmp_path):
-    """RAUC's uboot backend reads and writes the file through fw_printenv/fw_setenv (the
-    device's /etc/fw_env.config names it): after a boot, the tool reads what U-Boot wrote."""
-    tool = shutil.which("fw_printenv")
-    if tool is None:
-        pytest.skip("fw_printenv (u-boot-tools) is not installed")
+@pytest.mark.parametrize(("counters", "newer"), [((0xFF, 0), 1), ((0, 0xFF), 0), ((7, 9), 1),
+                                                 ((9, 7), 0)])
+def test_the_newer_copy_is_the_state_and_255_is_followed_by_0(card, counters, newer):
+    """libubootenv's rule (RAUC's fw_setenv writes it), the same in U-Boot."""
+    c = card(dict(BOOT_ORDER="A B", BOOT_A_LEFT=3, BOOT_B_LEFT=3))
+    boot_state.write(c.disk, BOOT_ORDER="B A")        # the second copy differs
+    for index, counter in enumerate(counters):
+        boot_state.set_counter(c.disk, index, counter)
+    assert c.boot() == ("B" if newer == 1 else "A")
+    written = boot_state.copies(c.disk)[1 - newer]
+    assert written.valid and written.counter == (counters[newer] + 1) % 256
+
+
+def test_what_u_boot_wrote_is_what_fw_printenv_reads_and_fw_setenv_is_what_it_reads(card):
+    """RAUC's side of the state, the way the device's /etc/fw_env.config names it: after a
+    boot the tool reads what U-Boot wrote, and what the tool writes (mark-good: 3 tries
+    again) is what the next boot reads."""
     c = card()
     c.boot()
-    (tmp_path / "boot.env.copy").write_bytes(c.state_bytes())
-    config = tmp_path / "fw_env.config"
-    config.write_text(f"{tmp_path / 'boot.env.copy'} 0x0000 {ENV_SIZE:#x}\n")
-    done = subprocess.run([tool, "-c", str(config), "BOOT_ORDER", "BOOT_A_LEFT"],
-                          capture_output=True, text=True, env={**os.environ, "LANG": "C"})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:2] == ["BOOT_ORDER=A B", "BOOT_A_LEFT=2"]
+    assert boot_state.read(c.disk)["BOOT_A_LEFT"] == "2"
+    boot_state.write(c.disk, BOOT_A_LEFT=3)
+    c.boot()
+    assert boot_state.read(c.disk)["BOOT_A_LEFT"] == "2"

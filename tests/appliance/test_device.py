@@ -1,9 +1,9 @@
 """The device as a user meets it: the Debian image of images/debian/build-image.sh, booted in
-qemu-system-aarch64 (tests/qemu_device.py), checked from this host over SSH and through the
+qemu-system-aarch64 (qemu_device.py), checked from this host over SSH and through the
 router's port as an admin reaches it. Run with ``make appliance-test`` (``-m appliance``; as
 root: the image build needs mmdebstrap and chroot, the fsck a loop device).
 
-The same device then goes through system updates and power cuts (tests/test_device_update.py).
+The same device then goes through system updates and power cuts (test_device_update.py).
 What a QEMU guest cannot show (the Pi firmware's boot, real UART timing, the SD card's own
 write cache) is listed in images/README.md."""
 
@@ -96,7 +96,9 @@ def test_the_card_was_personalised_from_its_boot_partition_and_the_inputs_remove
     the cairn/ folder written to its FAT before the first boot. The folder keeps only U-Boot's
     files and the report; the report names what was applied and no secret."""
     listing = device.ssh("sudo ls -A /boot/firmware/cairn").stdout.split()
-    assert set(listing) <= {"boot.env", "bootargs.env", "report.txt", "README.txt"}, listing
+    assert set(listing) <= {"bootargs.env", "report.txt", "README.txt"}, listing
+    # nothing writes the FAT on a normal boot
+    assert _mount_options(device, "/boot/firmware")[0] == "ro"
     report = device.ssh("sudo cat /boot/firmware/cairn/report.txt").stdout
     for name in ("authorized_keys", *PROVISIONED):
         assert name in report, (name, report)
@@ -154,12 +156,17 @@ def test_a_broken_config_on_the_boot_partition_is_refused_and_the_router_runs_on
     the folder is applied, the router keeps routing on the configuration it had, and the
     report (on the FAT) and the router's status (what the dashboard shows) say why."""
     pid = device.ssh("systemctl show -p MainPID --value cairn-router").stdout.strip()
-    device.ssh("printf 'listen = [oops\\n' | sudo tee /boot/firmware/cairn/cairn.toml >/dev/null "
+    device.ssh("sudo mount -o remount,rw /boot/firmware "
+               "&& printf 'listen = [oops\\n' "
+               "| sudo tee /boot/firmware/cairn/cairn.toml >/dev/null "
                "&& echo other-name | sudo tee /boot/firmware/cairn/hostname >/dev/null "
+               "&& sudo mount -o remount,ro /boot/firmware "
                "&& sudo systemctl restart cairn-provision")
     try:
         report = device.ssh("sudo cat /boot/firmware/cairn/report.txt").stdout
         assert "cairn.toml" in report and "nothing was applied" in report.lower(), report
+        # provisioning made the FAT writable for its report, and read-only again
+        assert _mount_options(device, "/boot/firmware")[0] == "ro"
         assert device.ssh("hostname").stdout.strip() == "pump-station-7"
         after = device.ssh("systemctl show -p MainPID --value cairn-router; "
                            "systemctl is-active cairn-router").stdout.split()
@@ -169,8 +176,14 @@ def test_a_broken_config_on_the_boot_partition_is_refused_and_the_router_runs_on
         problem = json.dumps(status.get("provisioning"))
         assert "cairn.toml" in problem, status
     finally:
-        device.ssh("sudo rm -f /boot/firmware/cairn/cairn.toml /boot/firmware/cairn/hostname "
+        device.ssh("sudo mount -o remount,rw /boot/firmware "
+                   "&& sudo rm -f /boot/firmware/cairn/cairn.toml /boot/firmware/cairn/hostname "
+                   "&& sudo mount -o remount,ro /boot/firmware "
                    "&& sudo systemctl restart cairn-provision")
+
+
+def _mount_options(device, path: str) -> list[str]:
+    return device.ssh(f"findmnt -no OPTIONS {path}").stdout.strip().split(",")
 
 
 async def _call(port: int, procedure: str, *args, admin: bool = True):
@@ -244,6 +257,17 @@ def test_systemd_feeds_the_hardware_watchdog(device):
     props = dict(line.split("=", 1) for line in done.stdout.split() if "=" in line)
     assert props["RuntimeWatchdogUSec"] == "2min", props
     assert int(props["WatchdogLastPingTimestampMonotonic"]) > 0, props
+
+
+def test_the_boot_state_is_in_raw_sectors_of_the_card_and_rauc_reads_and_writes_it(device):
+    """RAUC's fw_env.config, written at boot for this card, names the two raw copies (no file
+    on the FAT); the health gate's mark-good gave slot A its tries back through it, and the
+    console said the router was ready."""
+    config = device.ssh("cat /etc/fw_env.config").stdout
+    assert "/dev/vda 0x800000 0x4000" in config and "/dev/vda 0x1000000 0x4000" in config
+    state = device.ssh("sudo fw_printenv BOOT_ORDER BOOT_A_LEFT").stdout.split("\n")
+    assert state[:2] == ["BOOT_ORDER=A B", "BOOT_A_LEFT=3"], state
+    assert "cairn: ready: router ready, store open" in device.console_tail(chars=10_000_000)
 
 
 def test_dashboard_and_metrics_answer_through_an_ssh_tunnel(device):

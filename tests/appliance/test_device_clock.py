@@ -3,7 +3,7 @@ it: readings taken while the clock is wrong, NTP's step to the true time, more r
 ``cairn-sync`` shipping the history to an HTTP sink on this host, and ``cairn spark ingest``
 here re-basing what was taken before the step. Then its network cable pulled while its serial
 sensor keeps reading, and put back: every reading reaches the table once, and the device's
-own health records give it a row in the fleet report. Its own guest (tests/qemu_device.py),
+own health records give it a row in the fleet report. Its own guest (qemu_device.py),
 so that nothing another test did to a device (power cuts lose unacknowledged seqs) shows as a
 gap.
 

@@ -1,14 +1,14 @@
 """A/B system updates on the device as a user meets them: the Debian image booted in QEMU
-under U-Boot (tests/qemu_device.py), RAUC bundles built here from the image's own root file
+under U-Boot (qemu_device.py), RAUC bundles built here from the image's own root file
 system (signed by the test CA the image trusts, or changed to fail in a chosen way), copied
 in over SSH and installed with ``cairn update install``, or pulled from a central side on
-this host. The device is the one tests/test_device.py checked (one first boot for both); in
+this host. The device is the one test_device.py checked (one first boot for both); in
 order: power cuts at three points of an install, a good update A→B pulled over a link that
 drops, a bad one and one that never boots (each back on B by itself), refused bundles, and a
 clean shutdown at the end. Run with ``make appliance-test``.
 
-The boot chooser itself is tested in U-Boot alone (tests/test_boot_chooser.py), the health
-gate's and the pull's logic on this host (tests/test_update.py, tests/test_update_pull.py)."""
+The boot chooser itself is tested in U-Boot alone (test_boot_chooser.py), the health
+gate's and the pull's logic on this host (tests/system/test_update.py, test_update_pull.py)."""
 
 from __future__ import annotations
 

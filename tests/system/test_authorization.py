@@ -32,7 +32,7 @@ from cairn.gateway.core.session import Outbox
 from harness.wamp_client import Client, connect
 from tests.conftest import RunningRouter, start_router
 
-TIMEOUT = 2
+TIMEOUT = 30  # s: a guard against a hang, never a negative wait (2 s failed on a loaded CI)
 NOT_AUTHORIZED = "wamp.error.not_authorized"
 ACTIONS = ("publish", "subscribe", "call", "register")
 KINDS = ("exact", "prefix", "wildcard")

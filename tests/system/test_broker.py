@@ -30,7 +30,7 @@ from harness.wamp import (
 from harness.wamp_client import SERIALIZERS, TRANSPORTS, Client, RawSocketPeer
 from tests.conftest import RunningRouter, sessions_on, start_router
 
-TIMEOUT = 2
+TIMEOUT = 30  # s: a guard against a hang, never a negative wait (2 s failed on a loaded CI)
 SENTINEL = "--sentinel--"
 
 # WAMP message codes for the raw-protocol tests

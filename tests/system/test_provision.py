@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -503,3 +504,23 @@ def test_a_refused_folder_taken_away_clears_the_refusal(device):
     (device["folder"] / "hostname").unlink()
     assert provision(device) == 0
     assert json.loads(history_outcome(device["etc"]))["outcome"] == "cleared"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a file system needs root")
+def test_a_read_only_boot_partition_is_writable_only_while_provisioning_writes_it(device):
+    """The device mounts its FAT read-only (nothing writes it on a normal boot): provisioning
+    makes it writable to take the files off and write the report, then read-only again.
+    (An ext4 stands in for the FAT: this kernel may have no vfat, and the remount is the
+    same.)"""
+    image, mount = device["boot"].with_name("boot.img"), device["boot"]
+    subprocess.run(["mkfs.ext4", "-q", str(image), "8M"], check=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        write(device["folder"], "hostname", "greenhouse-2\n")
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        assert provision(device) == 0
+        assert not (device["folder"] / "hostname").exists()
+        assert "APPLIED" in report(device)
+        assert os.statvfs(mount).f_flag & os.ST_RDONLY
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
