@@ -206,7 +206,7 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
         logs = {p.name: p.stop() for p in reversed(processes)}
     shutil.rmtree(workdir, ignore_errors=True)  # kept, with the logs, when the case failed
     delivered = len(set(seqs) - {-1})
-    bridge_counts = _bridge_counts(logs.get("bridge", ""))
+    counts = stopped_counts(logs.get("bridge", ""))
     span = (arrivals[-1] - first) if arrivals else None
     return {
         "qos": qos, "messages": n, "backlog": backlog,
@@ -214,8 +214,8 @@ async def run_case(qos: int, n: int, backlog: int, idle: float) -> dict[str, Any
         "delivered": delivered, "duplicates": len(seqs) - delivered,
         "delivered_per_s": round(delivered / span) if span else 0,
         "loss": n - delivered, "loss_pct": round(100 * (n - delivered) / n, 2),
-        "bridge_received": bridge_counts.get("received"),
-        "backlog_dropped": bridge_counts.get("dropped_full"),
+        "bridge_received": counts.get("received"),
+        "backlog_dropped": counts.get("dropped_full"),
         "in_order": seqs == sorted(seqs),
         "cpu_s": cpu,
     }
@@ -238,7 +238,7 @@ async def warm_up(port: int, seqs: list[Any], processes: list[Process],
         await asyncio.sleep(0.3)
 
 
-def _bridge_counts(log: str) -> dict[str, int]:
+def stopped_counts(log: str) -> dict[str, int]:
     """The counters of the bridge's last "stopped: ..." line."""
     lines = [line for line in log.splitlines() if "stopped:" in line]
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", lines[-1])} if lines else {}

@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.mqtt import Process, _bridge_counts, start_servers, warm_up
+from bench.mqtt import Process, start_servers, stopped_counts, warm_up
 from bench.pubsub import machine, source_version
 from harness.process import wait_for_ports
 
@@ -176,7 +176,7 @@ async def bridged_case(name: str, n: int, rate: float) -> dict[str, Any]:
             cpu -= cpu_before
     finally:
         logs = {p.name: p.stop() for p in reversed(processes)}
-    counts = _bridge_counts(logs.get("bridge", ""))
+    counts = stopped_counts(logs.get("bridge", ""))
     shutil.rmtree(workdir, ignore_errors=True)
     bridged = got - stored
     return {"case": name, "messages": n, "rate_per_s": rate, "stored": bridged,

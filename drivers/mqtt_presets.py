@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from cairn.base.config_tools import ConfigError, Validator
 from cairn.drivers.mqtt_discovery import HomeAssistant
 from cairn.drivers.mqtt_facts import (
     HPA_PER,
@@ -69,7 +70,6 @@ from cairn.drivers.mqtt_facts import (
     values,
 )
 from cairn.drivers.runtime import DeviceStatus, RouterLink, reading_topic
-from cairn.gateway.config_tools import ConfigError, Validator
 
 log = logging.getLogger("cairn.mqtt")
 
