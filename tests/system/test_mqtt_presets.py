@@ -1,5 +1,6 @@
 """The MQTT presets (drivers.mqtt_presets) against a real Mosquitto and a real router process,
-fed the payloads the projects document (each cited where it is used).
+fed the payloads the projects document (each cited where it is used). Their plain values
+(device ids, units, value templates) are tests/pure/test_mqtt_facts.py.
 
 One broker and one router serve the module; every test uses its own device names and MQTT
 client id, because both keep retained values from test to test.
@@ -19,8 +20,7 @@ import pytest
 from autobahn.wamp.types import SubscribeOptions
 
 from cairn.drivers import mqtt_cli
-from cairn.drivers.mqtt_discovery import Template, template
-from cairn.drivers.mqtt_facts import celsius, device_id, hpa
+from cairn.drivers.mqtt_facts import device_id
 from cairn.drivers.runtime import open_session
 from harness.process import RouterProcess
 from harness.waiting import until
@@ -159,24 +159,6 @@ async def test_overlapping_plain_filters_bridge_each_message_once(router, broker
 
 # -- device ids --------------------------------------------------------------------------
 
-def test_a_name_of_letters_digits_underscores_and_dashes_is_its_own_device_id():
-    assert device_id("0x00158d00036c1821") == "0x00158d00036c1821"
-    assert device_id("shellyplusht-b8d61a8b17cc") == "shellyplusht-b8d61a8b17cc"
-    assert device_id("garden", "z2m-") == "z2m-garden"
-
-
-def test_names_with_slashes_or_spaces_get_readable_ids_that_never_collide():
-    names = ["kitchen/floor", "kitchen floor", "kitchen_floor", "kitchen-floor",
-             "kitchen//floor", "Küche/Boden"]
-    ids = [device_id(name) for name in names]
-    assert len(set(ids)) == len(names)
-    assert ids[0].startswith("kitchen_floor-") and ids[2] == "kitchen_floor"
-    assert ids[5].startswith("K_che_Boden-")
-    assert ids == [device_id(name) for name in names]  # the same on every run
-    assert all(set(i) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
-               for i in ids)
-
-
 async def test_two_devices_that_would_share_an_id_are_not_merged(router, broker, caplog):
     body = preset("zigbee2mqtt") + preset("esphome")
     async with running_bridge(router, broker, "collide", body) as bridge, \
@@ -198,52 +180,6 @@ async def test_a_device_prefix_keeps_two_projects_names_apart(router, broker):
                       ("prefixed/sensor/soil_temperature/state", b"11.0"))
         assert await zigbee.reading() == {"temperature": 20.5}
         assert await node.reading() == {"temperature": 11.0}
-
-
-# -- units and templates -----------------------------------------------------------------
-
-def test_temperatures_and_pressures_are_converted_to_celsius_and_hpa():
-    assert [celsius(v, u) for v, u in ((21.5, "°C"), (70.7, "°F"), (294.15, "K"), (70, "F"))] \
-        == [21.5, 21.5, 21.0, 21.11]
-    assert [hpa(v, u) for v, u in ((1013.2, "hPa"), (101320, "Pa"), (101.32, "kPa"),
-                                    (760, "mmHg"), (29.92, "inHg"))] == \
-        [1013.2, 1013.2, 1013.2, 1013.25, 1013.21]
-    assert celsius(20, "Rankine") is None and hpa(1, "atm") is None
-
-
-@pytest.mark.parametrize(("source", "expected"), [
-    (None, Template(None)),
-    ("{{ value }}", Template(None)),
-    ("{{value}}", Template(None)),
-    ("{{ value_json.temperature }}", Template(("temperature",))),   # Zigbee2MQTT's
-    ("{{value_json['AM2301'].Temperature}}", Template(("AM2301", "Temperature"))),  # Tasmota's
-    ('{{ value_json["temperature:0"].tC }}', Template(("temperature:0", "tC"))),
-    ("{{ value_json.sensors[0].t }}", Template(("sensors", 0, "t"))),
-    ("{{ value_json.temperature | float }}", Template(("temperature",), (("float", 0),))),
-    ("{{ value | int }}", Template(None, (("int", 0),))),
-    ("{{ value_json.t | float | round(1) }}", Template(("t",), (("float", 0), ("round", 1)))),
-])
-def test_value_templates_cairn_follows(source, expected):
-    assert template(source) == expected
-
-
-@pytest.mark.parametrize("source", [
-    "{{ value_json.t / 10 }}", "{{ (value_json.t | float) * 1.8 + 32 }}",
-    "{{ value_json.t | float(0) }}", "{{ value_json.t | multiply(0.1) }}",
-    "{{ value_json.t if value_json.ok else 0 }}", "{{ value_json.t }} °C",
-    "{% if value %}1{% endif %}", "{{ states('sensor.x') }}", "{{ value.x }}", "value_json.t",
-])
-def test_value_templates_cairn_refuses(source):
-    assert template(source) is None
-
-
-def test_a_template_reads_its_path_then_applies_its_filters():
-    value_json = {"AM2301": {"Temperature": "24.66"}, "list": [3]}
-    assert template("{{ value_json['AM2301'].Temperature | float | round(1) }}").render(
-        "", value_json) == 24.7
-    assert template("{{ value_json.list[0] }}").render("", value_json) == 3
-    assert template("{{ value | int }}").render("21.9", None) == 21
-    assert template("{{ value_json.nope }}").render("", value_json) is not None  # MISSING
 
 
 # -- zigbee2mqtt -------------------------------------------------------------------------
