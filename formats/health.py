@@ -2,8 +2,8 @@
 :data:`TOPIC` and keeps in history, so that it ships in the same batches as the readings and
 the central fleet report reads it. Its fields are :data:`FIELDS`, the one list of them: the
 router writes a record through :func:`build` (gateway.shell.health), the fleet report reads
-it through :data:`BY_PATH` (central.fleet), and the README's table is :func:`markdown`
-(``python -m cairn.formats.health``).
+it through :data:`BY_PATH` (central.fleet), and the table in docs/fleet-report.md is
+:func:`markdown` (``python -m cairn.formats.health``; tests/system/test_docs.py compares).
 
 A record is the event's kwargs, a JSON object; a field path ``card.life_years`` is the key
 ``life_years`` of the object under ``card``, and ``devices.*.status`` the key ``status`` of
@@ -117,7 +117,7 @@ def _check(path: str, value: Any) -> None:
 
 
 def markdown() -> str:
-    """The README's table of the fields (top-level ones, their keys in the text)."""
+    """docs/fleet-report.md's table of the fields (top-level ones, their keys in the text)."""
     lines = ["| field | meaning |", "|---|---|"]
     for field in FIELDS:
         inner = [f for f in FIELDS if f.path.startswith(f"{field.path}.")]

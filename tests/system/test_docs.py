@@ -33,6 +33,7 @@ from cairn.app import network_profiles, update_pull
 from cairn.base.config_tools import ConfigError, Validator
 from cairn.drivers import config as driver_config
 from cairn.drivers import mqtt_bridge, mqtt_presets, serial_config
+from cairn.formats import health
 from cairn.gateway.core import config as gateway_config
 from cairn.sync import cli as sync_cli
 
@@ -394,8 +395,18 @@ def test_the_embedded_default_in_the_reference_is_the_code_s():
     shown = TOML_BLOCK.search(section)
     assert shown, "no TOML block under 'The embedded default' in docs/configuration.md"
     assert tomllib.loads(shown.group(1)) == tomllib.loads(gateway_config.EMBEDDED_TOML), (
-        "docs/configuration.md shows another embedded default than gateway/config.py's "
+        "docs/configuration.md shows another embedded default than gateway/core/config.py's "
         "EMBEDDED_TOML")
+
+
+def test_the_health_record_table_is_the_one_formats_health_prints():
+    text = (DOCS / "fleet-report.md").read_text()
+    shown = re.search(r"<!-- health-record-fields: begin -->\n(.*?)<!-- health-record-fields: end",
+                      text, re.S)
+    assert shown, "no health-record-fields block in docs/fleet-report.md"
+    assert shown.group(1) == health.markdown(), (
+        "docs/fleet-report.md's table of health record fields is not formats/health.py's: "
+        "paste the output of python -m cairn.formats.health between its markers")
 
 
 # -- the commands ----------------------------------------------------------------------------
