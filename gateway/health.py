@@ -38,7 +38,7 @@ STATUS_TOPICS = ("gateway.device..status", "wildcard")  # the drivers' (drivers.
 READING_TOPICS = ("sensor.", "prefix")
 # what the uploader's status says about the data budget (sync.uploader)
 SYNC_FIELDS = ("state", "last_success", "last_error", "bytes_sent", "budget_bytes",
-               "budget_used", "health_only")
+               "budget_used", "health_only", "uplink_clock")
 
 
 class HealthReporter:

@@ -2,7 +2,9 @@
 
 ```toml
 [sync]
-# "dir:/mnt/share/cairn" or an http(s) URL ({name} is replaced by the batch file's name)
+# "dir:/mnt/share/cairn", an http(s) URL ({name} is replaced by the batch file's name),
+# or "s3://BUCKET/PREFIX" (sync.s3: endpoint, region, access_key_id, secret_access_key*,
+# addressing, verify_etag)
 sink = "https://hdfs.example/webhdfs/v1/cairn/{name}?op=CREATE&overwrite=true"
 gateway_id = "greenhouse-7"     # default: the host name
 token_env = "CAIRN_SYNC_TOKEN"  # bearer token (or token / token_file); or username + password
@@ -37,7 +39,7 @@ from cairn.gateway.config import read_document
 from cairn.gateway.config_tools import ConfigError, Validator, secret
 from cairn.gateway.data_dir import db_path, sync_status_path
 from cairn.gateway.store import HistoryReader
-from cairn.sync import metered
+from cairn.sync import metered, s3
 from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
 from cairn.sync.uploader import Uploader
 
@@ -63,6 +65,7 @@ class SyncConfig:
     verify_tls: bool = True
     redirect_hosts: tuple[str, ...] = ()
     on_metered: str = "send"  # or "wait" (sync.metered)
+    s3: s3.S3Config | None = None  # an s3:// sink's settings (sync.s3)
 
 
 def optional_secret(v: Validator, t: dict[str, Any], at: str, name: str) -> str | None:
@@ -82,14 +85,19 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     v.keys(t, at, {"sink", "gateway_id", "token", "token_file", "token_env", "username",
                    "password", "password_file", "password_env", "batch_events", "batch_bytes",
                    "interval", "timeout", "max_backoff", "bandwidth", "verify_tls",
-                   "redirect_hosts", "daily_bytes", "on_metered"})
+                   "redirect_hosts", "daily_bytes", "on_metered"} | s3.KEYS)
     sink = v.get(t, at, "sink", str, None)
     if not sink:
         raise ConfigError(source, f"{at}.sink", "missing: a directory (dir:/path) or an "
                                                 "http(s):// URL to PUT batches to")
-    if not sink.startswith(("dir:", "http://", "https://")):
+    if not sink.startswith(("dir:", "http://", "https://", "s3://")):
         raise ConfigError(source, f"{at}.sink",
-                          f"must start with dir:, http:// or https://, not {sink!r}")
+                          f"must start with dir:, http://, https:// or s3://, not {sink!r}")
+    if sink.startswith("s3://"):
+        s3_config = s3.parse(v, t, at, sink, optional_secret(v, t, at, "secret_access_key"))
+    else:
+        s3_config = None
+        s3.refuse_keys(v, t, at)
     router = gateway_config.parse_router(v, v.table(data, "router"), "router")
     numbers = {}
     for key, default in (("interval", 60.0), ("timeout", 30.0), ("max_backoff", 600.0)):
@@ -125,13 +133,16 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
         bandwidth=bandwidth, daily_bytes=daily_bytes,
         verify_tls=v.get(t, at, "verify_tls", bool, True),
         redirect_hosts=tuple(h.lower() for h in redirect_hosts),
-        on_metered=metered.parse_policy(v, t, at), **numbers)
+        on_metered=metered.parse_policy(v, t, at), s3=s3_config, **numbers)
 
 
 gateway_config.SECTION_CHECKS["sync"] = parse_sync  # a change of cairn.toml is checked whole
 
 
-def make_sink(config: SyncConfig) -> DirectorySink | HttpSink:
+def make_sink(config: SyncConfig) -> DirectorySink | HttpSink | s3.S3Sink:
+    if config.s3 is not None:
+        return s3.S3Sink(config.s3, timeout=config.timeout, verify_tls=config.verify_tls,
+                         bandwidth=config.bandwidth)
     if config.sink.startswith("dir:"):
         return DirectorySink(Path(config.sink.removeprefix("dir:")), config.bandwidth)
     return HttpSink(config.sink, token=config.token, username=config.username,
