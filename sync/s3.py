@@ -210,7 +210,7 @@ class S3Sink:
             headers.update({"Content-Length": str(len(data)), "Accept-Encoding": "identity"})
             self.sent += len(f"PUT {path} HTTP/1.1\r\n") + 2 + len(data) + \
                 sum(len(f"{k}: {v}\r\n") for k, v in headers.items())
-            reply, answer = self._http.send_put(url, name, data, headers)
+            reply, answer = self._http.send_put(url, self._where(key), data, headers)
             if 200 <= reply.status < 300:
                 return self._check_etag(name, key, reply.getheader("ETag"), data)
             text = answer.decode(errors="replace")
