@@ -54,7 +54,9 @@ class S3Server:
         self._log = open(root.parent / f"rclone-{self.port}.log", "wb")  # noqa: SIM115
         self.process = subprocess.Popen(
             [binary, "serve", "s3", "--auth-key", f"{key},{secret}",
-             "--addr", f"127.0.0.1:{self.port}", "--config", "/dev/null", str(root)],
+             "--addr", f"127.0.0.1:{self.port}", "--config", "/dev/null",
+             # files written into the folder beside it are seen at once (tests do)
+             "--dir-cache-time", "0s", str(root)],
             stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_for_ports([self.port], lambda: self.process.poll() is None)
@@ -175,7 +177,7 @@ class FaultProxy:
                 server.sendall(head + body)
                 if mode == "cut":
                     return  # both sides closed with the request half sent
-                answer = _read_answer(server)
+                answer = _read_answer(server, head.startswith(b"HEAD "))
             if mode == "etag":
                 answer = _bad_etag(answer)
             self._answer(client, answer)
@@ -215,8 +217,11 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _read_answer(sock: socket.socket) -> bytes:
+def _read_answer(sock: socket.socket, to_head: bool) -> bytes:
+    """An answer whole: its head, and the body its Content-Length says (none to a HEAD)."""
     head, rest = _read_head(sock)
+    if to_head:
+        return head
     return head + rest + _read_exactly(sock, _content_length(head) - len(rest))
 
 

@@ -402,3 +402,25 @@ def test_the_clock_refusal_is_told_apart_from_a_wrong_secret(server, bucket, tmp
     error, offset_s = done.stdout.splitlines()
     assert "SignatureDoesNotMatch" in error and "check sync.secret_access_key" in error
     assert abs(float(offset_s) - 3 * YEAR_S) < 5
+
+
+def test_rclone_ignores_if_none_match(server, bucket):
+    """AWS S3 (since 2024) and MinIO refuse a PUT with ``If-None-Match: *`` over an existing
+    key (412): a lock could rest on it. rclone's server overwrites the key: on it the
+    central table lock is the documented one-ingest-at-a-time rule (tests/test_spark_s3)."""
+    name, folder = bucket
+    sink = sink_for(server.endpoint, name)
+    sink.put("lock/_lock", b"first")
+    host = f"127.0.0.1:{server.port}"
+    path = f"/{name}/{PREFIX}/lock/_lock"
+    body = b"second"
+    headers = {"Host": host, "If-None-Match": "*"}
+    headers.update(authorize(Credentials(KEY, SECRET), "us-east-1", "PUT", path, "", headers,
+                             hashlib.sha256(body).hexdigest(), time.time_ns()))
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    connection.request("PUT", path, body=body, headers=headers)
+    assert connection.getresponse().status == 200  # not 412 Precondition Failed
+    connection.close()
+    assert (folder / PREFIX / "lock" / "_lock").read_bytes() == b"second"
