@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test lint bench soak setup setup-test setup-image payload image bundle \
-	image-pi-gen appliance-test
+.PHONY: run test lint bench soak docs setup setup-test setup-image setup-docs payload image \
+	bundle image-pi-gen appliance-test
 
 run: setup
 	.venv/bin/cairn demo
@@ -16,6 +16,9 @@ lint: setup-test
 
 bench: setup-test  # Cairn vs Crossbar.io and Mosquitto, ~5 min; writes docs/benchmarks.md
 	.venv/bin/python -m bench
+
+docs: setup-docs  # the documentation site from docs/ (MkDocs): open site/index.html, offline
+	.venv/bin/mkdocs build --strict
 
 soak: setup-test  # the soak and fault suite (soak/), ~20 min; not part of `make test`
 	.venv/bin/pytest soak -v -s
@@ -37,15 +40,16 @@ bundle: setup setup-image
 image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh
 
-# The image booted in qemu-system-aarch64 and tested from here, as root: two devices, one
-# after the other (tests/test_device.py the appliance, then tests/test_device_update.py power
-# cuts during an install and A/B updates on the same device; tests/test_device_clock.py a
-# clock in 2000); the base root file system is cached in ~/.cache/cairn, the test image in
-# build/. Two devices at a time made RAUC fail every install on the starved one
-# (images/README.md).
+# The image booted in qemu-system-aarch64 and tested from here, as root: three devices, one
+# after the other (tests/appliance/test_device.py the appliance, then test_device_update.py
+# power cuts during an install and A/B updates on the same device; test_device_clock.py a
+# clock in 2000; test_device_pi.py the card on QEMU's Raspberry Pi 3, through its own
+# U-Boot); the base root file system is cached in ~/.cache/cairn, the test image in build/.
+# Two devices at a time made RAUC fail every install on the starved one (images/README.md).
 appliance-test: setup-test setup-image
 	.venv/bin/pytest -m appliance -v -s --durations=0 \
-		tests/test_device.py tests/test_device_update.py tests/test_device_clock.py
+		tests/appliance/test_device.py tests/appliance/test_device_update.py \
+		tests/appliance/test_device_clock.py tests/appliance/test_device_pi.py
 
 setup:
 	scripts/setup.sh
@@ -55,3 +59,6 @@ setup-test:
 
 setup-image:
 	scripts/setup.sh image
+
+setup-docs:
+	scripts/setup.sh docs

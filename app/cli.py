@@ -8,22 +8,25 @@ import logging
 import sys
 
 from cairn.app import config_cli, provision, update
-from cairn.drivers import cli as sensor_cli
-from cairn.drivers import demo, mqtt_cli
-from cairn.gateway import config as cfg
-from cairn.gateway import ops
-from cairn.gateway.config_history import RunningConfig, startup_config
-from cairn.gateway.console import (
+from cairn.app.sections import check_whole
+from cairn.base.console import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
     installed_version,
     setup_logging,
 )
+from cairn.central import cli as central_cli
+from cairn.drivers import cli as sensor_cli
+from cairn.drivers import demo, mqtt_cli
+from cairn.gateway.core import config as cfg
+from cairn.gateway.ops import maintenance as ops
+from cairn.gateway.ops.config_history import RunningConfig, startup_config
 from cairn.sync import cli as sync_cli
 
 # the other components' commands, each adding its subcommands to ``cairn``
-COMPONENTS = (ops, config_cli, demo, sensor_cli, mqtt_cli, sync_cli, update, provision)
+COMPONENTS = (ops, config_cli, demo, sensor_cli, mqtt_cli, sync_cli, central_cli, update,
+              provision)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "router":  # a bad file with a last good one beside it runs that
             config, running = startup_config(args.config)
         else:
-            config, running = cfg.check_whole(*cfg.read_document(args.config)), None
+            config, running = check_whole(*cfg.read_document(args.config)), None
     except cfg.ConfigError as e:
         print(f"cairn: bad config: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_router(config: cfg.Config, running: RunningConfig, log_level: str | None) -> int:
     import sqlite3
 
-    from cairn.gateway.server import serve
+    from cairn.gateway.shell.server import serve
     from cairn.gateway.store import SchemaTooNew
 
     setup_logging(log_level or config.router.log_level)
@@ -86,7 +89,7 @@ def run_router(config: cfg.Config, running: RunningConfig, log_level: str | None
         logging.getLogger("cairn").error("bad config: %s; running on the last good "
                                          "configuration %s", running.problem, config.source)
     try:
-        asyncio.run(serve(config, running=running))
+        asyncio.run(serve(config, running=running, check=check_whole))
     except (OSError, SchemaTooNew, sqlite3.DatabaseError, ops.DataDirBusy) as e:
         logging.getLogger("cairn").error("cannot start: %s", e)
         return EXIT_FAILURE

@@ -1,7 +1,7 @@
 """``cairn config``: change the router's configuration without locking yourself out.
 
 ``apply`` validates a file (a bad one is refused: exit 2, nothing written), records it in the
-history beside the config file (gateway.config_history), writes it, has the router reload
+history beside the config file (gateway.ops.config_history), writes it, has the router reload
 (users, roles, permissions and the reloadable [router] keys changed) or restart (anything
 else), and waits, bounded, until the router is ready on it. If it is not, the last good
 configuration is put back and the router restarted on it: the change is recorded as rolled
@@ -29,9 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from cairn.gateway.config import Config, ConfigError, load, restart_needed
-from cairn.gateway.config_admin import validate
-from cairn.gateway.config_history import (
+from cairn.app.sections import check_whole
+from cairn.base.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from cairn.gateway.core.config import Config, ConfigError, load, restart_needed
+from cairn.gateway.ops.config_history import (
     Change,
     History,
     RunningConfig,
@@ -41,8 +42,8 @@ from cairn.gateway.config_history import (
     read_running,
     remove_request,
 )
-from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from cairn.gateway.ops import pid_alive, read_metrics
+from cairn.gateway.ops.maintenance import pid_alive, read_metrics
+from cairn.gateway.shell.config_admin import validate
 
 DEFAULT_CONFIG = "/etc/cairn/cairn.toml"
 READY_TIMEOUT = 90.0  # s the router has to come back ready on a change
@@ -257,7 +258,7 @@ class Applier:
         history = self.history
         with history.locked():
             try:
-                new = validate(text, str(self.file))
+                new = validate(text, str(self.file), check_whole)
             except ConfigError as e:
                 history.record(text, by, source, None, "refused", str(e), request)
                 self.say(f"cairn config: refused, nothing changed: {e}")

@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from cairn.gateway.config_tools import ConfigError, Validator
+from cairn.base.config_tools import ConfigError, Validator
 
 TYPES = ("ethernet", "wifi", "cellular")
 NM_TYPES = {"ethernet": "ethernet", "wifi": "wifi", "cellular": "gsm"}

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway import config as cfg
-from cairn.gateway.update_state import (
+from cairn.gateway.core import config as cfg
+from cairn.gateway.ops.update_state import (
     INSTALLING,
     TRIAL,
     UPDATE_DIR,
@@ -256,7 +256,7 @@ def install(bundle: Path, version: str) -> str:
     reason, for status, doctor and the router to show."""
     before = _stat(UPDATE_DIR / INSTALLING)
     try:
-        return _rauc("install", str(bundle))
+        return run_rauc("install", str(bundle))
     except UpdateError as e:
         slot = booted_slot(Path("/proc/cmdline").read_text()) or "?"
         # the install record ends only if this install wrote it (RAUC may be busy with
@@ -277,7 +277,7 @@ def _stat(path: Path) -> tuple[int, int] | None:
 
 def _commit_store(config_path: str) -> None:
     """The store's pre-migration copies are only for going back to the older release."""
-    from cairn.gateway.data_dir import db_path
+    from cairn.base.data_dir import db_path
     from cairn.gateway.store import discard_pre_migration_copies
 
     try:
@@ -288,7 +288,7 @@ def _commit_store(config_path: str) -> None:
               file=sys.stderr)
 
 
-def _rauc(*args: str) -> str:
+def run_rauc(*args: str) -> str:
     return run("rauc", *args, timeout=600)
 
 
@@ -299,7 +299,7 @@ def status() -> dict[str, Any]:
     """The slots as RAUC sees them and Cairn's records of the updates. While RAUC installs it
     answers no status: the slot booted is then the kernel command line's, the slots unknown."""
     try:
-        rauc = json.loads(_rauc("status", "--detailed", "--output-format=json"))
+        rauc = json.loads(run_rauc("status", "--detailed", "--output-format=json"))
     except UpdateError as e:
         if RAUC_BUSY not in str(e).lower():
             raise
@@ -359,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
             if args.reboot:
                 run("systemctl", "--no-block", "reboot")
         elif args.action == "mark-good":
-            print(_rauc("status", "mark-good", "booted"), end="")
+            print(run_rauc("status", "mark-good", "booted"), end="")
         elif args.action == "pull":
             return _pull(args.config, args.once)
         elif args.action == "usb":
@@ -382,7 +382,7 @@ def main(args: argparse.Namespace) -> int:
         elif args.action == "health":
             slot = booted_slot(Path("/proc/cmdline").read_text())
             done, why = health_gate(UPDATE_DIR, slot, lambda: health_problems(args.config),
-                                    args.timeout, _rauc, lambda: _commit_store(args.config))
+                                    args.timeout, run_rauc, lambda: _commit_store(args.config))
             print(f"cairn update health: {why}")
             if done == "bad":
                 run("systemctl", "--no-block", "reboot")

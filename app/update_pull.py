@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.config import SECTION_CHECKS, read_document
-from cairn.gateway.config_tools import ConfigError, Validator
-from cairn.gateway.update_state import UPDATE_DIR, Trial, last_result
+from cairn.base.config_tools import ConfigError, Validator, optional_secret
+from cairn.gateway.core.config import read_document
+from cairn.gateway.ops.update_state import UPDATE_DIR, Trial, last_result
 from cairn.sync import metered
-from cairn.sync.cli import GATEWAY_ID, optional_secret
+from cairn.sync.cli import GATEWAY_ID
 from cairn.sync.sinks import HttpSource, SinkError
 
 log = logging.getLogger("cairn.update")
@@ -91,7 +91,6 @@ def parse_update(data: dict[str, Any], path: str) -> UpdateSource | None:
                         v.get(t, at, "reboot", bool, True), metered.parse_policy(v, t, at))
 
 
-SECTION_CHECKS["update"] = parse_update  # a change of cairn.toml is checked whole
 
 
 def load(config_path: str) -> UpdateSource | None:

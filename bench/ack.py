@@ -29,7 +29,7 @@ from typing import Any
 from bench.compare import LoadMeter, running_server
 from bench.pubsub import SubscriberGroup, check, wait_delivered
 from bench.wire import TOPIC, Publisher
-from cairn.gateway.metrics import quantile
+from cairn.gateway.shell.metrics import quantile
 
 CASES = [("rawsocket", "msgpack", 0), ("rawsocket", "msgpack", 1),
          ("websocket", "json", 0), ("websocket", "json", 1)]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.spark import machine, table
-from cairn.sync.batch_format import manifest_name
+from cairn.formats.batch import manifest_name
 from cairn.sync.uploader import build_batch
 from harness.readings import BOOT, BOOTED_MS, KEY, readings
 
@@ -89,7 +89,7 @@ def land(landing: Path, rows: int, schema: int) -> int:
 
 
 def ingest_rates(rows: int, repeats: int, work: Path) -> dict[str, Any]:
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     spark = jobs.session("local[2]", {"spark.ui.enabled": "false",
                                       "spark.driver.memory": "2g"}, app="cairn-bench-format")

@@ -43,7 +43,7 @@ def cairn_runtime_venv(venv: Path = CAIRN_VENV) -> Path:
         # pip builds in the source tree (build/, *.egg-info): build from a copy instead
         src = Path(tmp) / "cairn"
         skip = shutil.ignore_patterns("__pycache__", "node_modules", "*.egg-info", "build")
-        for name in ("gateway", "drivers", "sync", "app"):
+        for name in ("base", "formats", "gateway", "drivers", "sync", "central", "app"):
             shutil.copytree(REPO / name, src / name, ignore=skip)
         for name in ("pyproject.toml", "README.md"):
             shutil.copy2(REPO / name, src / name)

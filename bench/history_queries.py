@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.lean_wamp import WampClient, WampError
-from bench.measure import CpuMeter, _r, fmt_ms, latency_summary
+from bench.measure import CpuMeter, fmt_ms, latency_summary, rounded
 from bench.store_data import (
     DEVICES,
     HISTORY_PREFIX,
@@ -20,10 +20,10 @@ from bench.store_data import (
     SPARSE_TOPIC,
     device_topic,
 )
-from cairn.gateway.clock_readings import rfc3339
-from cairn.gateway.config import Limits
-from cairn.gateway.history import EventsQuery, history_query
-from cairn.gateway.patterns import wildcard_matches
+from cairn.base.clock_readings import rfc3339
+from cairn.gateway.core.config import Limits
+from cairn.gateway.core.history import EventsQuery, history_query
+from cairn.gateway.core.patterns import wildcard_matches
 from cairn.gateway.store import Store, eligible
 
 # -- 3. get_events ----------------------------------------------------------------------------
@@ -134,7 +134,7 @@ async def bench_get_events(client: WampClient, pid: int, sub_ids: dict[str, int]
 
 async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[str, Any],
                               seed: int) -> dict[str, Any]:
-    """Replay each get_events case through gateway.history.history_query on a Store opened on
+    """Replay each get_events case through gateway.core.history.history_query on a Store opened on
     the benchmark database (router stopped), record the SQL it runs, and show its query plan
     and its bare execution time."""
     store = await Store.open(db_path)
@@ -178,8 +178,8 @@ async def diagnose_get_events(db_path: Path, sub_ids: dict[str, int], pop: dict[
                     if times[-1] > 500:
                         break
                 statements.append({"sql": sql, "params": list(params), "plan": plan,
-                                   "sql_ms_median": _r(sorted(times)[len(times) // 2])})
-            out[case["id"]] = {"kwargs": kwargs, "in_process_ms": _r(in_process_ms),
+                                   "sql_ms_median": rounded(sorted(times)[len(times) // 2])})
+            out[case["id"]] = {"kwargs": kwargs, "in_process_ms": rounded(in_process_ms),
                                "statements": statements}
     finally:
         db.close()

@@ -13,7 +13,7 @@ from typing import Any
 from bench.pubsub import (
     machine_busy_seconds,
 )
-from cairn.gateway.metrics import quantile
+from cairn.gateway.shell.metrics import quantile
 from harness.process import CLK_TCK, process_cpu_seconds
 
 # -- measuring helpers ------------------------------------------------------------------------
@@ -21,12 +21,13 @@ from harness.process import CLK_TCK, process_cpu_seconds
 
 def latency_summary(ns: list[int]) -> dict[str, Any]:
     ms = [v / 1e6 for v in ns]
-    return {"n": len(ms), "p50_ms": _r(quantile(ms, 0.50)), "p99_ms": _r(quantile(ms, 0.99)),
-            "max_ms": _r(max(ms) if ms else None),
-            "mean_ms": _r(sum(ms) / len(ms) if ms else None)}
+    return {"n": len(ms), "p50_ms": rounded(quantile(ms, 0.50)),
+            "p99_ms": rounded(quantile(ms, 0.99)),
+            "max_ms": rounded(max(ms) if ms else None),
+            "mean_ms": rounded(sum(ms) / len(ms) if ms else None)}
 
 
-def _r(value: float | None, digits: int = 3) -> float | None:
+def rounded(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 

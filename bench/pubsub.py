@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.wire import TOPIC, Publisher, SubscriberSession, serve_fake_broker
-from cairn.gateway.metrics import quantile
+from cairn.gateway.shell.metrics import quantile
 from harness.config import NO_READ_BUDGET, history_rule, open_realm
 from harness.process import (
     CLK_TCK,

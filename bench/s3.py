@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.sync import machine, populate, table
-from cairn.gateway import clock
+from cairn.base import clock
 from cairn.gateway.store import HistoryReader
-from cairn.sync.s3 import S3Config, S3Sink
-from cairn.sync.sigv4 import Credentials
 from cairn.sync.sinks import DirectorySink
+from cairn.sync.sinks.s3 import S3Config, S3Sink
+from cairn.sync.sinks.sigv4 import Credentials
 from cairn.sync.uploader import Uploader
 from harness.s3_server import KEY, SECRET, FaultProxy, S3Server
 

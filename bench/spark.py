@@ -16,7 +16,7 @@ What it does:
 2. **ingest**: one Spark session (``--master``, ``spark.driver.memory`` 4g) and an untimed
    200,000-row warm-up ingest (a fresh JVM runs the first few hundred thousand rows at
    about half speed while the JIT compiles), then for each size a fresh table:
-   ``sync.spark.ingest`` (list + read manifests, verify every batch on the executors:
+   ``central.spark.ingest`` (list + read manifests, verify every batch on the executors:
    sha256, gunzip, line count; read JSON; anti-join against the table; re-base; write
    Parquet partitioned by date). Wall time, rows/s, Parquet bytes, seconds per step.
 3. **re-run** the same ingest (everything already ingested: the idempotent no-op) and, for
@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.pubsub import cpu_model
-from cairn.gateway.clock_readings import rfc3339
-from cairn.sync.batch_format import encode_rows, manifest_name
+from cairn.base.clock_readings import rfc3339
+from cairn.formats.batch import encode_rows, manifest_name
 from cairn.sync.uploader import build_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark.json"
@@ -118,7 +118,7 @@ def check_template() -> None:
     for row in rows:
         del row["gateway_id"], row["timestamp"]
     if encode_rows("gw-x", rows) != data:
-        raise AssertionError("the generator's lines differ from sync.batch_format.encode_rows")
+        raise AssertionError("the generator's lines differ from formats.batch.encode_rows")
 
 
 def generate(landing: Path, rows: int, gateways: int, batch_events: int,
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     sizes = [int(x) for x in opts.rows.split(",")]
 
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     check_template()
     load_at_start = os.getloadavg()

@@ -14,7 +14,7 @@ Run from the repository root (not part of ``make test``)::
 With ``--dir`` the landing data is kept there and re-used by a run with the same sizes.
 
 Landing data is what the uploader writes (``sync.uploader.build_batch``, i.e.
-``sync.batch_format.encode_rows`` + manifest): per gateway 20 sensors, one row per 0.5 s,
+``formats.batch.encode_rows`` + manifest): per gateway 20 sensors, one row per 0.5 s,
 batches of ``--batch-events`` rows. One gateway in ten starts with an unsynchronized
 clock (1970 until a synchronized step: its first 30% of rows are re-based); one in twenty
 has a batch that never landed and a loss record (50 rows dropped on the gateway); one in
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.spark import machine, table, tree_bytes
-from cairn.sync.batch_format import manifest_name
+from cairn.formats.batch import manifest_name
 from cairn.sync.uploader import build_batch
 
 SCHEMA = 1  # batches of schema 1, as measured before schema 2 (bench.batch_format compares)
@@ -57,7 +57,7 @@ LANDINGS = ("landing", "warm-up", "day-00", "days-00-29", "day-30", "fleet-day")
 
 # -- landing data -------------------------------------------------------------------------
 
-def _row(gw: str, seq: int, wall_ms: int, boot: str, boottime_ns: int, synced: bool,
+def fleet_row(gw: str, seq: int, wall_ms: int, boot: str, boottime_ns: int, synced: bool,
          sensor: int) -> dict[str, Any]:
     topic = f"sensor.{gw}-s{sensor:02d}"
     return {"seq": seq, "publication": seq * 7919 % 2**53, "realm": "realm1", "topic": topic,
@@ -90,7 +90,7 @@ def _gateway(args: tuple[Path, int, int, int, int, int]) -> tuple[int, int]:
         b = 10**9 + i * STEP_MS * 10**6
         synced = i >= unsynced_until
         wall = start_ms + i * STEP_MS if synced else 1000 + i * STEP_MS
-        all_rows.append(_row(gw, seq_base + i + 1, wall, boot, b, synced, i % 20))
+        all_rows.append(fleet_row(gw, seq_base + i + 1, wall, boot, b, synced, i % 20))
     return _land_batches(landing, gw, g, all_rows, anchors, batch_events, seq_base)
 
 
@@ -147,7 +147,7 @@ def _load() -> float:
 
 
 def _floor(spark: Any, landing: Path, out: Path) -> dict[str, Any]:
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     started = time.perf_counter()
     (spark.read.schema(jobs.EVENT_SCHEMA).json(str(landing / "*" / "*.jsonl.gz"))
@@ -159,7 +159,7 @@ def _floor(spark: Any, landing: Path, out: Path) -> dict[str, Any]:
 
 
 def _ingest(spark: Any, landing: Path, tbl: Path, keep: bool = False) -> dict[str, Any]:
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     shutil.rmtree(tbl, ignore_errors=True)
     stats = jobs.ingest(spark, str(landing), str(tbl))
@@ -177,7 +177,7 @@ def _days(spark: Any, work: Path, repeats: int) -> dict[str, Any]:
     """One new day into a table of 1 day and one of 30 (built untimed, then copied); then
     the fleet's next day into the fleet's table (the last ingest's, kept) and into the table
     of 1 day."""
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     bases = {"1": work / "days-table-1", "30": work / "days-table-30", "fleet": work / "table"}
     for held, landing in (("1", "day-00"), ("30", "days-00-29")):
@@ -209,7 +209,7 @@ def _land_minute(landing: Path, gateways: int, minute: int) -> int:
     first = minute * MINUTE_ROWS
     for g in range(gateways):
         gw, boot = f"gw-{g:04d}", f"boot-gw-{g:04d}-s"
-        rows = [_row(gw, first + i + 1, T0_MS + (first + i) * STEP_MS, boot,
+        rows = [fleet_row(gw, first + i + 1, T0_MS + (first + i) * STEP_MS, boot,
                      10**9 + (first + i) * STEP_MS * 10**6, True, i % 20)
                 for i in range(MINUTE_ROWS)]
         anchor = {"id": 1, "reason": "start", "boot_id": boot, "boottime_ns": 10**9,
@@ -225,7 +225,7 @@ def _streaming(spark: Any, work: Path, gateways: int, minutes: int) -> list[dict
     its rows being counted in the table."""
     from pyspark.sql import functions as F
 
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     base = work / "streaming"
     shutil.rmtree(base, ignore_errors=True)
@@ -249,7 +249,7 @@ def _streaming(spark: Any, work: Path, gateways: int, minutes: int) -> list[dict
 
 def drive(opts: argparse.Namespace) -> int:
     """The measurements in this process (a driver of ``opts.master``); JSON on stdout."""
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     conf = {"spark.driver.memory": opts.driver_memory, "spark.ui.enabled": "false",
             **dict(c.split("=", 1) for c in opts.conf or [])}

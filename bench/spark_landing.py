@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.spark import machine, table
-from bench.spark_fleet import T0_MS, _row
-from cairn.sync.batch_format import manifest_name
+from bench.spark_fleet import T0_MS, fleet_row
+from cairn.formats.batch import manifest_name
 from cairn.sync.uploader import build_batch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_landing.json"
@@ -43,7 +43,7 @@ def _land(args: tuple[Path, int, int]) -> int:
     gw = f"gw-{g:04d}"
     (landing / gw).mkdir(parents=True, exist_ok=True)
     for seq in range(1, batches + 1):
-        batch = build_batch(gw, [_row(gw, seq, T0_MS + seq * 60_000, f"boot-{gw}", seq * 10**9,
+        batch = build_batch(gw, [fleet_row(gw, seq, T0_MS + seq * 60_000, f"boot-{gw}", seq * 10**9,
                                       True, 0)], seq - 1, [], [])
         (landing / batch.name).write_bytes(batch.data)
         (landing / manifest_name(batch.name)).write_text(json.dumps(batch.manifest))
@@ -57,11 +57,11 @@ def land(landing: Path, batches: int) -> int:
 
 
 def measure(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
 
     spark = jobs.session("local[2]", {"spark.driver.memory": opts.driver_memory,
                                       "spark.ui.enabled": "false"}, app="cairn-bench-landing")
-    jobs._prepare(spark)
+    jobs.prepare(spark)
     files = jobs.Files(spark)
     landing, tbl = files.qualify(str(work / "landing")), files.qualify(str(work / "table"))
     store = jobs.TableDir(spark, files, tbl)
@@ -70,7 +70,7 @@ def measure(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
     try:
         tracemalloc.start()
         started = time.perf_counter()
-        landed = jobs._landed(spark, files, landing, store).uris
+        landed = jobs.landed_manifests(spark, files, landing, store).uris
         out["listing_s"] = round(time.perf_counter() - started, 1)
         out["listed_files"] = len(landed)
         out["python_set_mb"] = round(tracemalloc.get_traced_memory()[0] / 2**20)
@@ -79,12 +79,12 @@ def measure(work: Path, opts: argparse.Namespace) -> dict[str, Any]:
         out["driver_heap_mb"] = round((runtime.totalMemory() - runtime.freeMemory()) / 2**20)
         manifests = sorted(u for u in landed if u.endswith(jobs.MANIFEST_SUFFIX))[:opts.chunk]
         started = time.perf_counter()
-        stats = jobs._ingest_paths(spark, files, manifests, tbl, None, landed, None)
+        stats = jobs.ingest_paths(spark, files, manifests, tbl, None, landed, None)
         out["chunk_s"] = round(time.perf_counter() - started, 1)
         out["chunk_batches"] = stats.ingested
         out["chunk_phases_s"] = {k: round(v, 1) for k, v in stats.phases.items()}
         started = time.perf_counter()
-        out["unchanged"] = len(jobs._landed(spark, files, landing, store).unchanged)
+        out["unchanged"] = len(jobs.landed_manifests(spark, files, landing, store).unchanged)
         out["relisting_s"] = round(time.perf_counter() - started, 1)
     except Exception as e:  # the failure is the figure: how the job would fail
         out["error"] = str(e).splitlines()[0][:300]

@@ -53,7 +53,7 @@ What it does, in order:
    ``cairn.db`` + ``cairn.db-wal``, and sectors written on the whole block device (includes
    the file system journal and anything else on the machine), each divided by the count.
 7. after the router has stopped, every get_events case is replayed in this process through
-   ``gateway.history.history_query`` on a ``Store`` opened on the same file, recording the
+   ``gateway.core.history.history_query`` on a ``Store`` opened on the same file, recording the
    SQL it runs, so the report can show ``EXPLAIN QUERY PLAN`` and the bare SQL time next to the
    router's round trip.
 
@@ -90,7 +90,6 @@ from bench.history_queries import bench_get_events, diagnose_get_events, make_qu
 from bench.lean_wamp import WampClient
 from bench.measure import (
     CpuMeter,
-    _r,
     block_device_stat,
     db_files_size,
     device_sectors_written,
@@ -100,6 +99,7 @@ from bench.measure import (
     fsync_baseline,
     latency_summary,
     proc_io,
+    rounded,
 )
 from bench.pubsub import (
     Profiler,
@@ -115,7 +115,7 @@ from bench.store_data import (
     populate,
     reading,
 )
-from cairn.gateway.metrics import quantile
+from cairn.gateway.shell.metrics import quantile
 from harness.config import NO_READ_BUDGET, history_rule, open_realm
 from harness.process import RouterProcess
 
@@ -177,7 +177,7 @@ async def bench_retained(client: WampClient, expected: int, repeats: int,
             first_event_lat.append(state["first_at"] - t0)
     summary = latency_summary(lat)
     return {"retained": expected, **summary,
-            "first_event_p50_ms": _r(quantile([v / 1e6 for v in first_event_lat], 0.5)),
+            "first_event_p50_ms": rounded(quantile([v / 1e6 for v in first_event_lat], 0.5)),
             "problems": problems[:5], "ok": not problems}
 
 

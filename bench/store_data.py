@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import file_size
-from cairn.gateway.core import Sequence
+from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import Store, StoredPublication
 
 HISTORY_PREFIX = "sensor"

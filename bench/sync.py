@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.pubsub import cpu_model
-from cairn.gateway.clock_readings import Anchor
-from cairn.gateway.core import Sequence
+from cairn.base.clock_readings import Anchor
+from cairn.formats.batch import decode_batch
+from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from cairn.sync import uploader as uploader_module
-from cairn.sync.batch_format import decode_batch
 from cairn.sync.sinks import DirectorySink
 from cairn.sync.uploader import Uploader
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.pubsub import REPO, RESULTS_DIR, machine, source_version
-from cairn.gateway.metrics import quantile
+from cairn.gateway.shell.metrics import quantile
 from harness.process import free_port
 
 IMAGE_MIB = 512
@@ -127,7 +127,7 @@ def missing_privileges() -> str | None:
 def router_config(path: Path, policy: str) -> Path:
     """The embedded default with a free HTTP port; a policy other than ``default`` sets the
     sensor rule's ``commit_window``."""
-    from cairn.gateway.config import EMBEDDED_TOML
+    from cairn.gateway.core.config import EMBEDDED_TOML
 
     text = EMBEDDED_TOML.replace(EMBEDDED_LISTEN, f'listen = "127.0.0.1:{free_port()}"')
     if policy != "default":
@@ -216,8 +216,8 @@ async def leave(sessions: list[Any]) -> None:
 async def prefill(db: Path, sensors: int, rows: int, interval: float) -> None:
     """A history of ``rows`` readings of the sensors, ``interval`` s apart each, up to now,
     written with the store itself as the router would have (the router is not running)."""
-    from cairn.gateway import clock
-    from cairn.gateway.core import Sequence
+    from cairn.base import clock
+    from cairn.gateway.core.session import Sequence
     from cairn.gateway.store import Store, StoredPublication
 
     store = await Store.open(db)
@@ -243,7 +243,7 @@ async def prefill(db: Path, sensors: int, rows: int, interval: float) -> None:
 def at_the_bound(warm_up: int) -> int:
     """Rows to prefill so that after the warm-up the history is one over the embedded
     default's max_events and its slack: the first prune is due."""
-    from cairn.gateway.config import load
+    from cairn.gateway.core.config import load
 
     (rule,) = load(None).realms[0].history
     return rule.max_events + rule.max_events // 1000 + 1 - warm_up

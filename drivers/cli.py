@@ -16,8 +16,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from cairn.gateway.config import ConfigError
-from cairn.gateway.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
+from cairn.base.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, setup_logging
+from cairn.gateway.core.config import ConfigError
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

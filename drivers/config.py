@@ -10,7 +10,7 @@ backlog = 1000            # readings kept while the router is away; the oldest g
 ```
 
 Each driver validates its own sections ([[sensors]], [mqtt]) with the same
-:class:`gateway.config_tools.ConfigError`, naming file, key and problem.
+:class:`base.config_tools.ConfigError`, naming file, key and problem.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cairn.gateway.config import read_document as read_toml  # noqa: F401  (drivers' entry point)
-from cairn.gateway.config_tools import ConfigError, Validator, secret
+from cairn.base.config_tools import ConfigError, Validator, secret
+from cairn.gateway.core.config import read_document as read_toml  # noqa: F401  (drivers' entry point)
 
 
 @dataclass(frozen=True)

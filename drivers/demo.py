@@ -21,8 +21,8 @@ from typing import Any
 from cairn.drivers.serial_config import parse as parse_sensors
 from cairn.drivers.serial_driver import SerialDriver
 from cairn.drivers.simulator import Simulator
-from cairn.gateway import config as gateway_config
-from cairn.gateway.server import Node
+from cairn.gateway.core import config as gateway_config
+from cairn.gateway.shell.server import Node
 
 log = logging.getLogger("cairn.demo")
 

@@ -51,9 +51,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from cairn.base.config_tools import ConfigError, Validator, secret
 from cairn.drivers.config import DriverConfig, parse_driver
 from cairn.drivers.runtime import DeviceStatus, RouterLink, open_session
-from cairn.gateway.config_tools import ConfigError, Validator, secret
 
 log = logging.getLogger("cairn.mqtt")
 

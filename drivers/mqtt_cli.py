@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import Any
 
-from cairn.gateway.console import EXIT_OK, EXIT_USAGE, setup_logging
+from cairn.base.console import EXIT_OK, EXIT_USAGE, setup_logging
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -36,7 +36,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from cairn.drivers import mqtt_bridge
     from cairn.drivers.config import read_toml
-    from cairn.gateway.config import ConfigError
+    from cairn.gateway.core.config import ConfigError
 
     try:
         driver, config = mqtt_bridge.load(*read_toml(args.config))

@@ -28,24 +28,22 @@ from typing import Any
 
 import serial
 
+from cairn.base.config_tools import ConfigError, Validator
 from cairn.drivers.config import DriverConfig, parse_driver, read_toml
-from cairn.drivers.line import MAX_LINE, THS, RegexFormat
-from cairn.drivers.modbus import FUNCTIONS, MAX_REGISTERS, XY_MD02, Register, register_block
-from cairn.gateway.config_tools import ConfigError, Validator, describe
+from cairn.drivers.kinds import KINDS
+from cairn.drivers.kinds.kind import int_in, number
 
 TOP_LEVEL = {"router", "realms", "driver", "sensors", "mqtt", "sync"}
-KINDS = ("modbus", "line")
+# the keys of every kind; each kind adds its own (drivers.kinds)
 COMMON_KEYS = {"id", "kind", "port", "baudrate", "parity", "stopbits", "interval", "deadband",
                "heartbeat", "stale_after"}
-MODBUS_KEYS = COMMON_KEYS | {"address", "function", "registers", "timeout", "retries"}
-LINE_KEYS = COMMON_KEYS | {"format", "regex", "match_id", "max_line"}
-REGISTER_KEYS = {"register", "signed", "scale", "offset"}
-THS_FIELDS = ("temperature", "humidity")
 _ID = re.compile(r"^[^\s.#]+(\.[^\s.#]+)*$")
 
 
 @dataclass(frozen=True)
 class SensorConfig:
+    """A [[sensors]] entry: the keys every kind has, and its kind's own (``options``, as
+    attributes too: ``sensor.address`` of a Modbus sensor)."""
     id: str
     kind: str
     port: str
@@ -57,25 +55,14 @@ class SensorConfig:
     default_deadband: float = 0.0
     heartbeat: float = 60.0
     stale_after: float = 30.0
-    # modbus
-    address: int = 1
-    function: int = 4
-    registers: tuple[Register, ...] = XY_MD02
-    timeout: float = 0.5
-    retries: int = 2
-    # line
-    format: str = THS
-    regex: str | None = None
-    match_id: str | None = None
-    max_line: int = MAX_LINE
+    fields: tuple[str, ...] = ()  # the names of the values it reads
+    options: dict[str, Any] = field(default_factory=dict)  # its kind's keys (drivers.kinds)
 
-    @property
-    def fields(self) -> tuple[str, ...]:
-        if self.kind == "modbus":
-            return tuple(r.name for r in self.registers)
-        if self.regex is not None:
-            return tuple(RegexFormat(self.regex).fields)
-        return THS_FIELDS
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options", {})
+        if name in options:
+            return options[name]
+        raise AttributeError(f"a {self.__dict__.get('kind')} sensor has no {name!r}")
 
 
 @dataclass(frozen=True)
@@ -102,36 +89,14 @@ def parse(data: dict[str, Any], source: str) -> SerialConfig:
     return SerialConfig(source, driver, sensors)
 
 
-def _number(v: Validator, t: dict[str, Any], at: str, key: str, default: float,
-            minimum: float = 0.0, strict: bool = True) -> float:
-    if key not in t:
-        return default
-    value = t[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(v.source, f"{at}.{key}", f"expected a number, got {describe(value)}")
-    if value < minimum or (strict and value == minimum):
-        relation = "greater than" if strict else "at least"
-        raise ConfigError(v.source, f"{at}.{key}", f"must be {relation} {minimum:g}, not {value}")
-    return float(value)
-
-
-def _int_in(v: Validator, t: dict[str, Any], at: str, key: str, default: int,
-            allowed: range | tuple) -> int:
-    value = v.get(t, at, key, int, default)
-    if value not in allowed:
-        shown = f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else \
-            " or ".join(map(str, allowed))
-        raise ConfigError(v.source, f"{at}.{key}", f"must be {shown}, not {value}")
-    return value
-
-
 def _sensor(v: Validator, t: dict[str, Any], at: str) -> SensorConfig:
-    kind = v.get(t, at, "kind", str, None)
-    if kind is None:
-        raise ConfigError(v.source, f"{at}.kind", "missing (modbus or line)")
-    if kind not in KINDS:
-        raise ConfigError(v.source, f"{at}.kind", f"must be modbus or line, not {kind!r}")
-    v.keys(t, at, MODBUS_KEYS if kind == "modbus" else LINE_KEYS)
+    name = v.get(t, at, "kind", str, None)
+    if name is None:
+        raise ConfigError(v.source, f"{at}.kind", f"missing ({_kinds()})")
+    if name not in KINDS:
+        raise ConfigError(v.source, f"{at}.kind", f"must be {_kinds()}, not {name!r}")
+    kind = KINDS[name]
+    v.keys(t, at, COMMON_KEYS | kind.keys)
     sensor_id = v.get(t, at, "id", str, None)
     if not sensor_id:
         raise ConfigError(v.source, f"{at}.id", "missing (the device id: readings go to "
@@ -149,97 +114,28 @@ def _sensor(v: Validator, t: dict[str, Any], at: str) -> SensorConfig:
     parity = v.get(t, at, "parity", str, "N").upper()
     if parity not in ("N", "E", "O"):
         raise ConfigError(v.source, f"{at}.parity", f"must be N, E or O, not {t['parity']!r}")
-    interval = _number(v, t, at, "interval", 10.0)
+    interval = number(v, t, at, "interval", 10.0)
     common = dict(
-        id=sensor_id, kind=kind, port=port, baudrate=baudrate, parity=parity,
-        stopbits=_int_in(v, t, at, "stopbits", 1, (1, 2)), interval=interval,
-        heartbeat=_number(v, t, at, "heartbeat", 60.0),
+        id=sensor_id, kind=name, port=port, baudrate=baudrate, parity=parity,
+        stopbits=int_in(v, t, at, "stopbits", 1, (1, 2)), interval=interval,
+        heartbeat=number(v, t, at, "heartbeat", 60.0),
     )
-    if kind == "modbus":
-        registers = _registers(v, t, at)
-        specific: dict[str, Any] = dict(
-            address=_int_in(v, t, at, "address", 1, range(1, 248)),
-            function=_int_in(v, t, at, "function", 4, tuple(FUNCTIONS)),
-            registers=registers,
-            timeout=_number(v, t, at, "timeout", 0.5),
-            retries=_int_in(v, t, at, "retries", 2, range(0, 11)),
-        )
-        fields = tuple(r.name for r in registers)
-    else:
-        specific, fields = _line(v, t, at)
-    # three missed readings; for Modbus plus the time one failing poll may take, so a
-    # device that does not answer is reported as an error before it could go stale
-    default_stale = 3 * interval
-    if kind == "modbus":
-        default_stale += (specific["retries"] + 1) * specific["timeout"]
-    stale_after = _number(v, t, at, "stale_after", default_stale)
+    options, fields = kind.parse(v, t, at)
+    # three missed readings, and the time a failing read of the kind may take
+    default_stale = 3 * interval + kind.stale_margin(options)
+    stale_after = number(v, t, at, "stale_after", default_stale)
     if stale_after <= interval:
         raise ConfigError(v.source, f"{at}.stale_after",
                           f"must be longer than interval ({interval:g} s), not {stale_after:g}")
     per_field, default_deadband = _deadband(v, t, at, fields)
-    return SensorConfig(**common, **specific, stale_after=stale_after, deadband=per_field,
-                        default_deadband=default_deadband)
+    return SensorConfig(**common, stale_after=stale_after, deadband=per_field,
+                        default_deadband=default_deadband, fields=fields, options=options)
 
 
-def _registers(v: Validator, t: dict[str, Any], at: str) -> tuple[Register, ...]:
-    table = v.get(t, at, "registers", dict, None)
-    if table is None:
-        return XY_MD02
-    if not table:
-        raise ConfigError(v.source, f"{at}.registers", "empty: name at least one register")
-    registers = []
-    for name, spec in table.items():
-        rat = f"{at}.registers.{name}"
-        if isinstance(spec, int) and not isinstance(spec, bool):
-            spec = {"register": spec}
-        if not isinstance(spec, dict):
-            raise ConfigError(v.source, rat, f"expected a register number or a table "
-                                             f"{{ register, signed, scale, offset }}, got "
-                                             f"{describe(spec)}")
-        v.keys(spec, rat, REGISTER_KEYS)
-        if "register" not in spec:
-            raise ConfigError(v.source, f"{rat}.register", "missing (the register address, "
-                                                           "0..65535)")
-        scale = spec.get("scale", 0.1)
-        if isinstance(scale, bool) or not isinstance(scale, int | float) or scale == 0:
-            raise ConfigError(v.source, f"{rat}.scale",
-                              f"expected a non-zero number, got {describe(scale)}")
-        offset = spec.get("offset", 0.0)
-        if isinstance(offset, bool) or not isinstance(offset, int | float):
-            raise ConfigError(v.source, f"{rat}.offset",
-                              f"expected a number, got {describe(offset)}")
-        registers.append(Register(
-            name, _int_in(v, spec, rat, "register", 0, range(0, 0x10000)),
-            signed=v.get(spec, rat, "signed", bool, True), scale=float(scale),
-            offset=float(offset)))
-    start, count = register_block(registers)
-    if count > MAX_REGISTERS:
-        raise ConfigError(v.source, f"{at}.registers",
-                          f"registers {start}..{start + count - 1} span {count}; one request "
-                          f"reads at most {MAX_REGISTERS}")
-    return tuple(registers)
-
-
-def _line(v: Validator, t: dict[str, Any], at: str) -> tuple[dict[str, Any], tuple[str, ...]]:
-    regex = v.get(t, at, "regex", str, None)
-    fmt = v.get(t, at, "format", str, "regex" if regex is not None else THS)
-    if fmt not in (THS, "regex"):
-        raise ConfigError(v.source, f"{at}.format", f"must be ths or regex, not {fmt!r}")
-    if fmt == "regex" and regex is None:
-        raise ConfigError(v.source, f"{at}.regex", "missing (format = \"regex\" needs one)")
-    if fmt == THS and regex is not None:
-        raise ConfigError(v.source, f"{at}.regex", "only used with format = \"regex\"")
-    fields: tuple[str, ...] = THS_FIELDS
-    if regex is not None:
-        try:
-            fields = tuple(RegexFormat(regex).fields)
-        except re.error as e:
-            raise ConfigError(v.source, f"{at}.regex", f"not a valid regex: {e}") from e
-        except ValueError as e:
-            raise ConfigError(v.source, f"{at}.regex", str(e)) from e
-    specific = dict(format=fmt, regex=regex, match_id=v.get(t, at, "match_id", str, None),
-                    max_line=v.positive(t, at, "max_line", MAX_LINE))
-    return specific, fields
+def _kinds() -> str:
+    """"modbus or line": the kinds there are."""
+    names = list(KINDS)
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def _deadband(v: Validator, t: dict[str, Any], at: str,
@@ -251,9 +147,9 @@ def _deadband(v: Validator, t: dict[str, Any], at: str,
             if name not in fields:
                 raise ConfigError(v.source, f"{at}.deadband.{name}",
                                   f"no such field (this sensor has {', '.join(fields)})")
-            per_field[name] = _number(v, value, f"{at}.deadband", name, 0.0, strict=False)
+            per_field[name] = number(v, value, f"{at}.deadband", name, 0.0, strict=False)
         return per_field, 0.0
-    return {}, _number(v, t, at, "deadband", 0.0, strict=False)
+    return {}, number(v, t, at, "deadband", 0.0, strict=False)
 
 
 def _check_together(v: Validator, sensors: tuple[SensorConfig, ...]) -> None:
@@ -274,24 +170,11 @@ def _check_together(v: Validator, sensors: tuple[SensorConfig, ...]) -> None:
         if s.kind != first.kind:
             raise ConfigError(v.source, f"{at}.port", f"{s.port} is already a {first.kind} "
                                                       f"port (sensors[{j}])")
-        for key in ("baudrate", "parity", "stopbits") + (("format", "regex", "max_line")
-                                                          if s.kind == "line" else ()):
+        for key in ("baudrate", "parity", "stopbits", *KINDS[s.kind].port_keys):
             if getattr(s, key) != getattr(first, key):
                 raise ConfigError(v.source, f"{at}.{key}",
                                   f"differs from sensors[{j}] on the same port "
                                   f"({getattr(first, key)!r})")
         for k, other in enumerate(sensors[:i]):
-            if other.port != s.port:
-                continue
-            if s.kind == "modbus" and other.address == s.address:
-                raise ConfigError(v.source, f"{at}.address",
-                                  f"address {s.address} is already sensors[{k}] on {s.port}")
-            if s.kind == "line":
-                if s.match_id is None or other.match_id is None:
-                    bad = i if s.match_id is None else k
-                    raise ConfigError(v.source, f"sensors[{bad}].match_id",
-                                      f"missing: several line sensors share {s.port}, so "
-                                      f"each needs the id its sentences carry")
-                if s.match_id == other.match_id:
-                    raise ConfigError(v.source, f"{at}.match_id",
-                                      f"{s.match_id!r} is already sensors[{k}] on {s.port}")
+            if other.port == s.port:
+                KINDS[s.kind].check_shared(v, at, s, other, k)

@@ -1,10 +1,10 @@
 """The serial driver: ``[[sensors]]`` in, readings and device status out to the router.
 
 Every ``[[sensors]]`` entry becomes a :class:`drivers.runtime.Device` (change filter,
-status) fed by the task of its port: one :class:`~drivers.modbus.ModbusBus` per Modbus port
-(all devices on it polled in turn, since an RS-485 line carries one exchange at a time) and
-one :class:`~drivers.line.LinePort` per text port. All devices publish through one
-:class:`~drivers.runtime.RouterLink`.
+status) fed by the task of its port, which its kind makes (drivers.kinds: one
+:class:`~drivers.modbus.ModbusBus` per Modbus port, all devices on it polled in turn, since an
+RS-485 line carries one exchange at a time; one :class:`~drivers.line.LinePort` per text
+port). All devices publish through one :class:`~drivers.runtime.RouterLink`.
 
 Status, retained on ``gateway.device.<id>.status``:
 
@@ -26,8 +26,8 @@ import logging
 import time
 from typing import Any
 
-from cairn.drivers.line import LineParser, LinePort, LineTarget, RegexFormat
-from cairn.drivers.modbus import ModbusBus, PollTarget
+from cairn.drivers.kinds import KINDS
+from cairn.drivers.kinds.kind import PortTask
 from cairn.drivers.runtime import ChangeFilter, Device, RouterLink
 from cairn.drivers.serial_config import SensorConfig, SerialConfig
 from cairn.drivers.serial_port import SerialPort
@@ -53,8 +53,8 @@ class SerialDriver:
         self.stale_check = stale_check
         self.drain_timeout = drain_timeout
         self.devices: dict[str, Device] = {}
-        self.buses: dict[str, ModbusBus] = {}
-        self.line_ports: dict[str, LinePort] = {}
+        self.ports: dict[str, PortTask] = {}  # by port path, each made by its sensors' kind
+        self.kinds: dict[str, str] = {}  # each port's kind
         self._started = time.monotonic()
         by_port: dict[str, list[SensorConfig]] = {}
         for sensor in config.sensors:
@@ -68,15 +68,9 @@ class SerialDriver:
             first = sensors[0]
             port = SerialPort(path, first.baudrate, parity=first.parity,
                               stopbits=first.stopbits)
-            if first.kind == "modbus":
-                targets = [PollTarget(s.id, s.address, s.function, s.registers, s.interval,
-                                      s.timeout, s.retries) for s in sensors]
-                self.buses[path] = ModbusBus(port, targets, self._reading, self._error)
-            else:
-                fmt = RegexFormat(first.regex) if first.regex is not None else first.format
-                targets = [LineTarget(s.id, s.match_id) for s in sensors]
-                self.line_ports[path] = LinePort(port, LineParser(fmt, first.max_line),
-                                                 targets, self._reading, self._error)
+            self.ports[path] = KINDS[first.kind].task(port, sensors, self._reading,
+                                                      self._error)
+            self.kinds[path] = first.kind
 
     def _reading(self, device_id: str, values: dict[str, float]) -> None:
         self.devices[device_id].reading(values)
@@ -103,12 +97,10 @@ class SerialDriver:
         for device in self.devices.values():
             device.last_reading = self._started
         log.info("%d sensor(s) on %d port(s), publishing to %s realm %s", len(self.devices),
-                 len(self.buses) + len(self.line_ports), self.link.url, self.link.realm)
+                 len(self.ports), self.link.url, self.link.realm)
         link_task = asyncio.create_task(self.link.run(), name="router-link")
-        tasks = [asyncio.create_task(bus.run(), name=f"modbus {path}")
-                 for path, bus in self.buses.items()]
-        tasks += [asyncio.create_task(port.run(), name=f"line {path}")
-                  for path, port in self.line_ports.items()]
+        tasks = [asyncio.create_task(port.run(), name=f"{self.kinds[path]} {path}")
+                 for path, port in self.ports.items()]
         tasks.append(asyncio.create_task(self._watch_stale(), name="stale"))
         try:
             # these run forever: returning means one of them failed
@@ -137,14 +129,9 @@ class SerialDriver:
             log.warning("%d publications not delivered at exit", len(self.link.backlog))
 
     def stats(self) -> dict[str, Any]:
-        """Counters: per Modbus bus and address, per line port, and the router link."""
-        return {
-            "modbus": {path: {"port_failures": bus.port_failures,
-                              **{str(a): dataclasses.asdict(s)
-                                 for a, s in bus.master.stats.items()}}
-                       for path, bus in self.buses.items()},
-            "line": {path: {**dataclasses.asdict(port.parser.stats),
-                            "unmatched": port.unmatched}
-                     for path, port in self.line_ports.items()},
-            "link": dataclasses.asdict(self.link.stats),
-        }
+        """Counters: per kind, per port (a Modbus bus by address, a line port), and the
+        router link."""
+        found: dict[str, Any] = {name: {} for name in KINDS}
+        for path, port in self.ports.items():
+            found[self.kinds[path]][path] = KINDS[self.kinds[path]].stats(port)
+        return {**found, "link": dataclasses.asdict(self.link.stats)}

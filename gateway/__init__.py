@@ -1,1 +1,2 @@
-"""The Cairn WAMP router: protocol core, transports and store."""
+"""The Cairn WAMP router: its protocol core (``core``), the asyncio shell (``shell``), the store
+(``store``) and device operations (``ops``)."""

@@ -14,14 +14,14 @@ from typing import Any
 from autobahn.wamp import message as m
 from autobahn.wamp import role
 
-from cairn.gateway import config as cfg
-from cairn.gateway.clock import SystemClock
-from cairn.gateway.core import Effect, Outbox, Persist, Read, Session, Timer
-from cairn.gateway.limits import LimitHits
-from cairn.gateway.publication import Restored
-from cairn.gateway.publication_ids import PublicationIds, new_key
-from cairn.gateway.retention import RetainedStream
-from cairn.gateway.router import Router
+from cairn.base.clock import SystemClock
+from cairn.formats.publication_ids import PublicationIds, new_key
+from cairn.gateway.core import config as cfg
+from cairn.gateway.core.limits import LimitHits
+from cairn.gateway.core.publication import Restored
+from cairn.gateway.core.retention import RetainedStream
+from cairn.gateway.core.router import Router
+from cairn.gateway.core.session import Effect, Outbox, Persist, Read, Session, Timer
 
 CLIENT_ROLES = {"publisher": role.RolePublisherFeatures(), "subscriber":
                 role.RoleSubscriberFeatures(), "caller": role.RoleCallerFeatures(),

@@ -1,6 +1,6 @@
 """Fuzzing the router's protocol handling: hypothesis strategies for WAMP messages (random,
 mutated from valid ones, well formed with fuzzed fields) and the check that a fuzzed
-session was answered or aborted cleanly. Used by tests/test_bad_input.py and soak/."""
+session was answered or aborted cleanly. Used by tests/system/test_bad_input.py and soak/."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cairn.sync.batch_format import decode_batch
+from cairn.formats.batch import decode_batch
 
 
 def landed(root: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

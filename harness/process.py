@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+# How long a server process may take to listen. Waits return as soon as the thing waited for
+# is there (or the process has exited), so a generous deadline costs a passing test nothing;
+# a short one fails on a loaded machine: "router did not listen within 15 s" in a CI run
+# with the image build beside it.
+STARTUP_TIMEOUT = 180.0
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -30,7 +37,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_ports(ports: Sequence[int], alive: Callable[[], bool], timeout: float = 15,
+def wait_for_ports(ports: Sequence[int], alive: Callable[[], bool],
+                   timeout: float = STARTUP_TIMEOUT,
                    host: str = "127.0.0.1") -> None:
     """Until something accepts connections on each port of ``host``; RuntimeError if
     ``alive()`` turns false (the server exited) or the time runs out."""
@@ -40,7 +48,8 @@ def wait_for_ports(ports: Sequence[int], alive: Callable[[], bool], timeout: flo
                   alive, deadline, f"{host} port {port}")
 
 
-def wait_for_unix_socket(path: Path, alive: Callable[[], bool], timeout: float = 15) -> None:
+def wait_for_unix_socket(path: Path, alive: Callable[[], bool],
+                         timeout: float = STARTUP_TIMEOUT) -> None:
     """Until something accepts connections on the Unix socket ``path``."""
     def connect() -> None:
         with socket.socket(socket.AF_UNIX) as s:
@@ -152,7 +161,7 @@ class RouterProcess(LoggedProcess):
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self, timeout: float = 15) -> RouterProcess:
+    def start(self, timeout: float = STARTUP_TIMEOUT) -> RouterProcess:
         """Start it; wait until it listens (when its ports are known). When its first start
         finds a free port taken meanwhile (by another test run on the machine: free_port can
         only say what is free now), it starts again on other free ones."""
@@ -196,7 +205,7 @@ class RouterProcess(LoggedProcess):
             raise RuntimeError(f"{why}:\n{self.log_tail(40)}") from None
         return self
 
-    async def wait_for_line(self, pattern: str, timeout: float = 5) -> re.Match:
+    async def wait_for_line(self, pattern: str, timeout: float = 30) -> re.Match:
         """The first line of its log that ``pattern`` matches, once there is one."""
         deadline = time.monotonic() + timeout
         while True:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from cairn.gateway.publication_ids import PublicationIds
+from cairn.formats.publication_ids import PublicationIds
 
 KEY = bytes(range(16))  # the gateway's publication id key
 BOOT = "3f1c2a9e-5b7d-4e21-9c3a-8d2f6b1e0a47"

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cairn.sync.sigv4 import Credentials, authorize
+from cairn.sync.sinks.sigv4 import Credentials, authorize
 from harness.process import free_port, wait_for_ports
 
 KEY, SECRET = "cairn-gw-key", "cairn-gw-secret-0123456789"

@@ -31,6 +31,14 @@ from pathlib import Path
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cairn" / "spark-cds"
 
 
+# For the JVMs of the tests' small jobs (the tests' session, their drivers and executors):
+# the client compiler only (no C2 compiler threads taking the cores from the job) and the
+# serial collector. On two busy cores a cluster driver's session and a short job took a
+# third less CPU and wall time (tests/conftest.py's ``spark`` has the figures of its own).
+# The archive is made with these options, and used with them (harness.spark_cluster).
+BASE_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def archive_path() -> Path | None:
     """Where the archive of this pyspark and this JDK is (or goes); None without a JDK."""
     import pyspark
@@ -59,8 +67,8 @@ WORKLOAD = """
 import json, sys
 from pathlib import Path
 from pyspark import SparkContext
-from cairn.sync import spark as jobs
-from cairn.sync.batch_format import manifest_name
+from cairn.central import spark as jobs
+from cairn.formats.batch import manifest_name
 from cairn.sync.uploader import build_batch
 from harness.readings import KEY, readings
 
@@ -90,8 +98,6 @@ gateway.proc.wait(timeout=300)
 def build() -> Path | None:
     """Write the archive unless it is there (a run of :data:`WORKLOAD` in a JVM of its own,
     ~40 s); returns its path, or None without a JDK or when the JVM wrote none."""
-    from harness.spark_cluster import BASE_JVM
-
     path = archive_path()
     if path is None or path.exists():
         return path

@@ -31,11 +31,7 @@ from harness.process import free_port
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 READY_TIMEOUT = 120.0  # seconds; two JVMs on a busy two-core machine can take a while
-# For the JVMs of the tests' small jobs (the tests' session, their drivers and executors):
-# the client compiler only (no C2 compiler threads taking the cores from the job) and the
-# serial collector. On two busy cores a cluster driver's session and a short job took a
-# third less CPU and wall time (tests/conftest.py's ``spark`` has the figures of its own).
-BASE_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+BASE_JVM = spark_cds.BASE_JVM  # the small jobs' JVM options (see there)
 QUICK_JVM = f"{BASE_JVM} {spark_cds.jvm_options()}".strip()  # and the classes' archive
 
 

@@ -1,4 +1,6 @@
-"""Waiting for a condition instead of sleeping for a guess."""
+"""Waiting for a condition instead of sleeping for a guess. The deadlines are generous: a wait
+ends as soon as its condition holds, and a loaded machine (CI with an image build beside the
+tests) is slower than an idle one by more than a short deadline allows."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-async def until(condition: Callable[[], Any], timeout: float = 10.0,
+async def until(condition: Callable[[], Any], timeout: float = 30.0,
                 what: str = "condition") -> None:
     """Return as soon as ``condition()`` is true; fail naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -17,7 +19,7 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0,
         await asyncio.sleep(0.01)
 
 
-def blocking_until(condition: Callable[[], Any], timeout: float = 10.0,
+def blocking_until(condition: Callable[[], Any], timeout: float = 30.0,
                    what: str = "condition") -> None:
     """:func:`until` for code without an event loop (another process's or thread's
     progress, polled every 50 ms)."""

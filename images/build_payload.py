@@ -18,7 +18,7 @@ Layout of ``DIR/cairn-payload-<version>/``::
         etc/udev/rules.d/99-cairn-serial.rules
         etc/cairn/cairn.toml        the device config (loopback + Unix socket)
         etc/cairn/sensors/example.toml.sample, etc/cairn/mqtt/example.toml.sample
-        usr/share/doc/cairn/README.md
+        usr/share/doc/cairn/README.md, docs/*.md (the topic pages), IMAGE.md
     manifest.json                   version, source commit, file list with sha256 and mode
     SHA256SUMS                      the same hashes, for `sha256sum -c`
 
@@ -63,16 +63,20 @@ FILES: list[tuple[str, str, int]] = [
      0o644),
     ("images/config/mqtt/example.toml.sample", "etc/cairn/mqtt/example.toml.sample", 0o644),
     ("README.md", "usr/share/doc/cairn/README.md", 0o644),
+    # the topic pages the README links to, beside it as in the repository
+    *[(f"docs/{page.name}", f"usr/share/doc/cairn/docs/{page.name}", 0o644)
+      for page in sorted((ROOT / "docs").iterdir()) if page.suffix in (".md", ".png")],
     ("images/README.md", "usr/share/doc/cairn/IMAGE.md", 0o644),
 ]
 # What goes into the wheel's build: the packages, their metadata and the build step that
 # fetches the dashboard's client (setup.py: npm ci of the lock file), nothing else.
-SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "gateway", "drivers",
-           "sync", "app"]
+# The package folders, each installed as cairn.<folder> (pyproject.toml's package-dir).
+PACKAGE_FOLDERS = ["base", "formats", "gateway", "drivers", "sync", "central", "app"]
+SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", *PACKAGE_FOLDERS]
 SKIP = re.compile(r"(^|/)(__pycache__|node_modules|\.pytest_cache)(/|$)|\.py[co]$")
 # The dashboard's client bundle is fetched at build time (not committed): without it
 # the dashboard of the image would be broken, so its absence is an error.
-REQUIRED_IN_WHEEL = ["cairn/app/cli.py", "cairn/gateway/server.py",
+REQUIRED_IN_WHEEL = ["cairn/app/cli.py", "cairn/gateway/shell/server.py",
                      "cairn/drivers/__init__.py", "cairn/sync/cli.py",
                      "cairn/gateway/dashboard/index.html",
                      "cairn/gateway/dashboard/autobahn.min.js"]

@@ -2,6 +2,7 @@
 # Set up Cairn in ./.venv on a Debian machine with Python 3.11, installing what is missing.
 #   scripts/setup.sh            the router and drivers
 #   scripts/setup.sh test       plus the test tools (and the system packages tests use)
+#   scripts/setup.sh docs       plus MkDocs, which builds the documentation site (make docs)
 #   scripts/setup.sh image      only the system packages that build the device image and
 #                               boot it in QEMU (make image, make appliance-test)
 set -euo pipefail
@@ -86,13 +87,16 @@ pip_install --upgrade pip
 if [ "$PROFILE" = test ]; then
     # the Spark tests (tests/test_spark.py) need PySpark and a Java runtime (17 works)
     command -v java >/dev/null || apt_install default-jre-headless
-    pip_install -e ".[test,spark]"
+    # docs: tests/system/test_docs.py builds the documentation site (mkdocs build --strict)
+    pip_install -e ".[test,spark,docs]"
     # the MQTT bridge tests run a real broker; the image tests partition and format card
     # images (sfdisk, mkfs.ext4); the A/B boot chooser runs in U-Boot under QEMU (u-boot-qemu
     # as the firmware, mkimage and mkenvimage from u-boot-tools, a FAT made with mtools)
     apt_install mosquitto fdisk e2fsprogs u-boot-qemu u-boot-tools mtools dosfstools \
         libubootenv-tool
     install_qemu
+elif [ "$PROFILE" = docs ]; then
+    pip_install -e ".[docs]"
 else
     pip_install -e .
 fi

@@ -1,7 +1,7 @@
 """Hypothesis strategies for the fuzzing run: WAMP frames for each serializer and
 ``get_events`` keyword arguments.
 
-Built on the strategies of tests/test_bad_input.py (random, well-formed and mutated WAMP
+Built on the strategies of tests/system/test_bad_input.py (random, well-formed and mutated WAMP
 messages) plus what those leave out: integers beyond 64 bits, NaN and infinities, lone
 surrogates, bytes where strings go, deep nesting, the serializers' own extension types
 (CBOR tags, MessagePack ext types, shared references that make cycles), and byte-level
@@ -27,7 +27,7 @@ import cbor2
 import msgpack
 from hypothesis import strategies as st
 
-from cairn.gateway.transport import decode, serializers
+from cairn.gateway.shell.transport import decode, serializers
 from harness.fuzz import OPTION_KEYS, URIS, mutated_messages, random_messages, well_formed
 from harness.fuzz import values as tame_values
 

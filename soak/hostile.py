@@ -18,7 +18,7 @@ import msgpack
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from cairn.gateway.auth import THROTTLE_WINDOW
+from cairn.gateway.core.auth import THROTTLE_WINDOW
 from harness.process import RouterProcess
 from harness.wamp_client import Client, connect
 from soak.knobs import ROOT

@@ -19,7 +19,7 @@ from typing import Any
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
-from cairn.gateway.clock_readings import parse_rfc3339
+from cairn.base.clock_readings import parse_rfc3339
 from harness.process import RouterProcess
 from harness.wamp_client import Client, connect
 from soak.knobs import ROOT

@@ -26,9 +26,9 @@ from autobahn.wamp.types import PublishOptions
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from cairn.gateway.core import WampError
-from cairn.gateway.history import EventsQuery
-from cairn.gateway.transport import decode
+from cairn.gateway.core.history import EventsQuery
+from cairn.gateway.core.session import WampError
+from cairn.gateway.shell.transport import decode
 from harness.config import history_rule, open_realm
 from harness.fuzz import HELLO_MESSAGE, PROBE, answered_or_aborted
 from harness.process import RouterProcess
@@ -162,7 +162,7 @@ REALM = open_realm(history=[history_rule("sensor")])
 
 
 class LiveWsPeer(WsPeer):
-    """tests/test_bad_input.py's raw WebSocket peer, for all three serializers."""
+    """tests/system/test_bad_input.py's raw WebSocket peer, for all three serializers."""
 
     def send(self, raw_message: list[Any]) -> None:
         self.send_bytes(SERIALIZERS[self.serializer]._serializer.serialize(raw_message))

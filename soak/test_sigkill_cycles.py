@@ -5,7 +5,7 @@ history topics; the router is killed at a random moment and restarted. After eve
 nothing acknowledged is missing, retained values are at least as new as the last
 acknowledged ones, seq only ever grows and the database is intact. (SIGKILL leaves the page
 cache alone, so this shows nothing acknowledged lived only in the router's memory, not that
-fsync happened: see tests/test_durability.py.)
+fsync happened: see tests/system/test_durability.py.)
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Edge uploader of history batches and the central Spark jobs."""
+"""The edge uploader: history after the watermark -> batch files -> a sink -> the watermark."""

@@ -4,7 +4,7 @@ A day is 24 hours of ``CLOCK_BOOTTIME``, which an unsynchronised or stepped wall
 not move: the window starts when the uploader first sends, and a new one starts 24 h later.
 A reboot restarts that clock, so the window then restarts at the new boot's first check and
 keeps what was used (a reboot never refills the budget). The state lives in the uploader's
-status file (:class:`~cairn.gateway.data_dir.SyncStatus`), so runs of ``cairn sync --once``
+status file (:class:`~cairn.base.data_dir.SyncStatus`), so runs of ``cairn sync --once``
 from cron share one budget.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from cairn.gateway import clock
-from cairn.gateway.clock_readings import rfc3339
-from cairn.gateway.data_dir import SyncStatus
+from cairn.base import clock
+from cairn.base.clock_readings import rfc3339
+from cairn.base.data_dir import SyncStatus
 
 DAY_NS = 86_400 * 10**9
 

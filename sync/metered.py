@@ -12,7 +12,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from cairn.gateway.config_tools import ConfigError, Validator
+from cairn.base.config_tools import ConfigError, Validator
 
 # NMMetered (libnm): 0 unknown, 1 yes, 2 no, 3 guess yes, 4 guess no. GUESS_YES is to be
 # treated as YES, says its documentation.

@@ -6,7 +6,7 @@ rather than calling the router keeps a large backlog cheap to drain and works wh
 router is down; the store module owns every SQL statement it uses.
 
 Each batch is a data file of one publication per line (the lean schema 2 of
-:mod:`sync.batch_format`: bzip2, about 3 bytes a reading) plus a manifest (gateway id,
+:mod:`formats.batch`: bzip2, about 3 bytes a reading) plus a manifest (gateway id,
 first/last seq, count, sha256, schema version, and the clock anchors, gap records, boots,
 realms and publication id key the central job needs). The watermark moves only after
 the sink confirmed both files, so a batch may be sent twice but never lost; re-sent batches
@@ -21,7 +21,6 @@ from numbers that were never meant to arrive.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -29,37 +28,30 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from cairn.gateway.clock_readings import rfc3339
-from cairn.gateway.config import HEALTH_TOPIC
-from cairn.gateway.data_dir import (
+from cairn.base.clock_readings import rfc3339
+from cairn.base.data_dir import (
     AGING,
     CARRIED,
     SyncStatus,
     read_sync_status_file,
     write_sync_status,
 )
-from cairn.gateway.store import Damaged, HistoryReader
-from cairn.sync import budget, metered
-from cairn.sync.batch_format import (
+from cairn.formats.batch import (
     SCHEMA_VERSION,
-    data_name,
+    build_manifest,
     encode_lean,
     encode_rows,
-    holes_of,
-    lean_header,
     manifest_name,
     row_of,
 )
-from cairn.sync.sinks import SinkError
+from cairn.formats.health import TOPIC as HEALTH_TOPIC
+from cairn.gateway.store import Damaged, HistoryReader
+from cairn.sync import budget, metered
+from cairn.sync.sinks import Sink, SinkError
 
 log = logging.getLogger("cairn.sync")
-
-class Sink(Protocol):
-    def describe(self) -> str: ...
-    def put(self, name: str, data: bytes) -> None: ...
-
 
 @dataclass
 class Batch:
@@ -102,30 +94,8 @@ def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
     if data is None:
         data = encode_lean(rows, key) if schema == 2 else encode_rows(gateway_id, rows)
     first, last = rows[0]["seq"], rows[-1]["seq"]
-    boots = {row["boot_id"] for row in rows}
-    name = data_name(gateway_id, first, last, schema)
-    manifest = {
-        "schema": schema,
-        "gateway_id": gateway_id,
-        "file": name,
-        "after_seq": after_seq,
-        "first_seq": first,
-        "last_seq": last,
-        "count": len(rows),
-        "bytes": len(data),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "created": rfc3339(int(time.time() * 1000)),
-        # every anchor of the boots in the batch (a later batch of the same boot repeats
-        # them with any new ones), and anchors recorded inside the batch's seq range
-        "anchors": [{**a, "clock_synced": bool(a["clock_synced"])} for a in anchors
-                    if a["boot_id"] in boots or after_seq <= a["after_seq"] < last],
-        "gaps": [g for g in gaps
-                 if g["last_seq"] is not None and g["first_seq"] is not None
-                 and g["last_seq"] > after_seq and g["first_seq"] <= last],
-    }
-    if schema == 2:
-        manifest.update(lean_header(rows), publication_key=key.hex() if key else None,
-                        holes=holes_of([row["seq"] for row in rows]))
+    manifest = build_manifest(gateway_id, rows, data, after_seq, anchors, gaps,
+                              int(time.time() * 1000), key, schema)
     return Batch(first, last, len(rows), data, manifest)
 
 
@@ -153,7 +123,7 @@ class Uploader:
             if isinstance(last.get(key), kind):
                 setattr(self.status, key, last[key])
         self._written: tuple[dict[str, Any], float] | None = None
-        if hasattr(self.sink, "uplink_clock"):  # sync.s3: what this boot measured before
+        if hasattr(self.sink, "uplink_clock"):  # sync.sinks.s3: what this boot measured before
             self.sink.uplink_clock.resume(self.status.uplink_clock)
         self._said_over_budget = False  # logged once per spell, not every interval
 
@@ -197,8 +167,8 @@ class Uploader:
 
     def _put(self, batch: Batch) -> None:
         """Data first, manifest last; its bytes counted (and against the budget): a sink
-        that counts what it puts on the wire (sync.s3: request heads, a re-signed try) says
-        how many, the others' are the two bodies."""
+        that counts what it puts on the wire (sync.sinks.s3: request heads, a re-signed try)
+        says how many, the others' are the two bodies."""
         before = getattr(self.sink, "sent", None)
         try:
             self.sink.put(batch.name, batch.data)

@@ -11,66 +11,74 @@ from typing import Any
 
 import pytest
 
-from cairn.gateway import config as cfg
-from cairn.gateway.server import Node
+from cairn.gateway.core import config as cfg
+from cairn.gateway.shell.server import Node
 from harness.config import open_realm, router_table
 from harness.wamp_client import Client, connect
 
-# `make test` runs the suite on three workers, a module at a time (pytest-xdist, --dist loadfile
-# --no-loadscope-reorder): most tests wait on sockets and processes, so a third worker fills
-# the two cores. The modules are dealt out longest first (a long module dealt out last would
-# run alone while the other workers idle), by their time in a whole run in seconds (the rest
-# take under 9 and follow in name order):
-MODULE_SECONDS = {"test_spark.py": 124, "test_hostile_clients.py": 94,
-                  "test_spark_bad_input.py": 94, "test_spark_cluster.py": 81,
-                  "test_spark_clock_and_reports.py": 68, "test_spark_concurrency.py": 50,
-                  "test_sync_links.py": 36, "test_appliance.py": 35, "test_ops.py": 31,
-                  "test_config_apply.py": 28, "test_spark_lean.py": 22, "test_history.py": 21,
-                  "test_serial_driver.py": 18, "test_dashboard.py": 18, "test_sync.py": 16,
-                  "test_spark_fleet.py": 15, "test_auth.py": 15, "test_bad_input.py": 12,
-                  "test_cli.py": 12, "test_boot_chooser.py": 9}
-# The modules that use the Spark session go out as two units, not one each: two workers, not
-# three, then pay for a session and for the JIT's warm-up in its first ingest (~15 CPU-s
-# each), and the third takes the modules that mostly wait.
-SPARK_MODULES = ("test_spark.py", "test_spark_bad_input.py", "test_spark_cluster.py",
-                 "test_spark_clock_and_reports.py", "test_spark_concurrency.py",
-                 "test_sync_links.py", "test_spark_lean.py", "test_spark_fleet.py",
-                 "test_device_clock.py", "test_spark_s3.py")
+TESTS = Path(__file__).resolve().parent
+# `make test` runs the suite on three workers (pytest-xdist, --dist loadfile): most tests wait
+# on sockets and processes, so a third worker fills the two cores. Each folder is a tier and
+# goes out as one unit (a worker runs a unit whole), except tests/system, whose modules go out
+# one by one, and tests/spark, split in two units: two workers, not three, then pay for a
+# Spark session and for the JIT's warm-up in its first ingest (~15 CPU-s each). Units go out
+# longest first (a long unit dealt out last would run alone while the other workers idle),
+# with a module's size as the measure of its time: no table of seconds to keep.
+SPLIT = {"system": 0, "spark": 2}  # a tier's number of units; 0: a unit per module
+SPARK_TIERS = ("spark", "appliance")  # where a test may use the Spark session
 
 
-def spark_units() -> dict[str, str]:
-    """{module: its unit}: each module, longest first, to the unit with less time so far."""
-    load = {"spark-1": 0, "spark-2": 0}
-    units = {}
-    for name in sorted(SPARK_MODULES, key=lambda name: -MODULE_SECONDS.get(name, 0)):
-        units[name] = min(load, key=load.__getitem__)
-        load[units[name]] += MODULE_SECONDS.get(name, 1)
+def tier_of(path: Path) -> str:
+    return path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else ""
+
+
+def units_of(modules: set[Path]) -> dict[Path, str]:
+    """{module: its unit}: a tier's modules, largest first, each to the unit of its tier
+    with the least so far."""
+    units: dict[Path, str] = {}
+    load: dict[str, int] = {}
+    for module in sorted(modules, key=lambda m: -m.stat().st_size):
+        tier = tier_of(module)
+        count = SPLIT.get(tier, 1)
+        if count == 0:
+            units[module] = str(module)
+            continue
+        names = [f"{tier}-{i}" for i in range(1, count + 1)]
+        units[module] = min(names, key=lambda name: load.get(name, 0))
+        load[units[module]] = load.get(units[module], 0) + module.stat().st_size
     return units
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """--dist loadfile, with the Spark modules in two units (:data:`SPARK_MODULES`)."""
+    """--dist loadfile, with each tier's modules in its units (:data:`SPLIT`)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    units = spark_units()
-
-    class SparkInTwoUnits(LoadFileScheduling):
+    class ByTier(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = super()._split_scope(nodeid)
-            return units.get(Path(module).name, module)
+            path = Path(config.rootpath, module)
+            return UNITS.get(path, module)
 
-    return SparkInTwoUnits(config, log)
+    return ByTier(config, log)
+
+
+# every module's unit, worked out the same in the controller (which schedules, collecting
+# nothing) and in each worker (which orders what it collected)
+UNITS = units_of(set(TESTS.rglob("test_*.py")))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    unlisted = {item.path.name for item in items if "spark" in item.fixturenames
-                } - set(SPARK_MODULES)
-    if unlisted:
-        raise pytest.UsageError(f"{', '.join(sorted(unlisted))} use the Spark session: "
-                                "list them in SPARK_MODULES (tests/conftest.py)")
-    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))
+    misplaced = {str(item.path.relative_to(TESTS)) for item in items
+                 if "spark" in item.fixturenames and tier_of(item.path) not in SPARK_TIERS}
+    if misplaced:
+        raise pytest.UsageError(f"{', '.join(sorted(misplaced))} use the Spark session: "
+                                "move them to tests/spark/")
+    size: dict[str, int] = {}
+    for path, unit in UNITS.items():
+        size[unit] = size.get(unit, 0) + path.stat().st_size
+    items.sort(key=lambda item: -size.get(UNITS.get(item.path, ""), 0))
 
 
 def router_config(unix_path: Path | str, data_dir: Path | str) -> str:
@@ -172,7 +180,7 @@ def cairn_cli() -> Iterator[Callable[[list[str]], int]]:
 def spark():
     """One local[2] Spark session for every Spark test (starting one costs ~15 s): two
     shuffle partitions, no UI, the JVM options of short jobs (each test's jobs are small:
-    five of tests/test_spark.py's heaviest took 98-117 s of CPU with them, 152-156 s
+    five of tests/spark/test_spark.py's heaviest took 98-117 s of CPU with them, 152-156 s
     without), and expressions interpreted rather than compiled to Java for each query
     (a run's queries are new and their data tiny: an ingest of 20 rows took 2.25 s instead
     of 2.5, and the suite 537 CPU-s instead of 584), and no adaptive query execution (its
@@ -181,12 +189,12 @@ def spark():
     changes a result (Spark tests its engine both ways); the cluster test runs the job as
     shipped and compares its tables with this session's, row for row, and the benchmarks
     run it as shipped."""
-    from cairn.sync import spark as jobs
+    from cairn.central import spark as jobs
     from harness import s3a_jars
     from harness.spark_cluster import QUICK_JVM
 
-    # s3a:// for tests/test_spark_s3.py: hadoop-aws and its SDK, fetched once (181 MB) into
-    # ~/.cache/cairn; loaded by Spark's class loader, so the class path (and the JVMs'
+    # s3a:// for tests/spark/test_spark_s3.py: hadoop-aws and its SDK, fetched once (181 MB)
+    # into ~/.cache/cairn; loaded by Spark's class loader, so the class path (and the JVMs'
     # class-data archive, harness.spark_cds) stays as it is
     s3a = s3a_jars.fetch()
     extra = {"spark.jars": ",".join(map(str, s3a))} if s3a else {}
@@ -200,33 +208,3 @@ def spark():
                            app="cairn-tests")
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="session")
-def image():
-    """The Debian test image and its boot files (tests/qemu_device.py), built once per run
-    for every appliance test module, rebuilt only when its sources changed."""
-    import time
-
-    from tests import qemu_device
-
-    log = qemu_device.WORK.parent / "debian-test-build.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    built = qemu_device.build_test_image(log)
-    print(f"\n[appliance] image ready in {time.monotonic() - started:.0f} s: {built[0]} "
-          f"({built[0].stat().st_size / 2**20:.0f} MiB)")
-    return built
-
-
-@pytest.fixture(scope="session")
-def appliance_device(image, tmp_path_factory):
-    """One booted device for the appliance and system update modules (a first boot costs
-    two minutes of emulated CPU), personalised from its boot partition
-    (``qemu_device.PROVISIONED``): it can reach a service on this host's loopback port
-    ``appliance_device.host_services[qemu_device.CENTRAL]`` as the central side."""
-    from tests import qemu_device
-
-    yield from qemu_device.booted(image, tmp_path_factory.mktemp("device"),
-                                  {qemu_device.CENTRAL: qemu_device.free_port()},
-                                  provision=qemu_device.PROVISIONED)

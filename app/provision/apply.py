@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cairn.app.provision.folder import Change, Plan, label_of
-from cairn.gateway.config import load as cfg_load
-from cairn.gateway.config_history import History
-from cairn.gateway.config_tools import ConfigError
-from cairn.gateway.files import fsync_dir, write_atomically
+from cairn.base.config_tools import ConfigError
+from cairn.base.files import fsync_dir, write_atomically
+from cairn.gateway.core.config import load as cfg_load
+from cairn.gateway.ops.config_history import History
 
 log = logging.getLogger("cairn.provision")
 

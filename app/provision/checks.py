@@ -24,8 +24,8 @@ from cairn.app.provision.folder import (
     read_input,
     read_text,
 )
-from cairn.gateway.config import check_whole
-from cairn.gateway.config_tools import ConfigError
+from cairn.app.sections import check_whole
+from cairn.base.config_tools import ConfigError
 
 
 @dataclass

@@ -31,16 +31,16 @@ from cairn.app.provision.folder import (
     Plan,
     scan,
 )
-from cairn.gateway.config_history import PROVISIONING as OUTCOME_FILE
-from cairn.gateway.config_history import provisioning_outcome
-from cairn.gateway.config_tools import ConfigError
-from cairn.gateway.files import write_atomically
+from cairn.base.config_tools import ConfigError
+from cairn.base.files import write_atomically
+from cairn.gateway.ops.config_history import PROVISIONING as OUTCOME_FILE
+from cairn.gateway.ops.config_history import provisioning_outcome
 
 log = logging.getLogger("cairn.provision")
 
 def report(outcome: str, plan: Plan, lines: list[str] | None = None) -> str:
     """report.txt: what a person at a laptop needs, no secret values (names only)."""
-    out = ["Cairn provisioning report", f"When: {_now()} (boot {_boot_id()})", "",
+    out = ["Cairn provisioning report", f"When: {utc_now()} (boot {_boot_id()})", "",
            outcome, *(lines or [])]
     if plan.problems:
         out += ["", "Problems (file: key: problem):", *(f"  {p}" for p in plan.problems)]
@@ -61,7 +61,7 @@ def _source(change: Change) -> str:
         if change.source.parent.name.lower() in GROUPS else change.source.name
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
@@ -130,7 +130,7 @@ def record_outcome(etc: Path, outcome: str, problems: list[str], dry_run: bool) 
     taken away). Names and problems only, never a secret."""
     if dry_run:
         return
-    record = {"at": _now(), "boot_id": _boot_id(), "outcome": outcome,
+    record = {"at": utc_now(), "boot_id": _boot_id(), "outcome": outcome,
               "problems": [str(p) for p in problems]}
     try:
         write_atomically(etc / OUTCOME_FILE, json.dumps(record, indent=1) + "\n", mode=0o644)

@@ -20,14 +20,14 @@ The names below are the package's interface; import them from here.
 
 from __future__ import annotations
 
-from cairn.gateway.publication import StorageError, StoredPublication
+from cairn.gateway.core.publication import StorageError, StoredPublication
 from cairn.gateway.store.check import Findings, inspect, repair
 from cairn.gateway.store.export import Damaged, HistoryReader
 from cairn.gateway.store.port import StorePort, StoreReads
 from cairn.gateway.store.pruning import VACUUM_STEP_SECONDS, Gap, PruneRule
 from cairn.gateway.store.reader import StoreReader, eligible
 from cairn.gateway.store.schema import (
-    _LEGACY_SEQ_OF_PUBLICATION,
+    LEGACY_SEQ_OF_PUBLICATION,
     MIGRATIONS,
     PAGE_SIZE,
     SCHEMA_VERSION,
@@ -41,7 +41,7 @@ from cairn.gateway.store.writer import Store, StoreWriter
 
 __all__ = [
     "MIGRATIONS", "PAGE_SIZE", "SCHEMA_VERSION", "VACUUM_STEP_SECONDS",
-    "_LEGACY_SEQ_OF_PUBLICATION", "Damaged", "Findings", "Gap", "HistoryReader", "PruneRule",
+    "LEGACY_SEQ_OF_PUBLICATION", "Damaged", "Findings", "Gap", "HistoryReader", "PruneRule",
     "SchemaTooNew", "StorageError", "Store", "StorePort", "StoreReader", "StoreReads",
     "StoreWriter", "StoredPublication", "Topics", "UnavailableStore",
     "discard_pre_migration_copies", "eligible", "inspect", "pre_migration_copy", "repair",

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.data_dir import read_sync_status
-from cairn.gateway.publication import StoredPublication
+from cairn.base.data_dir import read_sync_status
+from cairn.gateway.core.publication import StoredPublication
 from cairn.gateway.store.damage import Shape, Unreadable, decoded, readable_text, reading
 from cairn.gateway.store.schema import (
     ANCHOR,
@@ -28,14 +28,14 @@ from cairn.gateway.store.schema import (
     SCHEMA_VERSION,
     SUBSCRIPTION,
     TOPIC,
-    _configure,
-    _encode_state,
-    _highest_seq,
-    _migrate,
-    _put_meta,
-    _transaction,
+    configure,
+    encode_state,
+    highest_seq,
+    migrate,
+    put_meta,
+    transaction,
 )
-from cairn.gateway.store.state import _decode_state
+from cairn.gateway.store.state import decode_state
 
 EXAMPLES = 3  # damaged rows named per table
 
@@ -59,7 +59,7 @@ def _retained_slot(row: Sequence[Any]) -> StoredPublication:
 def _meta_value(row: Sequence[Any]) -> Any:
     key, value = row
     if key == "state":
-        return _decode_state(value)
+        return decode_state(value)
     if key == "publication_key" and len(bytes.fromhex(value)) != 16:
         raise ValueError("not a key of 16 bytes")
     if key in ("highest_seq", "synced_seq", "legacy_publication_seq"):
@@ -203,9 +203,9 @@ def rewrite(source: Path, target: Path) -> Rewritten:
             raise ValueError(f"{source} has schema version {version}, this Cairn writes "
                              f"{SCHEMA_VERSION}: start the router of this release once, so it "
                              f"migrates it, then repair")
-        _configure(new)
-        _migrate(new, target)
-        with _transaction(new):
+        configure(new)
+        migrate(new, target)
+        with transaction(new):
             lost, meta = _copy(old, new, findings, kept)
             _finish(old, new, source, lost, meta)
         check = new.execute("PRAGMA integrity_check").fetchone()[0]
@@ -311,18 +311,18 @@ def _finish(old: sqlite3.Connection, new: sqlite3.Connection, source: Path,
     again, and the index of publications from before schema 3."""
     for key, (value, _) in meta.items():
         if key not in ("state", "highest_seq", "synced_seq"):
-            _put_meta(new, key, value)
+            put_meta(new, key, value)
     synced = meta.get("synced_seq", (None, None))[1]
     if synced is None:  # the uploader's status file keeps it too
         synced = (read_sync_status(source.parent) or {}).get("synced_seq")
     if type(synced) is int:
-        _put_meta(new, "synced_seq", synced)
-    _put_meta(new, "highest_seq", max(_highest_seq(old), _highest_seq(new)))
+        put_meta(new, "synced_seq", synced)
+    put_meta(new, "highest_seq", max(highest_seq(old), highest_seq(new)))
     for (sql,) in old.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND"
                               " name = 'publications_legacy_publication'"):
         new.execute(sql)
         if "legacy_publication_seq" not in meta and (bound := _LEGACY_BOUND.search(sql)):
-            _put_meta(new, "legacy_publication_seq", int(bound.group(1)))
+            put_meta(new, "legacy_publication_seq", int(bound.group(1)))
     now = int(time.time() * 1000)
     new.executemany(
         "INSERT INTO gaps (realm, rule, first_seq, last_seq, count, reason, wall_ms)"
@@ -341,4 +341,4 @@ def _finish(old: sqlite3.Connection, new: sqlite3.Connection, source: Path,
     counts = Counter({(realm, rule): n for realm, rule, n in new.execute(
         "SELECT t.realm, s.rule, COUNT(*) FROM history_scan AS s JOIN topics AS t"
         " ON t.id = s.topic WHERE s.seq <= ? GROUP BY t.realm, s.rule", (seq,))})
-    _put_meta(new, "state", _encode_state(seq, counts))
+    put_meta(new, "state", encode_state(seq, counts))

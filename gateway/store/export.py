@@ -1,6 +1,6 @@
 """What ``cairn sync`` reads of the store (:class:`HistoryReader`): history in seq order, as
 stored publications, or :class:`Damaged` for a row that cannot be decoded; clock anchors, gap
-records and the synced watermark. The batch row itself is :mod:`cairn.sync.batch_format`'s."""
+records and the synced watermark. The batch row itself is :mod:`cairn.formats.batch`'s."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.gateway.data_dir import read_sync_status
-from cairn.gateway.publication import StoredPublication
+from cairn.base.data_dir import read_sync_status
+from cairn.gateway.core.publication import StoredPublication
 from cairn.gateway.store.damage import Damage, Shape, Unreadable, decoded, readable_text, reading
-from cairn.gateway.store.schema import _RAISE_META, ANCHOR, GAP, STORED, _meta, _meta_int
+from cairn.gateway.store.schema import ANCHOR, GAP, RAISE_META, STORED, read_meta, read_meta_int
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,15 @@ class HistoryReader:
     def synced_seq(self) -> int:
         """The watermark; if it is damaged, the one the status file kept (else 0: batches
         sent again are harmless, the central job dedupes them)."""
-        seq = _meta_int(self.db, "synced_seq", self.damage)
+        seq = read_meta_int(self.db, "synced_seq", self.damage)
         if seq is None:
             seq = (read_sync_status(self.path.parent) or {}).get("synced_seq")
         return seq if type(seq) is int else 0
 
     def publication_key(self) -> bytes | None:
-        """The key of the stored publications' ids (gateway.publication_ids); None when
+        """The key of the stored publications' ids (formats.publication_ids); None when
         there is none (a store from before them) or it is damaged."""
-        value = _meta(self.db, "publication_key")
+        value = read_meta(self.db, "publication_key")
         try:
             key = bytes.fromhex(value) if isinstance(value, str) else None
         except ValueError:
@@ -76,7 +76,7 @@ class HistoryReader:
         return key if key is not None and len(key) == 16 else None
 
     def set_synced_seq(self, seq: int) -> None:
-        self.db.execute(_RAISE_META, ("synced_seq", seq))
+        self.db.execute(RAISE_META, ("synced_seq", seq))
 
     def backlog(self, after_seq: int) -> int:
         return self.db.execute("SELECT COUNT(*) FROM publications WHERE seq > ?",

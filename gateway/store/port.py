@@ -1,5 +1,5 @@
-"""What the asyncio shell uses of a store (``gateway.server``, ``gateway.flow_control``,
-``gateway.web``): :class:`StorePort`, which the store (:class:`~.writer.StoreWriter`) and its
+"""What the asyncio shell uses of a store (``gateway.shell.server``, ``gateway.shell.flow_control``,
+``gateway.shell.web``): :class:`StorePort`, which the store (:class:`~.writer.StoreWriter`) and its
 stand-in while it cannot be opened (:class:`~.unavailable.UnavailableStore`) both implement."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from cairn.gateway.clock_readings import Anchor
-from cairn.gateway.publication import HistoryRead, StoredPublication
+from cairn.base.clock_readings import Anchor
+from cairn.gateway.core.publication import HistoryRead, StoredPublication
 from cairn.gateway.store.pruning import Gap, PruneRule
 
 

@@ -10,17 +10,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from cairn.gateway.store.rows import _MAX_BATCH_ROWS, _insert_batch, _Rows
+from cairn.gateway.store.rows import MAX_BATCH_ROWS, BatchRows, insert_batch
 from cairn.gateway.store.schema import (
-    _IN_TOPICS,
-    _RAISE_META,
-    _encode_state,
-    _fetch,
-    _highest_seq,
-    _put_meta,
-    _transaction,
+    IN_TOPICS,
+    RAISE_META,
+    encode_state,
+    fetch_all,
+    highest_seq,
+    put_meta,
+    transaction,
 )
-from cairn.gateway.store.state import Topics, _State
+from cairn.gateway.store.state import StoreState, Topics
 
 
 @dataclass
@@ -43,14 +43,14 @@ class PruneRule:
     max_age_ms: int | None
 
 
-class _Pruner:
+class Pruner:
     """Keeps history within its bounds on the writer thread: drops rows a transaction at a
     time (each drop recorded as a gap) and gives the freed pages back to the file system in
     steps that take about VACUUM_STEP_SECONDS, so a commit never waits long behind it."""
 
     vacuum_pages = 64  # pages one shrink step gives back; paced to VACUUM_STEP_SECONDS
 
-    def __init__(self, state: _State, topics: Topics, rows: _Rows) -> None:
+    def __init__(self, state: StoreState, topics: Topics, rows: BatchRows) -> None:
         self.state, self.topics, self.rows = state, topics, rows
 
     def drop(self, db: sqlite3.Connection, rules: list[PruneRule], max_bytes: int,
@@ -71,15 +71,15 @@ class _Pruner:
                 if rule.max_age_ms is not None and clock_synced and
                 state.counts[(rule.realm, rule.index)] > 0 and
                 _has_old(db, realms[rule.realm], rule, now_ms - rule.max_age_ms)}
-        if not aged and all(n <= 0 for n in over.values()) and _used_bytes(db) <= max_bytes:
+        if not aged and all(n <= 0 for n in over.values()) and used_bytes(db) <= max_bytes:
             return [], False
         gaps: list[Gap] = []
         dropped: Counter[tuple[str, int]] = Counter()
         more = False
-        with _transaction(db):
-            db.execute(_RAISE_META, ("highest_seq", _highest_seq(db)))  # before deleting any
+        with transaction(db):
+            db.execute(RAISE_META, ("highest_seq", highest_seq(db)))  # before deleting any
             for rule in rules:
-                where, params = f"s.rule = ? AND s.{_IN_TOPICS}", [rule.index, realms[rule.realm]]
+                where, params = f"s.rule = ? AND s.{IN_TOPICS}", [rule.index, realms[rule.realm]]
                 if over[rule] > 0:
                     gaps += _drop(db, where, params, min(over[rule], budget), synced, rule,
                                   "max_events", dropped, self.topics)
@@ -94,7 +94,7 @@ class _Pruner:
                                       "max_age", dropped, self.topics)
                     more = more or sum(g.count for g in aged_gaps) == budget
                     gaps += aged_gaps
-            while (used := _used_bytes(db)) > max_bytes:
+            while (used := used_bytes(db)) > max_bytes:
                 if sum(dropped.values()) >= budget:
                     more = True
                     break
@@ -104,12 +104,12 @@ class _Pruner:
                 if not extra:
                     break
                 gaps += extra
-            _insert_gaps(db, gaps)
+            insert_gaps(db, gaps)
             counts = state.counts - dropped
             rows = self.rows.slots(state.retained)  # the rows dropped may be their only copy
-            for start in range(0, len(rows), _MAX_BATCH_ROWS):
-                _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
-            _put_meta(db, "state", _encode_state(state.top, counts))
+            for start in range(0, len(rows), MAX_BATCH_ROWS):
+                insert_batch(db, rows[start:start + MAX_BATCH_ROWS])
+            put_meta(db, "state", encode_state(state.top, counts))
         state.counts, state.retained, state.seq, state.rows = counts, {}, state.top, 0
         state.written = time.monotonic()
         return gaps, more
@@ -119,7 +119,7 @@ class _Pruner:
         the file system; True while more are left. Small drops are reused by new rows.
         (executescript steps the pragma to the end: one execute() step frees a single page.)"""
         pages = self.vacuum_pages
-        (free, total), = _fetch(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
+        (free, total), = fetch_all(db, "SELECT * FROM pragma_freelist_count(), pragma_page_count()")
         if free <= max(total // 4, 256):
             return False
         db.executescript(f"PRAGMA incremental_vacuum({pages})")
@@ -134,7 +134,7 @@ class _Pruner:
             self.vacuum_pages = max(self.vacuum_pages // 2, 8)
 
 
-def _insert_gaps(db: sqlite3.Connection, gaps: list[Gap]) -> None:
+def insert_gaps(db: sqlite3.Connection, gaps: list[Gap]) -> None:
     now = int(time.time() * 1000)
     db.executemany(
         "INSERT INTO gaps (realm, rule, first_seq, last_seq, count, reason, wall_ms)"
@@ -145,7 +145,7 @@ def _insert_gaps(db: sqlite3.Connection, gaps: list[Gap]) -> None:
 def _has_old(db: sqlite3.Connection, topics: str, rule: PruneRule, cutoff_ms: int) -> bool:
     """Is the oldest event of ``rule`` (of the realm's ``topics``, JSON) stamped by a
     synchronized clock older than the cutoff? (The walk stops at the first such event.)"""
-    row = db.execute(f"SELECT wall_ms FROM history_scan WHERE rule = ? AND {_IN_TOPICS} AND"
+    row = db.execute(f"SELECT wall_ms FROM history_scan WHERE rule = ? AND {IN_TOPICS} AND"
                      f" clock_synced = 1 ORDER BY seq LIMIT 1", (rule.index, topics)).fetchone()
     return row is not None and type(row[0]) is int and row[0] < cutoff_ms
 
@@ -154,7 +154,7 @@ def _first_young(db: sqlite3.Connection, topics: str, rule: PruneRule,
                  cutoff_ms: int) -> int | None:
     """The seq of the first event of ``rule`` with a synchronized timestamp at or after the
     cutoff: max_age drops the old ones before it."""
-    row = db.execute(f"SELECT seq FROM history_scan WHERE rule = ? AND {_IN_TOPICS} AND"
+    row = db.execute(f"SELECT seq FROM history_scan WHERE rule = ? AND {IN_TOPICS} AND"
                      f" clock_synced = 1 AND wall_ms >= ? ORDER BY seq LIMIT 1",
                      (rule.index, topics, cutoff_ms)).fetchone()
     return row[0] if row else None
@@ -173,7 +173,7 @@ def _drop(db: sqlite3.Connection, where: str, params: list[Any], count: int | No
     for synced_part in (f"s.seq <= {int(synced)}", f"s.seq > {int(synced)}"):
         while count is None or len(seqs) < count:
             want = _DROP_CHUNK if count is None else min(_DROP_CHUNK, count - len(seqs))
-            victims = _fetch(db, f"SELECT s.seq, s.topic, s.rule FROM history_scan AS s"
+            victims = fetch_all(db, f"SELECT s.seq, s.topic, s.rule FROM history_scan AS s"
                                  f" WHERE {synced_part} AND {where} ORDER BY s.seq LIMIT ?",
                                  [*params, want])
             doomed = [(seq,) for seq, _, _ in victims]
@@ -181,7 +181,7 @@ def _drop(db: sqlite3.Connection, where: str, params: list[Any], count: int | No
             db.executemany("DELETE FROM history_scan WHERE seq = ?", doomed)
             seqs += [seq for seq, _, _ in victims]
             # counted by the realm in memory (the stored name of a topic may be damaged), as
-            # _State.load counts them
+            # StoreState.load counts them
             dropped.update((realm, index) for _, topic, index in victims
                            if (realm := topics.realm_of(topic)) is not None)
             if len(victims) < want:
@@ -198,7 +198,7 @@ def _rows_over(used: int, max_bytes: int, rows: int) -> int:
     return min(1000, -(-(used - max_bytes) * rows // used) + 1)
 
 
-def _used_bytes(db: sqlite3.Connection) -> int:
-    (pages, free, size), = _fetch(
+def used_bytes(db: sqlite3.Connection) -> int:
+    (pages, free, size), = fetch_all(
         db, "SELECT * FROM pragma_page_count(), pragma_freelist_count(), pragma_page_size()")
     return (pages - free) * size

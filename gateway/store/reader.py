@@ -13,9 +13,10 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from cairn.gateway.clock_readings import rfc3339
-from cairn.gateway.patterns import matches
-from cairn.gateway.publication import (
+from cairn.base.clock_readings import rfc3339
+from cairn.formats.publication_ids import PublicationIds
+from cairn.gateway.core.patterns import matches
+from cairn.gateway.core.publication import (
     HistoryRead,
     ReadAbandoned,
     ReadTimeout,
@@ -25,16 +26,15 @@ from cairn.gateway.publication import (
     decode_object,
     decode_payload,
 )
-from cairn.gateway.publication_ids import PublicationIds
 from cairn.gateway.store.damage import Damage, Shape, Unreadable, decoded
 from cairn.gateway.store.schema import (
-    _IN_TOPICS,
-    _LEGACY_SEQ_OF_PUBLICATION,
+    IN_TOPICS,
+    LEGACY_SEQ_OF_PUBLICATION,
     RETAINED,
     SUBSCRIPTION,
-    _int_value,
+    int_value,
 )
-from cairn.gateway.store.state import Topics, _retained, _State
+from cairn.gateway.store.state import StoreState, Topics, retained_of
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ class StoreReader:
 
     query_timeout = 60.0  # s: any read on the reader connection is interrupted past it
 
-    def __init__(self, reader: aiosqlite.Connection, state: _State, topics: Topics,
+    def __init__(self, reader: aiosqlite.Connection, state: StoreState, topics: Topics,
                  publication_ids: PublicationIds, legacy_seq: int,
                  damage: Damage | None = None) -> None:
         self._reader = reader
@@ -82,7 +82,7 @@ class StoreReader:
         self._state = state
         self.topics = topics
         self.publication_ids = publication_ids
-        self._legacy_sql = (_LEGACY_SEQ_OF_PUBLICATION.format(legacy=legacy_seq)
+        self._legacy_sql = (LEGACY_SEQ_OF_PUBLICATION.format(legacy=legacy_seq)
                             if legacy_seq else None)
         self._reading = asyncio.Lock()
         self._read_deadline = math.inf
@@ -93,7 +93,7 @@ class StoreReader:
 
     async def synced_seq(self) -> int:
         rows = await self.query("SELECT value FROM meta WHERE key = 'synced_seq'", ())
-        return _int_value("synced_seq", rows[0][0] if rows else None, self.damage) or 0
+        return int_value("synced_seq", rows[0][0] if rows else None, self.damage) or 0
 
     async def gaps(self) -> list[tuple[Any, ...]]:
         return await self.query(
@@ -117,7 +117,7 @@ class StoreReader:
         slots = {}
         for rowid, *row in rows:
             where = f"rowid {rowid}" + (f", topic {row[3]}" if type(row[3]) is str else "")
-            pub = self._readable("retained", where, RETAINED, row, _retained)
+            pub = self._readable("retained", where, RETAINED, row, retained_of)
             if pub is not None:
                 slots[pub.slot] = pub
         for key, pub in self._state.retained.items():
@@ -177,7 +177,7 @@ class StoreReader:
         """Size and span of the stored history, for status displays."""
         count = sum(n for (r, _), n in self._state.counts.items() if r == realm)
         topics = json.dumps(self.topics.of_realm(realm))
-        ends = [await self.query(f"SELECT seq, wall_ms FROM history_scan WHERE {_IN_TOPICS}"
+        ends = [await self.query(f"SELECT seq, wall_ms FROM history_scan WHERE {IN_TOPICS}"
                                  f" ORDER BY seq {order} LIMIT 1", (topics,))
                 if count else [] for order in ("ASC", "DESC")]
         (first, oldest), (last, newest) = [end[0] if end else (None, None) for end in ends]
@@ -251,7 +251,7 @@ class StoreReader:
         :attr:`damage`). Walks history_scan in seq order and reads only the rows that match."""
         if not topics:
             return []
-        where = [f"s.{_IN_TOPICS}" if len(topics) > 1 else "s.topic = ?"]
+        where = [f"s.{IN_TOPICS}" if len(topics) > 1 else "s.topic = ?"]
         params: list[Any] = [json.dumps(topics) if len(topics) > 1 else topics[0]]
         for column, op, value in [*conditions, ("seq", "<" if reverse else ">", beyond)]:
             assert column in ("seq", "wall_ms") and op in ("<", "<=", ">", ">="), (column, op)

@@ -1,5 +1,5 @@
 """``publication_batch``: the TEMP view a commit inserts its publications into, its trigger,
-and the rows the writer thread builds for it (:class:`_Rows`)."""
+and the rows the writer thread builds for it (:class:`BatchRows`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import sqlite3
 from typing import Any
 
-from cairn.gateway.publication import Slot, StoredPublication
+from cairn.gateway.core.publication import Slot, StoredPublication
 from cairn.gateway.store.state import Topics
 
 # A batch of publications goes in as ONE statement: a multi-row INSERT into a TEMP view
@@ -20,7 +20,7 @@ from cairn.gateway.store.state import Topics
 _BATCH_COLUMNS = ("seq", "publication", "realm", "topic", "rule", "wall_ms", "boot_id",
                   "boottime_ns", "clock_synced", "authid", "authrole", "audience", "details",
                   "payload", "retain", "audience_key", "slot", "topic_id", "new_topic")
-_BATCH_SCHEMA = [
+BATCH_SCHEMA = [
     f"CREATE TEMP VIEW publication_batch ({', '.join(_BATCH_COLUMNS)}) AS SELECT "
     + ", ".join(["NULL"] * len(_BATCH_COLUMNS)) + " WHERE 0",
     # slot: the newest publication of the batch for its retained slot; and a retried
@@ -55,7 +55,7 @@ _BATCH_SCHEMA = [
 ]
 # Statements are padded with rows of NULLs (filtered out) to a power of two, so a dozen
 # prepared statements serve every batch size; bigger batches take several statements.
-_MAX_BATCH_ROWS = 1024  # x 19 parameters: within SQLite's limit of 32,766
+MAX_BATCH_ROWS = 1024  # x 19 parameters: within SQLite's limit of 32,766
 
 
 @functools.cache
@@ -68,8 +68,8 @@ def _batch_sql(rows: int) -> str:
 _NULL_ROW = (None,) * len(_BATCH_COLUMNS)
 
 
-def _insert_batch(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """INSERT up to _MAX_BATCH_ROWS ``rows`` into publication_batch in one statement."""
+def insert_batch(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    """INSERT up to MAX_BATCH_ROWS ``rows`` into publication_batch in one statement."""
     if not rows:
         return
     size = 1 << (len(rows) - 1).bit_length()  # the next power of two
@@ -78,7 +78,7 @@ def _insert_batch(db: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
     db.execute(_batch_sql(size), values)
 
 
-class _Rows:
+class BatchRows:
     """Publications as rows of publication_batch, on the writer thread: a topic new to
     history gets its id here, and the usual details JSON comes from a cache."""
 

@@ -34,7 +34,7 @@ _HISTORY_SCAN = """
 """
 
 
-def _encode_state(seq: int, counts: Counter[tuple[str, int]]) -> str:
+def encode_state(seq: int, counts: Counter[tuple[str, int]]) -> str:
     """The meta value ``state``: the seq the counts of rows per (realm, rule) are complete up
     to, and the counts (see :class:`~gateway.store.state._State`)."""
     return json.dumps({"seq": seq, "counts": [[r, i, n] for (r, i), n in counts.items()]})
@@ -59,10 +59,10 @@ def _version_3(db: sqlite3.Connection) -> None:
         db.execute(  # which no new row enters
             "CREATE INDEX publications_legacy_publication ON publications"
             f" ((seq >> 10), publication) WHERE seq <= {int(top)}")
-    _put_meta(db, "legacy_publication_seq", int(top or 0))
+    put_meta(db, "legacy_publication_seq", int(top or 0))
     counts = Counter({(realm, rule): n for realm, rule, n in db.execute(
         "SELECT realm, rule, COUNT(*) FROM publications GROUP BY realm, rule")})
-    _put_meta(db, "state", _encode_state(_highest_seq(db), counts))  # retained: all there
+    put_meta(db, "state", encode_state(highest_seq(db), counts))  # retained: all there
 
 
 # The columns of a retained slot that say when it was received by CLOCK_BOOTTIME and whether
@@ -179,14 +179,14 @@ MIGRATIONS: list[str | Callable[[sqlite3.Connection], None]] = [
 ]
 
 
-_RAISE_META = ("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) "
+RAISE_META = ("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) "
                "DO UPDATE SET value = MAX(CAST(value AS INTEGER), excluded.value)")
 _PUT_META = ("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) "
              "DO UPDATE SET value = excluded.value")
 # Rows from before schema version 3 (random publication ids, seq up to {legacy}): probe each
 # chunk of 1,024 seqs, newest first, on the partial (seq >> 10, publication) index (the
 # expression and the bound must stay exactly the index's): ~1,000 seeks per million rows.
-_LEGACY_SEQ_OF_PUBLICATION = (
+LEGACY_SEQ_OF_PUBLICATION = (
     "WITH RECURSIVE chunk(k) AS ("
     " SELECT MIN({legacy}, (SELECT MAX(seq) FROM publications)) >> 10"
     " UNION ALL SELECT k - 1 FROM chunk"
@@ -216,7 +216,7 @@ class SchemaTooNew(Exception):
 
 
 @contextlib.contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+def transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("BEGIN IMMEDIATE")
     try:
         yield
@@ -227,25 +227,25 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
-def _meta(db: sqlite3.Connection, key: str) -> str | None:
+def read_meta(db: sqlite3.Connection, key: str) -> str | None:
     row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return row[0] if row else None
 
 
-def _put_meta(db: sqlite3.Connection, key: str, value: Any) -> None:
+def put_meta(db: sqlite3.Connection, key: str, value: Any) -> None:
     db.execute(_PUT_META, (key, value))
 
 
-def _fetch(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
+def fetch_all(db: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
     return db.execute(sql, tuple(params)).fetchall()
 
 
-def _meta_int(db: sqlite3.Connection, key: str, damage: Damage | None = None) -> int | None:
+def read_meta_int(db: sqlite3.Connection, key: str, damage: Damage | None = None) -> int | None:
     """An integer meta value (None: not there, or damaged: then reported to ``damage``)."""
-    return _int_value(key, _meta(db, key), damage)
+    return int_value(key, read_meta(db, key), damage)
 
 
-def _int_value(key: str, value: Any, damage: Damage | None) -> int | None:
+def int_value(key: str, value: Any, damage: Damage | None) -> int | None:
     if value is None:
         return None
     if type(value) is str:
@@ -264,19 +264,19 @@ _SEQ_BOUNDS = ("SELECT MAX(seq) FROM publications", *(
     for table, column in (("retained", "seq"), ("gaps", "last_seq"), ("anchors", "after_seq"))))
 
 
-def _highest_seq(db: sqlite3.Connection, damage: Damage | None = None) -> int:
-    values = [_meta_int(db, key, damage) for key in ("highest_seq", "synced_seq")]
+def highest_seq(db: sqlite3.Connection, damage: Damage | None = None) -> int:
+    values = [read_meta_int(db, key, damage) for key in ("highest_seq", "synced_seq")]
     values += [db.execute(sql).fetchone()[0] for sql in _SEQ_BOUNDS]
     return max((v for v in values if v is not None), default=0)
 
 
-_IN_TOPICS = "topic IN (SELECT value FROM json_each(?))"
+IN_TOPICS = "topic IN (SELECT value FROM json_each(?))"
 
 
 PAGE_SIZE = 1024
 
 
-def _configure(db: sqlite3.Connection) -> None:
+def configure(db: sqlite3.Connection) -> None:
     # Both take effect on a new database only. Small pages: a commit writes whole pages to
     # the WAL, and most of a small commit's are the last, partly filled page of a table
     # (ten readings: 7 KiB of 1 KiB pages against 17 KiB of 4 KiB ones).
@@ -295,7 +295,7 @@ def _configure(db: sqlite3.Connection) -> None:
 def pre_migration_copy(path: Path, version: int) -> Path:
     """Where a release that migrates the store keeps the file as schema ``version`` left it,
     until the system update that brought the release is kept (the health gate discards it):
-    the older release, run again after a rollback, takes it back (``_refuse_newer_schema``)."""
+    the older release, run again after a rollback, takes it back (``refuse_newer_schema``)."""
     return path.with_name(f"{path.name}.schema-{version}")
 
 
@@ -318,7 +318,7 @@ def _move_store(source: Path, target: Path) -> None:
             os.replace(part, target.with_name(target.name + suffix))
 
 
-def _refuse_newer_schema(path: Path) -> None:
+def refuse_newer_schema(path: Path) -> None:
     """Read the schema version without writing: even setting pragmas would change the file
     of a newer release. A newer release that migrated the store kept a copy of it as this
     release left it: after a rollback (a system update that was not kept) this release takes
@@ -357,14 +357,14 @@ def _keep_pre_migration_copy(db: sqlite3.Connection, path: Path, version: int) -
     log.info("kept %s (schema %d) for a rollback until this release is kept", copy, version)
 
 
-def _migrate(db: sqlite3.Connection, path: Path) -> None:
+def migrate(db: sqlite3.Connection, path: Path) -> None:
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if 0 < version < SCHEMA_VERSION:
         _keep_pre_migration_copy(db, path, version)
     for target in range(version + 1, SCHEMA_VERSION + 1):
         log.info("migrating %s to schema version %d", path, target)
         migration = MIGRATIONS[target - 1]
-        with _transaction(db):
+        with transaction(db):
             if callable(migration):
                 migration(db)
             else:  # executescript() would COMMIT first; run statement by statement in ours

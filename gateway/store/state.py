@@ -1,5 +1,5 @@
 """What the store keeps of its history in memory: the topics and their ids (:class:`Topics`),
-the rows per rule and the retained slots not yet written back (:class:`_State`)."""
+the rows per rule and the retained slots not yet written back (:class:`StoreState`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cairn.gateway.patterns import matches
-from cairn.gateway.publication import Slot, StoredPublication
+from cairn.gateway.core.patterns import matches
+from cairn.gateway.core.publication import Slot, StoredPublication
 from cairn.gateway.store.damage import Damage, Unreadable, decoded, describe, why
 from cairn.gateway.store.schema import STORED, TOPIC
 
@@ -40,7 +40,7 @@ def _names_from_history(db: sqlite3.Connection, damaged: list[int],
 class Topics:
     """Every (realm, topic) stored in history, with the small id history_scan names it by.
     Held in memory (hundreds or thousands of topics; the router refuses clients new ones past
-    ``max_history_topics``, gateway.history_topics): a subscription's pattern is matched
+    ``max_history_topics``, gateway.core.history_topics): a subscription's pattern is matched
     against these names once per query instead of against every row. Only the writer thread
     adds, after a commit, by replacing the dict, so the event loop never reads one
     half-changed."""
@@ -102,7 +102,7 @@ class Topics:
 
 
 @dataclass
-class _State:
+class StoreState:
     """What the store knows of its history without reading it: the rows per (realm, rule),
     for pruning and status, and the retained slots of stored publications newer than the
     retained table. Writing these with every commit would cost the card a page or more per
@@ -120,14 +120,14 @@ class _State:
     written: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def load(cls, db: sqlite3.Connection, topics: Topics, damage: Damage) -> _State:
+    def load(cls, db: sqlite3.Connection, topics: Topics, damage: Damage) -> StoreState:
         """From the meta value ``state`` and the rows after its seq. A state that cannot be
         read is rebuilt from all the rows (as a store without one is)."""
         state = cls()
         row = db.execute("SELECT value FROM meta WHERE key = 'state'").fetchone()
         if row:
             try:
-                state.seq, state.counts = _decode_state(row[0])
+                state.seq, state.counts = decode_state(row[0])
             except (ValueError, TypeError, KeyError) as e:
                 damage.found("meta", "key state", f"{describe(row[0])}: {why(e)}")
                 state.seq, state.counts = 0, Counter()
@@ -142,7 +142,7 @@ class _State:
                 f" publications WHERE seq > ? AND retain = 1 GROUP BY realm, topic, audience)"
                 f" ORDER BY seq", (state.seq,)):
             try:
-                pub = decoded(STORED, row, _retained)
+                pub = decoded(STORED, row, retained_of)
             except Unreadable as e:  # the slot keeps the retained table's value
                 damage.found("publications", f"seq {row[0]}", str(e))
                 continue
@@ -151,12 +151,12 @@ class _State:
         return state
 
 
-def _retained(row: Sequence[Any]) -> StoredPublication:
+def retained_of(row: Sequence[Any]) -> StoredPublication:
     """A retained slot from a row of STORED (or RETAINED) columns."""
     return StoredPublication.from_row(row, retain=True)
 
 
-def _decode_state(value: object) -> tuple[int, Counter[tuple[str, int]]]:
+def decode_state(value: object) -> tuple[int, Counter[tuple[str, int]]]:
     """The meta value ``state`` (see :func:`~.schema._encode_state`); ValueError, TypeError
     or KeyError when it is not one."""
     if type(value) is not str:

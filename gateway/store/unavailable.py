@@ -7,8 +7,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from cairn.gateway.clock_readings import Anchor
-from cairn.gateway.publication import HistoryRead, Restored, StorageError, StoredPublication
+from cairn.base.clock_readings import Anchor
+from cairn.gateway.core.publication import HistoryRead, Restored, StorageError, StoredPublication
 from cairn.gateway.store.port import StorePort
 from cairn.gateway.store.pruning import Gap, PruneRule
 

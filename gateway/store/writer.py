@@ -3,12 +3,12 @@ anchors and gap records, in one SQLite file in WAL mode.
 
 Writes are grouped: :meth:`Store.append` queues a row with the time it may wait for its
 commit and returns a future that resolves once the transaction holding it is committed with
-``synchronous=FULL`` (fsync). The writer commits the whole pending batch at the earliest
-deadline of its items: at once for an acknowledged publish on a rule without a commit
-window, after the rule's ``commit_window`` on one with, :attr:`Store.flush_interval` for
-the rest; whatever arrives while one commit runs goes into the next: group commit. Fewer
-commits are the biggest lever on the card's wear (each one writes the pages it dirtied, the
-WAL frame headers and a file-system flush). With nothing queued, no timer runs. One thread
+``synchronous=FULL`` (fsync). The commit loop (gateway.store.commit) commits the whole
+pending batch at the earliest deadline of its items: at once for an acknowledged publish
+on a rule without a commit window, after the rule's ``commit_window`` on one with,
+:attr:`Store.flush_interval` for the rest; whatever arrives while one commit runs goes into
+the next: group commit. Fewer commits are the biggest lever on the card's wear (each one
+writes the pages it dirtied, the WAL frame headers and a file-system flush). One thread
 owns the writing connection and each commit is a single call into it (rows built, inserted
 and committed there), so a commit costs the event loop one thread round trip however many
 rows it holds. Reads use a second connection (aiosqlite) and never block writes.
@@ -25,8 +25,8 @@ its neighbours. So a commit touches as few pages as possible: the rows go in as 
 INSERTs at the end of the table, and the one secondary index, ``publications_scan``, is in
 seq order too, so both only grow at their ends (schema version 3). What other indexes used
 to give is had another way: a stored publication's id is computed from its seq
-(:mod:`gateway.publication_ids`), and the rows per history rule and the retained slots of
-stored publications are kept in memory and written back now and then (:class:`_State`).
+(:mod:`formats.publication_ids`), and the rows per history rule and the retained slots of
+stored publications are kept in memory and written back now and then (:class:`StoreState`).
 Before, a batch of ten readings of ten sensors dirtied 25 pages, now about 5.
 """
 
@@ -41,58 +41,40 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiosqlite
 
-from cairn.gateway.clock_readings import Anchor
-from cairn.gateway.publication import Restored, StorageError, StoredPublication
-from cairn.gateway.publication_ids import PublicationIds, new_key
+from cairn.base.clock_readings import Anchor
+from cairn.formats.publication_ids import PublicationIds, new_key
+from cairn.gateway.core.publication import Restored, StorageError, StoredPublication
+from cairn.gateway.store.commit import CommitLoop, Pending
 from cairn.gateway.store.damage import Damage, describe, reading
-from cairn.gateway.store.pruning import Gap, PruneRule, _insert_gaps, _Pruner, _used_bytes
+from cairn.gateway.store.pruning import Gap, Pruner, PruneRule, insert_gaps, used_bytes
 from cairn.gateway.store.reader import StoreReader, eligible
-from cairn.gateway.store.rows import _BATCH_SCHEMA, _MAX_BATCH_ROWS, _insert_batch, _Rows
+from cairn.gateway.store.rows import BATCH_SCHEMA, MAX_BATCH_ROWS, BatchRows, insert_batch
 from cairn.gateway.store.schema import (
-    _RAISE_META,
-    _configure,
-    _encode_state,
-    _fetch,
-    _highest_seq,
-    _meta,
-    _meta_int,
-    _migrate,
-    _put_meta,
-    _refuse_newer_schema,
-    _transaction,
+    RAISE_META,
+    configure,
+    encode_state,
+    fetch_all,
+    highest_seq,
+    migrate,
+    put_meta,
+    read_meta,
+    read_meta_int,
+    refuse_newer_schema,
+    transaction,
 )
-from cairn.gateway.store.state import Topics, _State
+from cairn.gateway.store.state import StoreState, Topics
 
 log = logging.getLogger("cairn.store")
 
 _QUEUE_FULL = "the store's queue was full"
 
 
-@dataclass
-class _Pending:
-    publications: list[StoredPublication] = field(default_factory=list)
-    subscriptions: list[tuple[int, str, str, str, str]] = field(default_factory=list)
-    forgotten: list[tuple[Any, ...]] = field(default_factory=list)  # (sql, params)
-    # retained slots forgotten: up to which seq (a newer publication of the slot stays)
-    forgotten_slots: dict[tuple[str, str, str], int] = field(default_factory=dict)
-    anchors: list[tuple[Anchor, int]] = field(default_factory=list)
-    gaps: list[Gap] = field(default_factory=list)
-    waiters: list[asyncio.Future] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.publications or self.has_records())
-
-    def has_records(self) -> bool:
-        return bool(self.subscriptions or self.forgotten or self.anchors or self.gaps)
-
-
-class _WriterThread:
+class WriterThread:
     """The one connection that writes, and the one thread that uses it."""
 
     def __init__(self) -> None:
@@ -117,30 +99,24 @@ class StoreWriter:
 
     unavailable: str | None = None  # why not: UnavailableStore says (this one is open)
     flush_interval = 0.05  # the bound on what a power cut may take without acknowledge
-    write_back_interval = 300.0  # seconds between write-backs of _State...
+    write_back_interval = 300.0  # seconds between write-backs of StoreState...
     write_back_rows = 20_000  # ...or rows: what start-up reads again after a power cut
     max_queue_bytes = 4 * 2**20  # router.limits.max_store_queue_bytes: past it, congested
     refuse_factor = 4  # past this many times it, publications are refused (not queued)
 
-    def __init__(self, path: Path, writer: _WriterThread, reader: StoreReader,
-                 state: _State, topics: Topics, publication_ids: PublicationIds) -> None:
+    def __init__(self, path: Path, writer: WriterThread, reader: StoreReader,
+                 state: StoreState, topics: Topics, publication_ids: PublicationIds) -> None:
         self.path = path
         self.publication_ids = publication_ids
         self.topics = topics
         self.reader = reader
         self._writer = writer
         self._state = state
-        self._pending = _Pending()
-        self._wake = asyncio.Event()  # set: commit what is pending now
-        self._deadline: asyncio.TimerHandle | None = None  # sets _wake for a pending batch
-        self._due = float("inf")  # loop time by which the pending batch must be committed
-        self._backoff = 0.0  # > 0 while writes fail: retry slower, unless someone is waiting
-        self._task: asyncio.Task | None = None
-        self._closing = False
+        # when to commit (gateway.store.commit); what a commit writes is here
+        self.commits = CommitLoop(self._commit_counted, self._fail, lambda: self.flush_interval)
         # after the highest seq handed out: raised by append(), never counted here (the
         # core's Sequence hands seqs out); an anchor and the close record it
         self.next_seq = state.top + 1
-        self.commit_latencies: list[float] = []  # seconds, recent commits (for metrics)
         self.failed_writes = 0
         self.queued_bytes = 0  # payloads queued or being committed
         self.on_drained: Callable[[], None] | None = None  # called when no more congested
@@ -148,8 +124,8 @@ class StoreWriter:
         # pruned as it comes, not a minute later
         self.bounds: tuple[list[PruneRule], int] | None = None
         self._transaction = asyncio.Lock()  # one transaction at a time on the writer
-        self._rows = _Rows(topics)  # the writer thread's
-        self._pruner = _Pruner(state, topics, self._rows)  # the writer thread's
+        self._rows = BatchRows(topics)  # the writer thread's
+        self._pruner = Pruner(state, topics, self._rows)  # the writer thread's
         # asyncio.get_running_loop() costs a getpid() system call: once per append is too much
         self._loop = asyncio.get_running_loop()
 
@@ -161,8 +137,8 @@ class StoreWriter:
         (shipped upstream) even if this database does not hold them: none is handed out
         again."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        _refuse_newer_schema(path)  # before anything could touch the file
-        writer = _WriterThread()
+        refuse_newer_schema(path)  # before anything could touch the file
+        writer = WriterThread()
         try:
             state, topics, key, legacy, damage = await writer.run(_open_writer, writer, path,
                                                                   seq_floor)
@@ -176,16 +152,12 @@ class StoreWriter:
         reads = StoreReader(reader, state, topics, ids, legacy, damage)
         await reader.set_progress_handler(reads._interrupt_read, 10_000)  # ~1 ms of work
         store = cls(path, writer, reads, state, topics, ids)
-        store._task = store._loop.create_task(store._write_loop())
+        store.commits.start()
         return store
 
     async def close(self) -> None:
         """Flush everything queued and write the state back, then close both connections."""
-        self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await self.commits.stop()
         with contextlib.suppress(sqlite3.Error):  # every seq handed out, stored or not
             async with self._transaction:
                 await self._writer.run(self._write_back_at_close)
@@ -193,14 +165,14 @@ class StoreWriter:
         # health record's at a stop) would hold the checkpoint for the whole busy timeout
         await self.reader.close()
         with contextlib.suppress(sqlite3.Error):
-            await self._writer.run(_fetch, self._writer.db, "PRAGMA wal_checkpoint(TRUNCATE)")
+            await self._writer.run(fetch_all, self._writer.db, "PRAGMA wal_checkpoint(TRUNCATE)")
         await self._writer.close()
 
     # -- writing -------------------------------------------------------------------------
 
     def append(self, pub: StoredPublication, within: float | None = None) -> asyncio.Future:
         """Queue a publication (its seq and publication id from the core's
-        :class:`~gateway.core.Sequence`, seeded from this store) to be
+        :class:`~gateway.core.session.Sequence`, seeded from this store) to be
         committed within ``within`` seconds (0: as soon as the writer is free; None:
         :attr:`flush_interval`). The future resolves when it is durable (or fails with
         StorageError)."""
@@ -214,9 +186,9 @@ class StoreWriter:
                                                   f"({self.queued_bytes} bytes wait for a commit)")
         self.queued_bytes += size
         self.next_seq = max(self.next_seq, pub.seq + 1)  # the highest handed out, plus one
-        self._pending.publications.append(pub)
-        self._commit_within(self.flush_interval if within is None else within)
-        return self._waiter()
+        self.commits.pending.publications.append(pub)
+        self.commits.within(self.flush_interval if within is None else within)
+        return self.commits.waiter()
 
     @property
     def damaged_rows(self) -> dict[str, int]:
@@ -235,13 +207,13 @@ class StoreWriter:
         routed but not stored, its loss recorded as a gap."""
         self.failed_writes += 1
         if pub.history_rule is not None:
-            gaps = self._pending.gaps
+            gaps = self.commits.pending.gaps
             last = gaps[-1] if gaps else None
             if last is not None and last.reason == reason and last.realm == pub.realm:
                 last.last_seq, last.count = pub.seq, last.count + 1
             else:
                 gaps.append(Gap(pub.realm, None, pub.seq, pub.seq, 1, reason))
-            self._commit_within(self.flush_interval)
+            self.commits.within(self.flush_interval)
         future = self._loop.create_future()
         future.set_exception(StorageError(error))
         future.exception()  # a refusal nobody awaits must not log "never retrieved"
@@ -253,121 +225,44 @@ class StoreWriter:
                          created: str) -> None:
         """A kept subscription, so its id survives a restart (committed within
         :attr:`record_window`; one lost to a power cut before is made anew)."""
-        self._pending.subscriptions.append((sub_id, realm, uri, match, created))
-        self._commit_within(self.record_window)
+        self.commits.pending.subscriptions.append((sub_id, realm, uri, match, created))
+        self.commits.within(self.record_window)
 
     def remove_subscription(self, sub_id: int) -> None:
         """A kept subscription that is forgotten (committed with the next batch)."""
-        self._pending.forgotten.append(("DELETE FROM subscriptions WHERE id = ?", (sub_id,)))
-        self._commit_within(self.record_window)
+        self.commits.pending.forgotten.append(("DELETE FROM subscriptions WHERE id = ?", (sub_id,)))
+        self.commits.within(self.record_window)
 
     def forget_retained(self, pub: StoredPublication) -> None:
         """A retained slot no longer kept (a bound was lowered, or it made room for another):
         ``pub`` and anything older in it, not a newer publication of the slot (one in the
         same batch included); committed with the next batch."""
-        self._pending.forgotten.append((
+        self.commits.pending.forgotten.append((
             "DELETE FROM retained WHERE realm = ? AND topic = ? AND audience_key = ?"
             " AND seq <= ?", (*pub.slot, pub.seq)))
-        forgotten = self._pending.forgotten_slots
+        forgotten = self.commits.pending.forgotten_slots
         forgotten[pub.slot] = max(pub.seq, forgotten.get(pub.slot, 0))
         kept = self._state.retained.get(pub.slot)
         if kept is not None and kept.seq <= pub.seq:
             del self._state.retained[pub.slot]
-        self._commit_within(self.record_window)
+        self.commits.within(self.record_window)
 
     def add_anchor(self, anchor: Anchor, after_seq: int | None = None) -> None:
         """A clock anchor for the seqs after ``after_seq`` (default: the last one assigned),
         committed with the publication that noticed it (appended next)."""
-        self._pending.anchors.append((anchor, self.next_seq - 1 if after_seq is None
+        self.commits.pending.anchors.append((anchor, self.next_seq - 1 if after_seq is None
                                       else after_seq))
 
-    def _commit_within(self, seconds: float) -> None:
-        """The pending batch is committed at the earliest deadline any of its items asked
-        for. No timer runs while nothing is queued, so an idle router sleeps; while writes
-        fail, the backoff decides when to retry, unless someone waits (``seconds`` 0)."""
-        if seconds <= 0:
-            self._wake.set()
-            return
-        due = self._loop.time() + seconds
-        if due >= self._due or self._backoff:
-            return
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._due = due
-        self._deadline = self._loop.call_at(due, self._wake.set)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        self._due = float("inf")
-
-    def _waiter(self) -> asyncio.Future:
-        # one future per caller, not one per batch: cancelling one awaiting task must not
-        # cancel the others' acknowledgements
-        future = self._loop.create_future()
-        self._pending.waiters.append(future)
-        return future
+    @property
+    def commit_latencies(self) -> list[float]:
+        """Seconds, recent commits (for metrics)."""
+        return self.commits.latencies
 
     async def flush(self) -> None:
         """Wait until everything queued so far is committed."""
-        if self._pending:
-            future = self._waiter()
-            self._wake.set()
-            await future
+        await self.commits.flush()
 
-    async def _wait_for_work(self) -> None:
-        if not self._wake.is_set():
-            retry = self._loop.call_later(self._backoff, self._wake.set) if self._backoff else None
-            try:
-                await self._wake.wait()
-            finally:
-                if retry is not None:
-                    retry.cancel()
-        self._wake.clear()
-
-    async def _write_loop(self) -> None:
-        while True:
-            if not self._pending and self._closing:
-                return
-            await self._wait_for_work()
-            if not self._pending:
-                continue
-            batch, self._pending = self._pending, _Pending()
-            self._disarm()  # what comes during the commit arms a deadline of its own
-            started = time.perf_counter()
-            try:
-                await self._commit_counted(batch)
-            except sqlite3.Error as e:
-                if not self._backoff:
-                    log.error("the store cannot write (%s): acknowledged publishes get an "
-                              "error, live routing goes on; retrying", e)
-                self._backoff = min(max(self._backoff * 2, 0.1), 5.0)
-                self._disarm()  # the backoff decides when to retry
-                self._fail(batch, e)
-                if self._closing:
-                    log.error("closing with unwritten data: %d publications lost",
-                              len(self._pending.publications))
-                    return
-                continue
-            except Exception as e:  # a bug (say, a value msgpack cannot pack): lose this
-                log.exception("the store could not write a batch")  # batch, not the store
-                self._fail(batch, e, retry_retained=False)
-                if self._pending:
-                    self._commit_within(self.flush_interval)
-                continue
-            if self._backoff:
-                log.warning("the store writes again")
-                self._backoff = 0.0
-                if self._pending:  # queued during the backoff, when no deadline was armed
-                    self._commit_within(self.flush_interval)
-            self.commit_latencies.append(time.perf_counter() - started)
-            del self.commit_latencies[:-1000]
-            for w in batch.waiters:
-                if not w.done():
-                    w.set_result(None)
-
-    def _fail(self, batch: _Pending, e: Exception, retry_retained: bool = True) -> None:
+    def _fail(self, batch: Pending, e: Exception, retry_retained: bool = True) -> None:
         self.failed_writes += len(batch.publications)
         error = StorageError(f"the store could not write: {e}")
         for w in batch.waiters:
@@ -376,28 +271,28 @@ class StoreWriter:
                 w.exception()  # a waiter nobody awaits must not log "never retrieved"
         self._record_loss(batch, str(e), retry_retained)
 
-    def _record_loss(self, batch: _Pending, reason: str, retry_retained: bool) -> None:
+    def _record_loss(self, batch: Pending, reason: str, retry_retained: bool) -> None:
         """Publications that failed to store are recorded as a gap (retried with the next
         batch, so the record survives once the disk has room again)."""
         lost = [p for p in batch.publications if p.history_rule is not None]
         if lost:
-            self._pending.gaps.append(Gap(lost[0].realm, None, lost[0].seq, lost[-1].seq,
+            self.commits.pending.gaps.append(Gap(lost[0].realm, None, lost[0].seq, lost[-1].seq,
                                           len(lost), f"write failed: {reason}"))
         # The router already serves these retained values: keep trying to store them.
         if retry_retained:
             again = [dataclasses.replace(p, history_rule=None) for p in batch.publications
                      if p.retain]
-            self._pending.publications.extend(again)
+            self.commits.pending.publications.extend(again)
             self.queued_bytes += sum(p.size for p in again)
-        self._pending.subscriptions.extend(batch.subscriptions)
-        self._pending.forgotten.extend(batch.forgotten)
-        forgotten = self._pending.forgotten_slots
+        self.commits.pending.subscriptions.extend(batch.subscriptions)
+        self.commits.pending.forgotten.extend(batch.forgotten)
+        forgotten = self.commits.pending.forgotten_slots
         for key, seq in batch.forgotten_slots.items():
             forgotten[key] = max(seq, forgotten.get(key, 0))
-        self._pending.anchors.extend(batch.anchors)
-        self._pending.gaps.extend(batch.gaps)
+        self.commits.pending.anchors.extend(batch.anchors)
+        self.commits.pending.gaps.extend(batch.gaps)
 
-    async def _commit_counted(self, batch: _Pending) -> None:
+    async def _commit_counted(self, batch: Pending) -> None:
         """Commit, then take the batch's bytes off the queue (failed or not: what is retried
         is queued again); tell the shell once the queue is down to half its bound."""
         held = sum(p.size for p in batch.publications)
@@ -408,16 +303,16 @@ class StoreWriter:
             if self.queued_bytes <= self.max_queue_bytes // 2 and self.on_drained is not None:
                 self.on_drained()
 
-    async def _commit(self, batch: _Pending) -> None:
+    async def _commit(self, batch: Pending) -> None:
         async with self._transaction:
             await self._commit_locked(batch)
 
-    async def _commit_locked(self, batch: _Pending) -> None:
+    async def _commit_locked(self, batch: Pending) -> None:
         await self._writer.run(self._commit_batch, batch)
 
     # the writer thread: the batch is no longer touched by the event loop
 
-    def _commit_batch(self, batch: _Pending) -> None:
+    def _commit_batch(self, batch: Pending) -> None:
         db = self._writer.db
         state = self._state
         new_topics: dict[tuple[str, str], int] = {}
@@ -432,15 +327,15 @@ class StoreWriter:
                       or time.monotonic() - state.written >= self.write_back_interval)
         if write_back:
             rows += self._rows.slots({**state.retained, **slots})
-        if len(rows) <= _MAX_BATCH_ROWS and not batch.has_records() and not write_back:
-            _insert_batch(db, rows)  # autocommit: the usual case, one statement
+        if len(rows) <= MAX_BATCH_ROWS and not batch.has_records() and not write_back:
+            insert_batch(db, rows)  # autocommit: the usual case, one statement
         else:
-            with _transaction(db):
-                for start in range(0, len(rows), _MAX_BATCH_ROWS):
-                    _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
+            with transaction(db):
+                for start in range(0, len(rows), MAX_BATCH_ROWS):
+                    insert_batch(db, rows[start:start + MAX_BATCH_ROWS])
                 _write_records(db, batch)
                 if write_back:
-                    _put_meta(db, "state", _encode_state(top, state.counts + counts))
+                    put_meta(db, "state", encode_state(top, state.counts + counts))
         self.topics.add(new_topics)
         state.top = top
         state.counts = state.counts + counts
@@ -461,11 +356,11 @@ class StoreWriter:
             return
         rules, max_bytes = self.bounds
         counts = self._state.counts
-        if _used_bytes(db) <= max_bytes and all(
+        if used_bytes(db) <= max_bytes and all(
                 counts[(r.realm, r.index)] - r.max_events < self.prune_budget for r in rules):
             return
         gaps, _ = self._pruner.drop(db, rules, max_bytes, 0, False,
-                                    _meta_int(db, "synced_seq") or 0, self.prune_budget)
+                                    read_meta_int(db, "synced_seq") or 0, self.prune_budget)
         for g in gaps:  # (what is left over goes with the next commit's check)
             log.warning("dropped %d events (seq %s..%s) to stay within %s", g.count,
                         g.first_seq, g.last_seq, g.reason)
@@ -474,12 +369,12 @@ class StoreWriter:
         """The state, and every seq handed out, stored or not, so none is ever reused."""
         db = self._writer.db
         state = self._state
-        with _transaction(db):
+        with transaction(db):
             rows = self._rows.slots(state.retained)
-            for start in range(0, len(rows), _MAX_BATCH_ROWS):
-                _insert_batch(db, rows[start:start + _MAX_BATCH_ROWS])
-            _put_meta(db, "state", _encode_state(state.top, state.counts))
-            db.execute(_RAISE_META, ("highest_seq", self.next_seq - 1))
+            for start in range(0, len(rows), MAX_BATCH_ROWS):
+                insert_batch(db, rows[start:start + MAX_BATCH_ROWS])
+            put_meta(db, "state", encode_state(state.top, state.counts))
+            db.execute(RAISE_META, ("highest_seq", self.next_seq - 1))
         state.retained, state.seq, state.rows = {}, state.top, 0
 
     # -- bounds --------------------------------------------------------------------------
@@ -487,7 +382,7 @@ class StoreWriter:
     async def set_synced_seq(self, seq: int) -> None:
         """Everything up to ``seq`` has reached the central sink (the uploader says so)."""
         async with self._transaction:
-            await self._writer.run(_fetch, self._writer.db, _RAISE_META, ("synced_seq", seq))
+            await self._writer.run(fetch_all, self._writer.db, RAISE_META, ("synced_seq", seq))
 
     async def prune(self, rules: list[PruneRule], max_bytes: int, now_ms: int,
                     clock_synced: bool) -> list[Gap]:
@@ -539,35 +434,35 @@ Store = StoreWriter  # the name the shell, tests and bench import
 # -- the writer thread's side: plain sqlite3 on the writing connection ------------------------
 
 
-def _open_writer(writer: _WriterThread, path: Path, seq_floor: int
-                 ) -> tuple[_State, Topics, bytes, int, Damage]:
+def _open_writer(writer: WriterThread, path: Path, seq_floor: int
+                 ) -> tuple[StoreState, Topics, bytes, int, Damage]:
     """Open, migrate, and read what the store keeps in memory: its state, the topics, the
     publication id key (made with a new database) and the last seq with a random id; and
     the damaged rows these reads left out."""
     writer.connect(path)
     db = reading(writer.db)
-    _configure(db)
-    _migrate(db, path)
-    for statement in _BATCH_SCHEMA:  # TEMP: this connection's, not the file's
+    configure(db)
+    migrate(db, path)
+    for statement in BATCH_SCHEMA:  # TEMP: this connection's, not the file's
         db.execute(statement)
     damage = Damage()
     topics = Topics.load(db, damage)
-    state = _State.load(db, topics, damage)
-    state.top = _highest_seq(db, damage)
+    state = StoreState.load(db, topics, damage)
+    state.top = highest_seq(db, damage)
     if state.top < seq_floor:
         log.warning("%s holds seqs up to %d only, but seqs up to %d were used (shipped "
                     "upstream): new ones start after %d", path, state.top, seq_floor, seq_floor)
-        db.execute(_RAISE_META, ("highest_seq", seq_floor))
+        db.execute(RAISE_META, ("highest_seq", seq_floor))
         state.top = seq_floor
     key = _publication_key(db, damage)
-    return state, topics, key, _meta_int(db, "legacy_publication_seq", damage) or 0, damage
+    return state, topics, key, read_meta_int(db, "legacy_publication_seq", damage) or 0, damage
 
 
 def _publication_key(db: sqlite3.Connection, damage: Damage) -> bytes:
-    """The key of the publication ids (gateway.publication_ids), made with a new database.
+    """The key of the publication ids (formats.publication_ids), made with a new database.
     A damaged one is made anew: stored rows keep the ids they were sent with, but those can
     no longer be looked up (get_events with after_publication...)."""
-    stored = _meta(db, "publication_key")
+    stored = read_meta(db, "publication_key")
     if stored is not None:
         with contextlib.suppress(TypeError, ValueError):
             if len(key := bytes.fromhex(stored)) == 16:
@@ -576,11 +471,11 @@ def _publication_key(db: sqlite3.Connection, damage: Damage) -> bytes:
                      f" a new one is made, and the stored publications' ids cannot be looked"
                      f" up any more")
     key = new_key()
-    _put_meta(db, "publication_key", key.hex())
+    put_meta(db, "publication_key", key.hex())
     return key
 
 
-def _write_records(db: sqlite3.Connection, batch: _Pending) -> None:
+def _write_records(db: sqlite3.Connection, batch: Pending) -> None:
     """A batch's records besides publications: subscriptions, deletions, anchors, gaps."""
     if batch.subscriptions:  # replacing a stored row of the same (realm, uri, match):
         db.executemany(  # one the router could not read (damaged) and made anew
@@ -595,4 +490,4 @@ def _write_records(db: sqlite3.Connection, batch: _Pending) -> None:
             [(a.reason, a.boot_id, a.boottime_ns, a.wall_ns, a.offset_before_ns,
               int(a.synced), after) for a, after in batch.anchors])
     if batch.gaps:
-        _insert_gaps(db, batch.gaps)
+        insert_gaps(db, batch.gaps)

@@ -51,7 +51,7 @@ if _path or _boot_path:
     time.clock_gettime, time.clock_gettime_ns = _clock_gettime, _clock_gettime_ns
 
 if _synced is not None:
-    from cairn.gateway import clock as _clock
+    from cairn.base import clock as _clock
 
     _clock.kernel_synchronized = lambda: _synced == "1"
-    _clock._SYNCED_PATHS = ()
+    _clock.SYNCED_PATHS = ()

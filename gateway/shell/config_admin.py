@@ -1,0 +1,129 @@
+"""``cairn.admin.config.get`` and ``cairn.admin.config.apply``: the configuration over WAMP.
+
+Only an authenticated session may call them, and only through a permission that names
+``cairn.admin`` (the exact URI or a pattern starting with it): the catch-all permission of an
+open realm (``{uri = "", match = "prefix"}``), which the device's anonymous ``local`` role
+has, does not reach them. The router validates a new text but cannot write ``/etc/cairn``
+(its sandbox): it leaves a request in its data directory, which ``cairn config apply
+--pending`` (root) carries out with the same checks, reload or restart, and rollback as
+``cairn config apply FILE``; the outcome shows in ``get``'s ``changes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cairn.gateway.core.config import (
+    Check,
+    Config,
+    ConfigError,
+    Permission,
+    covers_everything,
+    parse,
+    read_text,
+    restart_needed,
+)
+from cairn.gateway.core.session import WampError
+from cairn.gateway.ops.config_history import History, pending_requests, write_request
+
+if TYPE_CHECKING:
+    from cairn.base.clock_readings import Reading
+    from cairn.gateway.core.router import Realm
+    from cairn.gateway.core.session import Session
+    from cairn.gateway.shell.shell_state import ShellState
+
+ADMIN = "cairn.admin"
+GET = "cairn.admin.config.get"
+APPLY = "cairn.admin.config.apply"
+INVALID = "cairn.error.invalid_config"
+
+
+def names_admin(permission: Permission) -> bool:
+    """A permission that grants admin procedures: one written for them, not a catch-all."""
+    return permission.uri.startswith(ADMIN) and not covers_everything(permission)
+
+
+def require_admin(realm: Realm, caller: Session, uri: str) -> None:
+    rule = realm.authorizer.allowed(caller.authrole, uri, "call")
+    if caller.authmethod == "anonymous" or rule is None or not names_admin(rule):
+        raise WampError("wamp.error.not_authorized",
+                        f"{uri} needs an authenticated session whose role is granted call on "
+                        f"it by a permission naming {ADMIN!r} (session {caller.id}, authrole "
+                        f"{caller.authrole!r})")
+
+
+def validate(text: str, source: str, check: Check = parse) -> Config:
+    """``text`` as the file ``source`` would be, checked by ``check`` (the router's own
+    sections, or every section's: app.sections.check_whole): ConfigError naming the key if
+    bad."""
+    return check(read_text(text, source), source)
+
+
+def invalid(e: ConfigError) -> WampError:
+    return WampError(INVALID, str(e), file=e.source, key=e.key, problem=e.problem)
+
+
+class ConfigAdmin:
+    def __init__(self, state: ShellState) -> None:
+        self.state = state
+
+    @property
+    def file(self) -> Path:
+        running = self.state.running
+        if running is None or running.file is None:
+            raise WampError("cairn.error.no_config_file",
+                            "the router runs on its embedded default, not a config file")
+        return Path(running.file)
+
+    def get(self) -> dict[str, Any]:
+        file, running = self.file, self.state.running
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            text = None
+            problem = f"{file}: cannot read it: {e}"
+        else:
+            problem = running.problem
+        data_dir = self.state.config.router.data_dir
+        return {"text": text, "file": str(file), "running": running.running,
+                "problem": problem,
+                "changes": [c.as_dict() for c in History(file).changes()],
+                "requests": [{"id": r.id, "by": r.by, "at": r.at, "action": r.action}
+                             for r in pending_requests(data_dir)]}
+
+    def apply(self, caller: Session, realm: Realm, text: Any) -> dict[str, Any]:
+        if not isinstance(text, str):
+            raise WampError("wamp.error.invalid_argument",
+                            "cairn.admin.config.apply takes one argument: the TOML text")
+        file = self.file
+        try:
+            new = validate(text, str(file), self.state.check)
+        except ConfigError as e:
+            raise invalid(e) from None
+        action = "restart" if restart_needed(self.state.config, new) else "reload"
+        request = write_request(self.state.config.router.data_dir, text,
+                                f"{caller.authid}@{realm.name} over WAMP", action)
+        return {"request": request.id, "state": "pending", "action": action}
+
+
+def admin_procedures(state: ShellState) -> dict[str, Callable[[Realm], Any]]:
+    """The procedures, made per realm as :class:`~gateway.core.router.Router` takes them."""
+    admin = ConfigAdmin(state)
+
+    def make_get(realm: Realm):
+        async def get(caller: Session, args: list, kwargs: dict, now: Reading) -> dict[str, Any]:
+            require_admin(realm, caller, GET)
+            return await asyncio.to_thread(admin.get)
+        return get
+
+    def make_apply(realm: Realm):
+        async def apply(caller: Session, args: list, kwargs: dict, now: Reading) -> dict[str, Any]:
+            require_admin(realm, caller, APPLY)
+            text = args[0] if args else kwargs.get("text")
+            return await asyncio.to_thread(admin.apply, caller, realm, text)
+        return apply
+
+    return {GET: make_get, APPLY: make_apply}

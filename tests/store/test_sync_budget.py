@@ -1,0 +1,167 @@
+"""``[sync] daily_bytes``: past the day's budget the uploader sends only the gateway's health
+records, each as a batch of its own, and drains the backlog once a new day (24 h of
+CLOCK_BOOTTIME) begins. A real SQLite store (readings and health records), the real
+uploader, a directory sink; a day passes by stepping the boot-time clock sync.budget reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from cairn.base import clock
+from cairn.base.config_tools import ConfigError
+from cairn.formats.batch import manifest_name
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.core.session import Sequence
+from cairn.gateway.shell.metrics import MessageCounters
+from cairn.gateway.shell.metrics import render as render_metrics
+from cairn.gateway.store import HistoryReader, Store, StoredPublication
+from cairn.sync.budget import DAY_NS
+from cairn.sync.cli import parse_sync
+from harness.landing import landed
+from tests.system.test_sync import BOOT, T0_MS, RecordingSink, status_of, uploader_for
+
+HEALTH_EVERY = 50  # a health record after every 50 readings
+
+
+async def _fill(path: Path, readings: int) -> tuple[list[int], list[int]]:
+    store = await Store.open(path)
+    sequence = Sequence(store.next_seq, store.publication_ids)
+    seqs: tuple[list[int], list[int]] = ([], [])
+    try:
+        for i in range(readings):
+            health = i % HEALTH_EVERY == HEALTH_EVERY - 1
+            topic, kwargs = ((HEALTH_TOPIC, {"schema": 1, "uptime_s": i}) if health else
+                             (f"sensor.dev{i % 4}", {"temperature": 20 + i % 10 / 10}))
+            seq, publication = sequence.assign()
+            seqs[health].append(seq)
+            store.append(StoredPublication(
+                seq=seq, publication=publication, realm="realm1", topic=topic, args=None,
+                kwargs=kwargs, wall_ms=T0_MS + i * 1000, boot_id=BOOT,
+                boottime_ns=5 * 10**9 + i * 10**9, clock_synced=True,
+                history_rule=1 if health else 0))
+        await store.flush()
+    finally:
+        await store.close()
+    return seqs
+
+
+def fill(data_dir: Path, events: int) -> tuple[list[int], list[int]]:
+    """(reading seqs, health record seqs) of a store holding ``events`` rows."""
+    return asyncio.run(_fill(data_dir / "cairn.db", events))
+
+
+def a_day_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = clock.boottime_ns()
+    monkeypatch.setattr(clock, "boottime_ns", lambda: now + DAY_NS)
+
+
+def run_once(data_dir: Path, landing: Path, daily_bytes: int, batch_events: int = 100
+             ) -> RecordingSink:
+    sink = RecordingSink(landing)
+    uploader = uploader_for(data_dir, sink, batch_events=batch_events, daily_bytes=daily_bytes)
+    try:
+        uploader.once()
+    finally:
+        uploader.reader.close()
+    return sink
+
+
+def batch_size(data_dir: Path, batch_events: int) -> int:
+    """Bytes of the first batch the uploader would send (it sends nothing here)."""
+    uploader = uploader_for(data_dir, RecordingSink(data_dir / "unused"),
+                            batch_events=batch_events)
+    try:
+        return uploader.next_batch().size
+    finally:
+        uploader.reader.close()
+
+
+def test_past_the_budget_only_health_records_go_and_the_backlog_drains_the_next_day(
+        tmp_path, monkeypatch):
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    readings, health = fill(data_dir, 300)
+    budget = int(batch_size(data_dir, 100) * 2.2)
+
+    run_once(data_dir, landing, budget)
+    status = status_of(data_dir)
+    assert status["health_only"] is True and status["budget_bytes"] == budget
+    synced = status["synced_seq"]
+    assert readings[0] < synced < readings[-1]  # some of the backlog went, not all
+    manifests, rows = landed(landing)
+    assert {r["seq"] for r in rows if r["topic"] == HEALTH_TOPIC} == set(health)
+    ahead = [m for m in manifests if m["first_seq"] > synced]
+    assert ahead and all(m["count"] == 1 and m["after_seq"] == m["first_seq"] - 1
+                         for m in ahead)  # each record a batch of its own
+    assert {r["seq"] for r in rows if r["topic"] != HEALTH_TOPIC} == \
+        {s for s in readings if s <= synced}
+    sent = sum(m["bytes"] for m in manifests) + sum(
+        (landing / manifest_name(m["file"])).stat().st_size
+        for m in manifests)
+    assert status["budget_used"] == status["bytes_sent"] == sent
+    assert status["backlog"] == len([s for s in readings + health if s > synced])
+
+    again = run_once(data_dir, landing, budget)  # the same day: nothing new to send
+    assert again.names == [] and status_of(data_dir)["synced_seq"] == synced
+
+    a_day_later(monkeypatch)
+    run_once(data_dir, landing, budget)
+    status = status_of(data_dir)
+    assert (status["synced_seq"], status["health_only"], status["backlog"]) == \
+        (max(readings + health), False, 0)
+    assert status["budget_used"] < budget  # a new window
+    _, rows = landed(landing)
+    assert {r["seq"] for r in rows} == set(readings + health)
+
+
+def test_a_budget_of_one_byte_sends_health_records_only(tmp_path):
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    readings, health = fill(data_dir, 200)
+    sink = run_once(data_dir, landing, daily_bytes=1)
+    _, rows = landed(landing)
+    assert [r["seq"] for r in rows] == health  # each one, though it is over the budget
+    assert len(sink.names) == 2 * len(health)
+    status = status_of(data_dir)
+    assert (status["synced_seq"], status["health_only"]) == (0, True)
+    assert status["budget_used"] > 1
+    assert run_once(data_dir, landing, daily_bytes=1).names == []  # shipped already
+
+
+def test_without_a_budget_nothing_is_held_back(tmp_path):
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    readings, health = fill(data_dir, 200)
+    run_once(data_dir, landing, daily_bytes=0)
+    status = status_of(data_dir)
+    assert (status["synced_seq"], status["health_only"], status["budget_used"]) == \
+        (max(readings + health), False, 0)
+    assert status["bytes_sent"] > 0
+
+
+def test_metrics_show_the_budget_and_the_bytes_sent():
+    sync = {"bytes_sent": 123_456, "budget_bytes": 100_000, "budget_used": 100_512,
+            "health_only": True}
+    text = render_metrics({"sync": sync}, MessageCounters(), [])
+    for line in ("cairn_sync_sent_bytes_total 123456", "cairn_sync_budget_bytes 100000",
+                 "cairn_sync_budget_used_bytes 100512", "cairn_sync_health_only 1"):
+        assert line in text.splitlines(), line
+
+
+@pytest.mark.parametrize("value, problem", [(-1, "must be 0 (no limit) or bytes a day"),
+                                            ("5MB", "expected an integer")])
+def test_a_bad_daily_budget_is_a_config_error_naming_the_key(tmp_path, value, problem):
+    data = {"sync": {"sink": f"dir:{tmp_path}", "daily_bytes": value}}
+    with pytest.raises(ConfigError) as error:
+        parse_sync(data, "cairn.toml")
+    assert error.value.key == "sync.daily_bytes" and problem in str(error.value)
+
+
+def test_the_reader_walks_one_topic_after_a_seq(tmp_path):
+    readings, health = fill(tmp_path, 120)
+    reader = HistoryReader(tmp_path / "cairn.db")
+    try:
+        assert [p.seq for p in reader.topic_after(health[0], HEALTH_TOPIC, 10)] == health[1:]
+    finally:
+        reader.close()

@@ -1,0 +1,550 @@
+"""Configuration that cannot lock you out: a real router process, real config files and
+their history, ``cairn config`` as a subprocess, autobahn sessions over real sockets.
+
+The router runs under the test's own supervisor (as systemd's Restart= would restart it):
+``cairn config --service signal`` reloads it with SIGHUP and restarts it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import SubscribeOptions
+
+from cairn.app.config_cli import Step, Systemd, component_steps
+from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.ops.config_history import KEEP, Change, History
+from harness.config import EVERYTHING, permission, role, router_table, user
+from harness.process import RouterProcess, free_port
+from harness.wamp_client import connect
+
+COMMAND = [sys.executable, "-m", "cairn.app.cli"]
+ADMIN_SECRET = "admin-ticket-0123456789"
+
+
+def realm(extra_roles: str = "", anonymous: bool = True) -> str:
+    """realm1: anonymous sessions may do anything (as the device's "local" role), the admin
+    user may call the cairn.admin procedures, the viewer has a catch-all of its own."""
+    return ('\n[[realms]]\nname = "realm1"\n'
+            + ('anonymous_role = "local"\n' if anonymous else "")
+            + role("local", permission("", EVERYTHING))
+            + role("admin", permission("cairn.admin", ["call"]), permission("", EVERYTHING))
+            + role("viewer", permission("", ["call", "subscribe"]))
+            + extra_roles
+            + user("admin", "admin", secret=ADMIN_SECRET)
+            + user("viewer", "viewer", secret="viewer-ticket-0123456789"))
+
+
+def config_text(tmp_path: Path, port: int, rawsocket: tuple[str, ...] = (),
+                extra_roles: str = "", anonymous: bool = True) -> str:
+    return router_table(tmp_path / "data", f"127.0.0.1:{port}", rawsocket) + \
+        realm(extra_roles, anonymous)
+
+
+def cairn(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def config_cmd(file: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return cairn("config", "--config", str(file), "--service", "signal", "--timeout", "20",
+                 *args, timeout=timeout)
+
+
+class Supervised:
+    """The router process, started again whenever it exits (systemd's Restart=)."""
+
+    def __init__(self, file: Path, port: int) -> None:
+        self.router = RouterProcess(file.parent, config=file)
+        self.router.port = port  # waited for at each start
+        self.file = file
+        self._watch: asyncio.Task | None = None
+
+    async def __aenter__(self) -> Supervised:
+        await asyncio.to_thread(self.router.start)
+        self._watch = asyncio.create_task(self._restart_when_it_exits())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._watch is not None
+        self._watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._watch
+        if self.router.proc.poll() is None:
+            self.router.kill()
+
+    async def _restart_when_it_exits(self) -> None:
+        while True:
+            await asyncio.sleep(0.05)
+            if self.router.proc.poll() is not None:
+                with contextlib.suppress(RuntimeError):
+                    await asyncio.to_thread(self.router.start)
+
+    @property
+    def address(self) -> SimpleNamespace:
+        return SimpleNamespace(port=self.router.port, ws_url=self.router.ws_url)
+
+
+def metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return reply.read().decode()
+
+
+def held_port() -> socket.socket:
+    """A port something else listens on: a router cannot bind it."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    return taken
+
+
+async def admin(address: SimpleNamespace):
+    return await connect(address, authmethods=["ticket"], authid="admin", secret=ADMIN_SECRET)
+
+
+@pytest.fixture
+def good(tmp_path: Path):
+    """A good config file, already marked as the last good one, on a free port."""
+    port = free_port()
+    file = tmp_path / "cairn.toml"
+    text = config_text(tmp_path, port)
+    file.write_text(text)
+    History(file).mark_good(text)
+    return SimpleNamespace(file=file, port=port, text=text)
+
+
+# -- starting on a bad file ----------------------------------------------------------------
+
+
+async def test_bad_file_with_a_last_good_runs_on_the_last_good_and_says_why(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        status = await session.call("cairn.router.status")
+        await session.leave()
+        assert status["config"]["running"] == "last-good"
+        assert status["config"]["file"] == str(good.file)
+        problem = status["config"]["problem"]
+        assert str(good.file) in problem and "router.log_level" in problem
+        assert "'loud'" in problem
+        assert "cairn_config_fallback 1" in metrics(good.port)
+        await router.router.wait_for_line(r"ERROR .*router\.log_level.*last good")
+
+
+async def test_listener_the_host_cannot_bind_falls_back_in_process(good, tmp_path):
+    # an address this host does not have: the file validates, the router cannot start on it
+    bad = config_text(tmp_path, good.port, rawsocket=("10.254.254.254:9",), anonymous=False)
+    good.file.write_text(bad)
+    async with Supervised(good.file, good.port) as router:
+        assert "cairn_config_fallback 1" in metrics(good.port)
+        session = await admin(router.address)
+        status = await session.call("cairn.router.status")
+        await session.leave()
+        assert status["config"]["running"] == "last-good"
+        assert "cannot start on it" in status["config"]["problem"]
+        assert "10.254.254.254" in status["config"]["problem"]
+        assert router.router.proc.poll() is None
+        assert len([line for line in router.router.log_lines() if "listening:" in line]) == 1
+
+
+async def test_the_health_record_names_the_fallback(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        records: list[dict] = []
+        await session.subscribe(lambda **record: records.append(record), HEALTH_TOPIC,
+                                options=SubscribeOptions(get_retained=True))
+        for _ in range(100):
+            if records:
+                break
+            await asyncio.sleep(0.05)
+        await session.leave()
+    assert records[-1]["config"]["running"] == "last-good"
+    assert "router.log_level" in records[-1]["config"]["problem"]
+
+
+async def test_sighup_with_a_bad_file_keeps_the_running_config_and_says_why(good):
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        good.file.write_text(good.text + "\n[router.bogus]\n")
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: keeping the running config")
+        config = (await session.call("cairn.router.status"))["config"]
+        assert (config["running"], config["problem"]) == \
+            ("file", f"{good.file}: router.bogus: unknown key (allowed here: "
+                     f"{config['problem'].split('allowed here: ')[1]}")
+        good.file.write_text(good.text)  # fixed: the next SIGHUP clears the problem
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: reloaded")
+        assert (await session.call("cairn.router.status"))["config"]["problem"] is None
+        assert session.is_attached()
+        await session.leave()
+
+
+async def test_sighup_takes_a_fixed_file_while_on_the_last_good(good):
+    good.file.write_text(good.text.replace('log_level = "info"', 'log_level = "loud"'))
+    async with Supervised(good.file, good.port) as router:
+        session = await connect(router.address)
+        good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+        router.router.proc.send_signal(signal.SIGHUP)
+        await router.router.wait_for_line(r"SIGHUP: reloaded")
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+        assert "cairn_config_fallback 0" in metrics(good.port)
+    assert (config["running"], config["problem"]) == ("file", None)
+
+
+def test_without_a_last_good_a_bad_file_still_exits_2(tmp_path):
+    file = tmp_path / "cairn.toml"
+    file.write_text(config_text(tmp_path, free_port()).replace('"info"', '"loud"'))
+    result = cairn("router", "--config", str(file), timeout=20)
+    assert result.returncode == 2, result.stderr
+    assert f"{file}: router.log_level:" in result.stderr
+
+
+async def test_doctor_names_the_problem_while_on_the_last_good(good):
+    good.file.write_text(good.text + "\n[router.bogus]\n")
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(cairn, "doctor", "--config", str(good.file))
+    assert result.returncode == 1
+    assert "FAIL  config" in result.stdout and "router.bogus" in result.stdout
+    assert "runs on the last good configuration" in result.stdout
+
+
+# -- cairn config apply ---------------------------------------------------------------------
+
+
+def test_apply_of_an_invalid_file_is_refused_and_nothing_changes(good, tmp_path):
+    bad = tmp_path / "new.toml"
+    bad.write_text(good.text.replace('name = "admin"', 'name = ""'))
+    result = config_cmd(good.file, "apply", str(bad), "--by", "olga")
+    assert result.returncode == 2, result.stderr
+    assert f"{good.file}: realms[0].roles[1].name: missing" in result.stderr
+    assert good.file.read_text() == good.text
+    [change] = History(good.file).changes()
+    assert (change.state, change.by, change.action) == ("refused", "olga", None)
+    assert "realms[0].roles[1].name" in change.reason
+
+
+BAD_SYNC = '\n[sync]\nsink = "http://127.0.0.1:9/landing/{name}"\ninterval = "soon"\n'
+
+
+def test_apply_of_a_file_whose_sync_section_is_bad_is_refused_and_nothing_changes(good, tmp_path):
+    """The router does not read [sync], but cairn-sync would not start on it: a change is
+    checked whole."""
+    bad = tmp_path / "new.toml"
+    bad.write_text(good.text + BAD_SYNC)
+    result = config_cmd(good.file, "apply", str(bad), "--by", "olga")
+    assert result.returncode == 2, result.stderr
+    assert f"{good.file}: sync.interval: must be a positive number" in result.stderr
+    assert good.file.read_text() == good.text
+    [change] = History(good.file).changes()
+    assert (change.state, change.action) == ("refused", None) and "sync.interval" in change.reason
+
+
+async def test_reload_only_change_is_applied_without_dropping_a_session(good, tmp_path):
+    async with Supervised(good.file, good.port) as router:
+        pid = router.router.pid
+        session = await connect(router.address)
+        new = tmp_path / "new.toml"
+        new.write_text(config_text(tmp_path, good.port, extra_roles=role(
+            "operator", permission("app.", ["call"]))))
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stderr
+        assert session.is_attached()
+        assert (await session.call("cairn.router.status"))["config"]["running"] == "file"
+        await session.leave()
+        assert router.router.pid == pid
+    [change] = History(good.file).changes()
+    assert (change.state, change.action) == ("good", "reload")
+    assert History(good.file).last_good_text() == new.read_text() == good.file.read_text()
+
+
+async def test_restart_change_is_applied_by_a_restart_and_marked_good(good, tmp_path):
+    new = tmp_path / "new.toml"
+    new.write_text(good.text.replace('log_level = "info"',
+                                     'log_level = "info"\nmax_message_size = 65536'))
+    async with Supervised(good.file, good.port) as router:
+        pid = router.router.pid
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stderr
+        assert router.router.pid != pid
+        session = await connect(router.address)
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+    assert (config["running"], config["problem"]) == ("file", None)
+    [change] = History(good.file).changes()
+    assert (change.state, change.action) == ("good", "restart")
+    assert History(good.file).last_good_text() == new.read_text()
+
+
+async def test_mark_good_does_not_wait_for_a_change_being_applied(good, tmp_path):
+    """The router's own ExecStartPost marks its config good while `cairn config apply` may
+    hold the history (it restarted that router and waits for it): it must not wait, or the
+    restart never ends; the change being applied decides the last good one."""
+    good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+    async with Supervised(good.file, good.port):
+        with History(good.file).locked():
+            done = await asyncio.to_thread(config_cmd, good.file, "mark-good", timeout=20)
+        assert done.returncode == 0, done.stderr
+        assert "a change is being applied" in done.stdout + done.stderr
+        assert History(good.file).last_good_text() == good.text
+        done = await asyncio.to_thread(config_cmd, good.file, "mark-good")
+        assert done.returncode == 0, done.stderr
+    assert History(good.file).last_good_text() == good.file.read_text()
+
+
+async def test_rollback_puts_the_last_good_back_and_restarts(good, tmp_path):
+    good.file.write_text(good.text + role("operator", permission("app.", ["call"])))
+    async with Supervised(good.file, good.port) as router:
+        result = await asyncio.to_thread(config_cmd, good.file, "rollback")
+        assert result.returncode == 0, result.stderr
+        assert good.file.read_text() == good.text
+        session = await connect(router.address)
+        config = (await session.call("cairn.router.status"))["config"]
+        await session.leave()
+    assert config["sha256"] == History(good.file).last_good_info()["sha256"]
+    [change] = History(good.file).changes()
+    assert (change.state, change.source) == ("good", "cairn config rollback")
+
+
+async def test_restart_change_that_fails_is_rolled_back_with_the_reason(good, tmp_path):
+    with held_port() as taken:
+        port = taken.getsockname()[1]
+        new = tmp_path / "new.toml"
+        new.write_text(config_text(tmp_path, good.port, rawsocket=(f"127.0.0.1:{port}",)))
+        async with Supervised(good.file, good.port) as router:
+            result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new),
+                                             "--by", "olga")
+            assert result.returncode == 1, result.stderr
+            assert good.file.read_text() == good.text
+            session = await connect(router.address)
+            status = await session.call("cairn.router.status")
+            await session.leave()
+    assert status["config"] == {**status["config"], "running": "file", "problem": None}
+    [change] = History(good.file).changes()
+    assert (change.state, change.action, change.by) == ("rolled_back", "restart", "olga")
+    assert "address already in use" in change.reason and str(port) in change.reason
+
+
+def test_history_keeps_the_last_ten_and_who_made_them(good):
+    for i in range(KEEP + 2):
+        History(good.file).record(f"# {i}\n{good.text}", f"user{i}", "test", "reload")
+    changes = History(good.file).changes()
+    assert len(changes) == KEEP
+    assert [c.by for c in changes[:2]] == [f"user{KEEP + 1}", f"user{KEEP}"]
+    assert History(good.file).text(changes[0].id).startswith(f"# {KEEP + 1}\n")
+    assert len(list((good.file.parent / "config-history").glob("[0-9]*.toml"))) == KEEP
+    listed = config_cmd(good.file, "history").stdout.splitlines()
+    assert len(listed) == KEEP and f"user{KEEP + 1}" in listed[0]
+
+
+
+# -- the other components follow --------------------------------------------------------------
+
+SYNC = '\n[sync]\nsink = "dir:/var/lib/cairn-sink"\n'
+UPDATE = '\n[update]\nsource = "https://updates.example/cairn/{gateway_id}/"\n'
+
+
+async def apply_over(good, tmp_path: Path, before: str, after: str
+                     ) -> tuple[subprocess.CompletedProcess, Change]:
+    """``after`` applied over a router (and components) running ``before``, a good one."""
+    good.file.write_text(before)
+    History(good.file).mark_good(before)
+    new = tmp_path / "new.toml"
+    new.write_text(after)
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+    [change] = History(good.file).changes()
+    return result, change
+
+
+async def test_sync_section_added_starts_cairn_sync(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text, good.text + SYNC)
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be started by its supervisor ([sync] added)" in \
+        result.stderr
+    assert (change.state, change.action) == \
+        ("good", "reload; cairn-sync.service to be started by its supervisor")
+
+
+async def test_sync_section_changed_restarts_cairn_sync(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text + SYNC,
+                                      good.text + SYNC.replace("cairn-sink", "other-sink"))
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be restarted by its supervisor ([sync] changed)" in \
+        result.stderr
+    assert change.action == "reload; cairn-sync.service to be restarted by its supervisor"
+
+
+async def test_sync_section_removed_stops_cairn_sync(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text + SYNC, good.text)
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be stopped by its supervisor ([sync] removed)" in \
+        result.stderr
+    assert change.action == "reload; cairn-sync.service to be stopped by its supervisor"
+
+
+async def test_sync_section_unchanged_leaves_cairn_sync_alone(good, tmp_path):
+    operator = role("operator", permission("app.", ["call"]))
+    result, change = await apply_over(good, tmp_path, good.text + SYNC,
+                                      good.text + operator + SYNC)
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync" not in result.stderr
+    assert (change.state, change.action) == ("good", "reload")
+
+
+async def test_update_section_changed_restarts_the_update_pull(good, tmp_path):
+    result, change = await apply_over(good, tmp_path, good.text + UPDATE,
+                                      good.text + UPDATE.replace("updates.", "mirror."))
+    assert result.returncode == 0, result.stderr
+    assert "cairn-update-pull.service to be restarted by its supervisor ([update] changed)" \
+        in result.stderr
+    assert change.action == \
+        "reload; cairn-update-pull.service to be restarted by its supervisor"
+
+
+async def test_no_component_follows_a_change_that_is_rolled_back(good, tmp_path):
+    with held_port() as taken:
+        failing = config_text(tmp_path, good.port,
+                              rawsocket=(f"127.0.0.1:{taken.getsockname()[1]}",))
+        result, change = await apply_over(good, tmp_path, good.text, failing + SYNC)
+    assert result.returncode == 1, result.stderr
+    assert "cairn-sync" not in result.stderr
+    assert (change.state, change.action) == ("rolled_back", "restart")
+
+
+async def test_rollback_command_brings_the_components_back_to_the_last_good(good):
+    good.file.write_text(good.text + SYNC)  # by hand, not applied: the last good has no [sync]
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(config_cmd, good.file, "rollback")
+    assert result.returncode == 0, result.stderr
+    assert "cairn-sync.service to be stopped by its supervisor ([sync] removed)" in \
+        result.stderr
+    [change] = History(good.file).changes()
+    assert change.action == "restart; cairn-sync.service to be stopped by its supervisor"
+
+
+def fake_systemctl(tmp_path: Path, monkeypatch, code: int) -> Path:
+    """A systemctl on PATH that records its arguments (systemd is not what is tested)."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "bin" / "systemctl"
+    script.parent.mkdir()
+    script.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
+                      f'[ {code} = 0 ] || echo "Unit $3 not found." >&2\nexit {code}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:{os.environ['PATH']}")
+    return calls
+
+
+def test_systemd_restarts_a_component_without_blocking(tmp_path, monkeypatch):
+    calls = fake_systemctl(tmp_path, monkeypatch, 0)
+    assert Systemd().component("restart", "cairn-sync.service") == \
+        "restarted cairn-sync.service"
+    assert calls.read_text() == "--no-block restart cairn-sync.service\n"
+
+
+def test_systemd_says_when_a_component_could_not_be_started(tmp_path, monkeypatch):
+    fake_systemctl(tmp_path, monkeypatch, 5)
+    assert Systemd().component("start", "cairn-update-pull.service") == \
+        "cairn-update-pull.service not started: Unit cairn-update-pull.service not found."
+
+
+def test_a_new_data_directory_restarts_sync_but_not_the_update_pull():
+    old = {"router": {"data_dir": "/var/lib/cairn"}, "sync": {"sink": "dir:/x"},
+           "update": {"source": "https://u.example/"}}
+    new = {**old, "router": {"data_dir": "/data/cairn"}}
+    assert component_steps(old, new) == \
+        [Step("restart", "cairn-sync.service", "router.data_dir changed")]
+
+
+def test_a_new_gateway_id_restarts_the_update_pull_too():
+    old = {"sync": {"sink": "dir:/x"}, "update": {"source": "https://u.example/{gateway_id}/"}}
+    new = {**old, "sync": {"sink": "dir:/x", "gateway_id": "site-7"}}
+    assert component_steps(old, new) == [
+        Step("restart", "cairn-sync.service", "[sync] changed"),
+        Step("restart", "cairn-update-pull.service", "sync.gateway_id changed")]
+
+
+# -- over WAMP --------------------------------------------------------------------------------
+
+
+async def test_admin_gets_and_applies_over_wamp_and_the_pending_request_is_carried_out(good):
+    new_text = good.text + role("operator", permission("app.", ["call"]))
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        got = await session.call("cairn.admin.config.get")
+        assert (got["text"], got["running"], got["file"]) == (good.text, "file", str(good.file))
+        answer = await session.call("cairn.admin.config.apply", new_text)
+        assert answer == {"request": 1, "state": "pending", "action": "reload"}
+        requests = good.file.parent / "data" / "config-requests"
+        assert (requests / "0001.toml").read_text() == new_text
+        assert good.file.read_text() == good.text  # the router does not write the config
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", "--pending")
+        assert result.returncode == 0, result.stderr
+        got = await session.call("cairn.admin.config.get")
+        await session.leave()
+    assert got["text"] == new_text and got["requests"] == []
+    change = got["changes"][0]
+    assert (change["state"], change["request"], change["by"]) == \
+        ("good", 1, "admin@realm1 over WAMP")
+
+
+async def test_invalid_text_over_wamp_is_refused_naming_file_key_and_problem(good):
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", good.text + "\n[sync]\n[sync]\n")
+        await session.leave()
+    assert refused.value.error == "cairn.error.invalid_config"
+    assert refused.value.kwargs["file"] == str(good.file)
+    assert "invalid TOML" in refused.value.kwargs["problem"]
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
+async def test_a_bad_sync_section_over_wamp_is_refused_naming_its_key(good):
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", good.text + BAD_SYNC)
+        await session.leave()
+    assert refused.value.error == "cairn.error.invalid_config"
+    assert refused.value.kwargs["key"] == "sync.interval"
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
+@pytest.mark.parametrize("who", ["anonymous", "viewer"])
+async def test_sessions_without_an_admin_permission_are_refused(good, who):
+    async with Supervised(good.file, good.port) as router:
+        if who == "anonymous":  # its role's catch-all permission does not reach cairn.admin
+            session = await connect(router.address)
+        else:
+            session = await connect(router.address, authmethods=["ticket"], authid="viewer",
+                                    secret="viewer-ticket-0123456789")
+        for procedure, args in (("cairn.admin.config.get", ()),
+                                ("cairn.admin.config.apply", (good.text,))):
+            with pytest.raises(ApplicationError) as refused:
+                await session.call(procedure, *args)
+            assert refused.value.error == "wamp.error.not_authorized"
+        await session.leave()
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
+def test_history_files_are_json_with_who_when_and_how(good):
+    change = History(good.file).record(good.text, "root with cairn config apply", "file x",
+                                       "restart")
+    data = json.loads((good.file.parent / "config-history" / "0001.json").read_text())
+    assert data["by"] == "root with cairn config apply" and data["action"] == "restart"
+    assert data["state"] == "pending" and data["at"].endswith("Z")
+    assert data["id"] == change.id == 1
