@@ -8,6 +8,7 @@ run: setup
 test: setup-test
 	.venv/bin/ruff check .
 	.venv/bin/python -m harness.spark_cds  # the Spark JVMs' class archive, once (~40 s)
+	.venv/bin/python -m harness.s3a_jars  # hadoop-aws for the s3a:// tests, once (181 MB)
 	.venv/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 lint: setup-test

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.base.config_tools import ConfigError, Validator
+from cairn.base.config_tools import ConfigError, Validator, optional_secret
 from cairn.gateway.core.config import read_document
 from cairn.gateway.ops.update_state import UPDATE_DIR, Trial, last_result
 from cairn.sync import metered
-from cairn.sync.cli import GATEWAY_ID, optional_secret
+from cairn.sync.cli import GATEWAY_ID
 from cairn.sync.sinks import HttpSource, SinkError
 
 log = logging.getLogger("cairn.update")

@@ -166,6 +166,18 @@ def secret(v: Validator, t: dict[str, Any], at: str) -> str | None:
     return None if secret is None else _non_empty(v, secret, f"{at}.secret", "the secret")
 
 
+def optional_secret(v: Validator, t: dict[str, Any], at: str, name: str) -> str | None:
+    """:func:`secret` under keys of its own name: ``NAME``, ``NAME_file`` or ``NAME_env``
+    (``token``, ``password``, ``secret_access_key``), its errors naming the key written."""
+    keys = {name: "secret", f"{name}_file": "secret_file", f"{name}_env": "secret_env"}
+    renamed = {keys[k]: value for k, value in t.items() if k in keys}
+    try:
+        return secret(v, renamed, at)
+    except ConfigError as e:  # name the key the user wrote
+        key = e.key.replace("secret", name)
+        raise ConfigError(e.source, key, e.problem) from None
+
+
 def _non_empty(v: Validator, secret: str, key: str, origin: str) -> str:
     # An empty secret is a login anyone can type (ticket), or compute (wampcra).
     if not secret.strip():

@@ -68,12 +68,15 @@ class SyncStatus:
     health_seq: int = 0  # the last health record shipped ahead of the watermark
     waiting_for: str | None = None  # why nothing goes now ([sync] on_metered = "wait")
     waiting_since: str | None = None  # when this wait began (wall clock, to read)
+    # the uplink's view of the clock: an S3 sink's offset of the server's time from this
+    # wall clock, carried forward on CLOCK_BOOTTIME (sync.sinks.s3.UplinkClock.view); None: unknown
+    uplink_clock: dict[str, Any] | None = None
 
 
 AGING = ("last_success", "last_attempt", "rate_events_per_s")  # what changes when idle
 # what a run of the uploader takes over from the last one (``cairn sync --once`` from cron)
 CARRIED = {"bytes_sent": int, "budget_used": int, "budget_since": str, "budget_window": list,
-           "health_seq": int}
+           "health_seq": int, "uplink_clock": dict}
 
 
 def write_sync_status(path: Path, status: SyncStatus) -> None:

@@ -67,6 +67,9 @@ FIELDS = (
     Field("sync.budget_bytes", NUMBER, "`[sync] daily_bytes`"),
     Field("sync.budget_used", NUMBER, "of it, used today"),
     Field("sync.health_only", bool, "the budget is spent: only health records are sent"),
+    Field("sync.uplink_clock", dict, "an S3 sink's view of the clock, null unless it "
+          "measured one: `offset_s` (the server's lead on the wall clock), `measured` (the "
+          "server's time then); see [Landing in S3](sync-and-spark.md#landing-in-s3)"),
     Field("sync.damaged_rows_shipped", int, "rows shipped as damage records"),
     Field("card", dict, "the card's wear"),
     Field("card.bytes_per_day", NUMBER, "bytes written a day"),
@@ -106,7 +109,8 @@ def _check(path: str, value: Any) -> None:
     if path not in BY_PATH:
         raise KeyError(f"{path} is not a field of the health record (formats.health.FIELDS)")
     if not isinstance(value, dict) or path in ("limit_hits", "update_on_trial",
-                                               "clock.last_step", "last_update"):
+                                               "clock.last_step", "last_update",
+                                               "sync.uplink_clock"):
         return
     for key, inner in value.items():
         if path == "devices":  # {device id: {field: value}}

@@ -2,7 +2,9 @@
 
 ```toml
 [sync]
-# "dir:/mnt/share/cairn" or an http(s) URL ({name} is replaced by the batch file's name)
+# "dir:/mnt/share/cairn", an http(s) URL ({name} is replaced by the batch file's name),
+# or "s3://BUCKET/PREFIX" (sync.sinks.s3: endpoint, region, access_key_id,
+# secret_access_key*, addressing, verify_etag)
 sink = "https://hdfs.example/webhdfs/v1/cairn/{name}?op=CREATE&overwrite=true"
 gateway_id = "greenhouse-7"     # default: the host name
 token_env = "CAIRN_SYNC_TOKEN"  # bearer token (or token / token_file); or username + password
@@ -32,13 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cairn.base.config_tools import ConfigError, Validator, secret
+from cairn.base.config_tools import ConfigError, Validator, optional_secret
 from cairn.base.data_dir import db_path, sync_status_path
 from cairn.gateway.core import config as gateway_config
 from cairn.gateway.core.config import read_document
 from cairn.gateway.store import HistoryReader
 from cairn.sync import metered
-from cairn.sync.sinks import Sink, SinkError, open_sink, prefixes, scheme_of
+from cairn.sync.sinks import SCHEMES, Sink, SinkError, open_sink, prefixes, scheme_of
 from cairn.sync.uploader import Uploader
 
 log = logging.getLogger("cairn.sync")
@@ -63,16 +65,9 @@ class SyncConfig:
     verify_tls: bool = True
     redirect_hosts: tuple[str, ...] = ()
     on_metered: str = "send"  # or "wait" (sync.metered)
-
-
-def optional_secret(v: Validator, t: dict[str, Any], at: str, name: str) -> str | None:
-    keys = {name: "secret", f"{name}_file": "secret_file", f"{name}_env": "secret_env"}
-    renamed = {keys[k]: value for k, value in t.items() if k in keys}
-    try:
-        return secret(v, renamed, at)
-    except ConfigError as e:  # name the key the user wrote
-        key = e.key.replace("secret", name)
-        raise ConfigError(e.source, key, e.problem) from None
+    # the sink's own settings, checked by its scheme (sync.sinks.Scheme.parse): an s3://
+    # sink's sync.sinks.s3.S3Config; None for a sink without keys of its own
+    sink_settings: Any = None
 
 
 def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
@@ -82,13 +77,21 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
     v.keys(t, at, {"sink", "gateway_id", "token", "token_file", "token_env", "username",
                    "password", "password_file", "password_env", "batch_events", "batch_bytes",
                    "interval", "timeout", "max_backoff", "bandwidth", "verify_tls",
-                   "redirect_hosts", "daily_bytes", "on_metered"})
+                   "redirect_hosts", "daily_bytes", "on_metered"} |
+           {key for scheme in SCHEMES.values() for key in scheme.keys})
     sink = v.get(t, at, "sink", str, None)
     if not sink:
         raise ConfigError(source, f"{at}.sink", "missing: a directory (dir:/path) or an "
                                                 "http(s):// URL to PUT batches to")
-    if scheme_of(sink) is None:  # one of sync.sinks.SCHEMES
+    scheme = scheme_of(sink)  # one of sync.sinks.SCHEMES
+    if scheme is None:
         raise ConfigError(source, f"{at}.sink", f"must start with {prefixes()}, not {sink!r}")
+    for key in sorted(t.keys() - scheme.keys):
+        # a key of another kind of sink is a mistake worth an error, not a key ignored
+        owner = next((s for s in SCHEMES.values() if key in s.keys), None)
+        if owner is not None:
+            raise ConfigError(source, f"{at}.{key}", f"only for an {owner.prefix} sink")
+    sink_settings = scheme.parse(v, t, at, sink) if scheme.parse else None
     router = gateway_config.parse_router(v, v.table(data, "router"), "router")
     numbers = {}
     for key, default in (("interval", 60.0), ("timeout", 30.0), ("max_backoff", 600.0)):
@@ -124,7 +127,7 @@ def parse_sync(data: dict[str, Any], source: str) -> SyncConfig:
         bandwidth=bandwidth, daily_bytes=daily_bytes,
         verify_tls=v.get(t, at, "verify_tls", bool, True),
         redirect_hosts=tuple(h.lower() for h in redirect_hosts),
-        on_metered=metered.parse_policy(v, t, at), **numbers)
+        on_metered=metered.parse_policy(v, t, at), sink_settings=sink_settings, **numbers)
 
 
 def make_sink(config: SyncConfig) -> Sink:

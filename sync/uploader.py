@@ -123,6 +123,8 @@ class Uploader:
             if isinstance(last.get(key), kind):
                 setattr(self.status, key, last[key])
         self._written: tuple[dict[str, Any], float] | None = None
+        if hasattr(self.sink, "uplink_clock"):  # sync.sinks.s3: what this boot measured before
+            self.sink.uplink_clock.resume(self.status.uplink_clock)
         self._said_over_budget = False  # logged once per spell, not every interval
 
     # -- one batch -----------------------------------------------------------------------
@@ -164,11 +166,19 @@ class Uploader:
             after = window[-1].seq  # a whole window of damage: look past it
 
     def _put(self, batch: Batch) -> None:
-        """Data first, manifest last; its bytes counted (and against the budget)."""
-        self.sink.put(batch.name, batch.data)
-        self.sink.put(manifest_name(batch.name), batch.manifest_bytes)
-        self.status.bytes_sent += batch.size
-        self.status.budget_used += batch.size if self.status.budget_bytes else 0
+        """Data first, manifest last; its bytes counted (and against the budget): a sink
+        that counts what it puts on the wire (sync.sinks.s3: request heads, a re-signed try)
+        says how many, the others' are the two bodies."""
+        before = getattr(self.sink, "sent", None)
+        try:
+            self.sink.put(batch.name, batch.data)
+            self.sink.put(manifest_name(batch.name), batch.manifest_bytes)
+        finally:
+            if hasattr(self.sink, "uplink_clock"):
+                self.status.uplink_clock = self.sink.uplink_clock.view()
+        size = batch.size if before is None else self.sink.sent - before
+        self.status.bytes_sent += size
+        self.status.budget_used += size if self.status.budget_bytes else 0
 
     def ship_health(self) -> int:
         """The budget is spent: ship the health records not shipped yet, each as a batch of

@@ -190,9 +190,15 @@ def spark():
     shipped and compares its tables with this session's, row for row, and the benchmarks
     run it as shipped."""
     from cairn.central import spark as jobs
+    from harness import s3a_jars
     from harness.spark_cluster import QUICK_JVM
 
-    session = jobs.session("local[2]", {"spark.sql.shuffle.partitions": "2",
+    # s3a:// for tests/spark/test_spark_s3.py: hadoop-aws and its SDK, fetched once (181 MB)
+    # into ~/.cache/cairn; loaded by Spark's class loader, so the class path (and the JVMs'
+    # class-data archive, harness.spark_cds) stays as it is
+    s3a = s3a_jars.fetch()
+    extra = {"spark.jars": ",".join(map(str, s3a))} if s3a else {}
+    session = jobs.session("local[2]", {**extra, "spark.sql.shuffle.partitions": "2",
                                         "spark.default.parallelism": "2",
                                         "spark.ui.enabled": "false",
                                         "spark.sql.codegen.wholeStage": "false",

@@ -82,7 +82,11 @@ class Files:
     def move(self, source: str, target: str) -> None:
         src, dst = self._path(source), self._path(target)
         src_fs, dst_fs = self._fs(src), self._fs(dst)
-        dst_fs.mkdirs(dst.getParent())
+        if not target.startswith("s3a:"):
+            # S3A renames (COPY, DELETE) and creates without a parent directory, and its
+            # mkdirs leaves a marker object (rclone's serve s3 stores one as an empty file,
+            # after which no key can go under it)
+            dst_fs.mkdirs(dst.getParent())
         if dst_fs.exists(dst):
             dst_fs.delete(dst, True)
         if src_fs.getUri().equals(dst_fs.getUri()) and src_fs.rename(src, dst):

@@ -112,7 +112,7 @@ class HealthReporter:
             "backlog": {"events": figures.get("unsynced_events"),
                         "oldest_age_s": round((now_ms - oldest) / 1000)
                         if oldest is not None else None},
-            "sync": _sync(status["sync"]),
+            "sync": sync_section(status["sync"]),
             "card": {"bytes_per_day": wear.get("bytes_per_day"),
                      "life_years": wear.get("life_years"),
                      "measuring": wear.get("measuring"), "window_s": wear.get("measured_s"),
@@ -148,8 +148,9 @@ class HealthReporter:
         return round((clock.wall_ns() // 1_000_000 - pub.wall_ms) / 1000, 1)
 
 
-def _sync(status: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The uploader's state as its status file says (None: sync is not running here)."""
+def sync_section(status: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The record's ``sync``: the uploader's state as its status file says (None: sync is not
+    running here)."""
     if status is None:
         return None
     picked = {key: status.get(key) for key in record_format.SYNC_STATUS_FIELDS}

@@ -1,15 +1,17 @@
 """Where batches go, one module per kind of sink, each named by the URL scheme of
 ``[sync] sink`` in :data:`SCHEMES`: ``dir:`` a directory (a mounted share), ``http://`` and
-``https://`` an HTTP(S) endpoint taking PUT. A new sink is a module beside these, with an
-``open_sink(url, config)``, and a line in :data:`SCHEMES`. What a sink promises is in
-:mod:`.sink`."""
+``https://`` an HTTP(S) endpoint taking PUT, ``s3://`` an S3 bucket (signed by
+:mod:`.sigv4`). A new sink is a module beside these, with an ``open_sink(url, config)``, and
+a line in :data:`SCHEMES` (with its own ``[sync]`` keys and their check, if it has any).
+What a sink promises is in :mod:`.sink`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from cairn.sync.sinks import directory, http
+from cairn.base.config_tools import Validator
+from cairn.sync.sinks import directory, http, s3
 from cairn.sync.sinks.directory import DirectorySink
 from cairn.sync.sinks.http import HttpEndpoint, HttpSink, HttpSource
 from cairn.sync.sinks.sink import Pacer, Sink, SinkError
@@ -18,12 +20,17 @@ from cairn.sync.sinks.sink import Pacer, Sink, SinkError
 class Scheme(NamedTuple):
     prefix: str                                # how a sink URL of it starts
     open: Callable[[str, Any], Sink]           # (url, sync.cli.SyncConfig) -> the sink
+    keys: frozenset[str] = frozenset()         # its own [sync] keys (an error with another)
+    # (validator, the [sync] table, "sync", url) -> its own settings, checked when the config
+    # is parsed (SyncConfig.sink_settings, which its open then takes)
+    parse: Callable[[Validator, dict[str, Any], str, str], Any] | None = None
 
 
 SCHEMES: dict[str, Scheme] = {
     "dir": Scheme("dir:", directory.open_sink),
     "http": Scheme("http://", http.open_sink),
     "https": Scheme("https://", http.open_sink),
+    "s3": Scheme("s3://", s3.open_sink, s3.KEYS, s3.parse),
 }
 
 
@@ -32,7 +39,7 @@ def scheme_of(url: str) -> Scheme | None:
 
 
 def prefixes() -> str:
-    """"dir:, http:// or https://": how a sink URL may start, for messages."""
+    """"dir:, http://, https:// or s3://": how a sink URL may start, for messages."""
     names = [s.prefix for s in SCHEMES.values()]
     return f"{', '.join(names[:-1])} or {names[-1]}"
 

@@ -139,12 +139,25 @@ class HttpSink(HttpEndpoint):
 
     def _put(self, url: str, name: str, data: bytes) -> str | None:
         """One PUT; the Location of a 307/308 answer, or None once the server took it."""
+        headers = {"Content-Type": "application/octet-stream",
+                   "Content-Length": str(len(data)), **self._credentials(url)}
+        reply, _ = self.send_put(url, name, data, headers)
+        if 200 <= reply.status < 300:
+            return None
+        location = reply.getheader("Location")
+        if reply.status in (307, 308) and location:
+            return location
+        moved = f" to {redact_url(urllib.parse.urljoin(url, location))}" if location else ""
+        raise SinkError(f"PUT {name}: HTTP {reply.status} {reply.reason}{moved}")
+
+    def send_put(self, url: str, name: str, data: bytes, headers: dict[str, str]
+                  ) -> tuple[http.client.HTTPResponse, bytes]:
+        """One PUT of ``data`` with ``headers`` within the deadline; the answer and up to
+        64 KiB of its body (an S3 error document: sync.sinks.s3 sends its signed PUTs here)."""
         parts = urllib.parse.urlsplit(url)
         connection = self._connection(parts)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         body = data if self.pacer is None else _PacedBody(data, self.pacer)
-        headers = {"Content-Type": "application/octet-stream",
-                   "Content-Length": str(len(data)), **self._credentials(url)}
         limit = self.timeout + (len(data) / self.bandwidth if self.bandwidth else 0.0)
         expired = threading.Event()
         deadline = threading.Timer(limit, cut_connection, [connection, expired])
@@ -152,7 +165,7 @@ class HttpSink(HttpEndpoint):
         try:
             connection.request("PUT", path, body=body, headers=headers)
             reply = connection.getresponse()
-            reply.read(64 * 1024)
+            answer = reply.read(64 * 1024)
         except (OSError, http.client.HTTPException) as e:
             # the deadline's cut, or the socket's own timeout when it comes first (a loaded
             # machine runs the timer late): either way the sink did not answer in time
@@ -163,13 +176,7 @@ class HttpSink(HttpEndpoint):
         finally:
             deadline.cancel()
             connection.close()
-        if 200 <= reply.status < 300:
-            return None
-        location = reply.getheader("Location")
-        if reply.status in (307, 308) and location:
-            return location
-        moved = f" to {redact_url(urllib.parse.urljoin(url, location))}" if location else ""
-        raise SinkError(f"PUT {name}: HTTP {reply.status} {reply.reason}{moved}")
+        return reply, answer
 
 
 @dataclass

@@ -5,6 +5,12 @@ manifest is written last, so a reader that sees a manifest can trust the data fi
 ``bandwidth`` (bytes/s, 0 = no cap) paces the bytes as they are written or sent
 (:class:`Pacer`), in small chunks, so a large batch never bursts over a slow uplink at full
 speed.
+
+Two attributes a sink may have, which the uploader (sync.uploader) then uses: ``sent``, the
+bytes it put on the wire so far (request heads and retries included), which the status and
+the data budget count instead of the two bodies; and ``uplink_clock``, its view of the
+server's clock (:class:`.s3.UplinkClock`), kept in the status and taken over by the next
+run of the same boot. The S3 sink has both.
 """
 
 from __future__ import annotations

