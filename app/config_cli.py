@@ -35,12 +35,11 @@ from cairn.gateway.core.config import Config, ConfigError, load, restart_needed
 from cairn.gateway.ops.config_history import (
     Change,
     History,
+    Queue,
     RunningConfig,
     atomic_write,
     digest,
-    pending_requests,
     read_running,
-    remove_request,
 )
 from cairn.gateway.ops.maintenance import pid_alive, read_metrics
 from cairn.gateway.shell.config_admin import validate
@@ -254,7 +253,9 @@ class Applier:
 
     # -- changes ---------------------------------------------------------------------------
 
-    def apply(self, text: str, by: str, source: str, request: int | None = None) -> int:
+    def apply(self, text: str, by: str, source: str, request: int | None = None,
+              refused: Callable[[str], None] | None = None) -> int:
+        """``refused``, when given, is told why a text that does not validate is refused."""
         history = self.history
         with history.locked():
             try:
@@ -262,6 +263,8 @@ class Applier:
             except ConfigError as e:
                 history.record(text, by, source, None, "refused", str(e), request)
                 self.say(f"cairn config: refused, nothing changed: {e}")
+                if refused is not None:
+                    refused(str(e))
                 return EXIT_USAGE
             state = self.running(new)
             old = self.running_config(state)
@@ -364,16 +367,19 @@ class Applier:
             self.history.set_state(change, "good")
 
     def apply_pending(self) -> int:
-        """The requests taken over WAMP, oldest first."""
+        """The requests taken over WAMP, oldest first. The queue is drained before any is
+        carried out (a request that cannot be read or does not validate goes to refused/
+        with its reason, never back into the queue); each change is recorded with its
+        author, the request file's owner, for the one the router names."""
         worst = EXIT_OK
         for data_dir in self.data_dirs():
-            for request in pending_requests(data_dir):
-                text = self._text(request.text_path(data_dir))
-                remove_request(data_dir, request)  # once: a failing one is not retried forever
-                if text is None:
-                    continue
-                code = self.apply(text, request.by, f"WAMP request {request.id}", request.id)
+            queue = Queue(data_dir, self.say)
+            for taken in queue.drain():
+                code = self.apply(taken.request.text, taken.by,
+                                  f"WAMP request {taken.request.id}", taken.request.id,
+                                  lambda why, q=queue, t=taken: q.refuse(t.name, why, data=t.data))
                 worst = max(worst, code)
+            worst = max(worst, EXIT_USAGE if queue.refusals else EXIT_OK)
         return worst
 
     @staticmethod

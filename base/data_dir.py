@@ -8,8 +8,9 @@ commands (backup, restore, doctor) name these files only through here:
 - ``sync-status.json``: written by ``cairn sync`` (:class:`SyncStatus`), read by the router;
 - ``cra-decoy.key``: the key of the made-up WAMP-CRA salts of unknown authids
   (:func:`cra_decoy_key`), created once by the router.
-- ``config-state.json`` and ``config-requests/``: what configuration the router runs, and the
-  changes asked for over WAMP; their format is gateway.ops.config_history's.
+- ``config-state.json`` and ``config-requests/`` (``queue/``, ``refused/``): what
+  configuration the router runs, and the changes asked for over WAMP; their format is
+  gateway.ops.config_history's, and root reads them by base.files.read_untrusted.
 """
 
 from __future__ import annotations

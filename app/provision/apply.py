@@ -4,9 +4,11 @@ if a write fails midway, then the inputs removed from the FAT partition."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,9 +156,13 @@ def consume(plan: Plan, folder: Path) -> list[str]:
 
 
 def _scrub(path: Path) -> None:
-    size = path.stat().st_size
-    with open(path, "r+b") as f:
-        f.write(b"\0" * size)
+    """Zeros over a regular file of the folder, never over a link's target."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "wb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        f.write(b"\0" * st.st_size)
         f.flush()
         os.fsync(f.fileno())
 

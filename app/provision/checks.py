@@ -47,6 +47,9 @@ def make_plan(inputs: Inputs, ctx: Context) -> Plan:
     """Check every input and turn the good ones into changes. Secrets go first: a config's
     secret_file paths are read while it is checked."""
     plan = Plan(not_understood=list(inputs.not_understood))
+    for link in inputs.links:
+        plan.refuse(link, "-", "a symbolic link: provisioning reads regular files only and "
+                               "never follows a link")
     check_secrets(inputs.groups.get("secrets", []), ctx, plan)
     for name, check in FILE_CHECKS.items():
         if name in inputs.files:

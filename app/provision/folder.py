@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cairn.base.files import RefusedFile, read_untrusted
+
 BOOT_FOLDER = Path("/boot/firmware/cairn")
 ETC = Path("/etc/cairn")
 DATA = Path("/data")
@@ -63,9 +65,10 @@ class Inputs:
     files: dict[str, Path] = field(default_factory=dict)    # cairn.toml, hostname, ...
     groups: dict[str, list[Path]] = field(default_factory=dict)  # sensors, mqtt, ...
     not_understood: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)  # refused: never followed
 
     def empty(self) -> bool:
-        return not self.files and not any(self.groups.values())
+        return not self.files and not any(self.groups.values()) and not self.links
 
 
 TOP_FILES = ("cairn.toml", "authorized_keys", "hostname", "update-keyring.pem")
@@ -80,7 +83,9 @@ def scan(folder: Path) -> Inputs:
     for entry in _entries(folder):
         name = entry.name.lower()
         if name in TOP_FILES:
-            inputs.files[name] = entry
+            inputs.files[name] = entry   # read_input refuses anything but a regular file
+        elif entry.is_symlink():
+            inputs.links.append(entry.name)
         elif name in GROUPS and entry.is_dir():
             inputs.groups[name] = _group(entry, GROUPS[name], inputs)
         else:
@@ -102,7 +107,9 @@ def _ignored(name: str) -> bool:
 def _group(folder: Path, suffix: str | None, inputs: Inputs) -> list[Path]:
     found = []
     for entry in _entries(folder):
-        if entry.is_file() and (suffix is None or entry.name.lower().endswith(suffix)):
+        if entry.is_symlink():
+            inputs.links.append(f"{folder.name}/{entry.name}")
+        elif entry.is_file() and (suffix is None or entry.name.lower().endswith(suffix)):
             found.append(entry)
         else:
             inputs.not_understood.append(_describe(f"{folder.name}/{entry.name}"))
@@ -120,13 +127,17 @@ def _describe(name: str) -> str:
 
 
 def read_input(path: Path, label: str, plan: Plan) -> bytes | None:
-    if not path.is_file():
-        plan.refuse(label, "-", "is a folder, expected a file")
-        return None
-    if path.stat().st_size > MAX_BYTES:
-        plan.refuse(label, "-", f"larger than {MAX_BYTES} bytes: not an input Cairn reads")
-        return None
-    return path.read_bytes()
+    """The bytes of a regular file of the folder, read by the root helpers' rule (never a
+    link's target: ``--from`` may name a folder that is not FAT). Any owner: on FAT every
+    file has the mount's, and the folder is root's own choice."""
+    try:
+        return read_untrusted(path, None, MAX_BYTES).data
+    except RefusedFile as e:
+        plan.refuse(label, "-", f"{e}: provisioning reads regular files only, at most "
+                                f"{MAX_BYTES} bytes")
+    except OSError as e:
+        plan.refuse(label, "-", f"cannot read it: {e.strerror}")
+    return None
 
 
 def read_text(path: Path, label: str, plan: Plan) -> str | None:

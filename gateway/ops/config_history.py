@@ -16,8 +16,10 @@ In the router's data directory (the router cannot write ``/etc/cairn``):
 - ``config-state.json`` (:class:`RunningConfig`): the file the router was told to run,
   whether it runs it or the last good one, why, and the digest of the text it runs, so
   ``cairn config apply`` knows when the router is ready on a change;
-- ``config-requests/NNNN.toml`` and ``NNNN.json``: changes asked for over WAMP
-  (``cairn.admin.config.apply``), carried out by ``cairn config apply --pending`` as root.
+- ``config-requests/queue/NNNN.json``: changes asked for over WAMP
+  (``cairn.admin.config.apply``), carried out by ``cairn config apply --pending`` as root,
+  which reads them as a root helper must (see :class:`Queue`); what it did not carry out is
+  in ``config-requests/refused/`` with a ``.reason`` beside each.
 
 Plain file operations: every write is a temporary file, fsync'd and renamed over the old one,
 so a power cut leaves the old file or the new one, never half of either.
@@ -32,13 +34,13 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from cairn.base.clock_readings import rfc3339
-from cairn.base.files import write_atomically
+from cairn.base.files import RefusedFile, fsync_dir, read_untrusted, user_name, write_atomically
 from cairn.gateway.core.config import Config, ConfigError, load
 
 HISTORY_DIR = "config-history"
@@ -46,6 +48,10 @@ LAST_GOOD = "last-good.toml"
 LAST_GOOD_INFO = "last-good.json"
 STATE_NAME = "config-state.json"
 REQUESTS_DIR = "config-requests"
+QUEUE, REFUSED = "queue", "refused"   # inside REQUESTS_DIR
+MAX_REQUEST_BYTES = 1 << 20           # a config file is a few KB; past this it is not one
+MAX_BY = 200
+REQUEST_KEYS = {"id", "by", "at", "action", "boot_id", "text"}
 KEEP = 10  # changes kept in the history
 # beside the config: the last outcome of `cairn provision` (the boot partition's cairn/ folder)
 PROVISIONING = "provisioning.json"
@@ -217,12 +223,13 @@ def provisioning_outcome(config_file: Path | str) -> dict[str, Any] | None:
 
 
 def read_running(data_dir: Path) -> RunningConfig | None:
-    data = _read_json(Path(data_dir) / STATE_NAME)
-    if data is None:
-        return None
+    """What the router wrote; root reads it too (``cairn config``), so by the one rule: a
+    regular file of the data directory's owner or root, not a link, at most 64 KiB."""
     try:
+        owners = {0, os.stat(data_dir).st_uid}
+        data = json.loads(read_untrusted(Path(data_dir) / STATE_NAME, owners, 1 << 16).data)
         return RunningConfig(**data)
-    except TypeError:
+    except (OSError, ValueError, RefusedFile, TypeError):
         return None
 
 
@@ -250,46 +257,195 @@ def startup_config(path: str | None) -> tuple[Config, RunningConfig]:
 
 
 # -- requests from the network (cairn.admin.config.apply) -----------------------------------
+#
+# The router (user cairn) writes a request; root carries it out. So root reads what a less
+# privileged process wrote, by the one rule (cairn.base.files.read_untrusted), and every entry
+# of the queue leaves it at once: carried out, or moved into refused/ with a reason. Nothing
+# stays behind to start cairn-config-apply.service again (DirectoryNotEmpty= on the queue).
+#
+#   config-requests/queue/NNNN.json     one request, whole: written beside the queue, renamed in
+#   config-requests/refused/NAME        an entry root did not carry out, and NAME.reason: why
+#   config-requests/last.json           the last number given (numbers are never reused)
 
 
 @dataclass(frozen=True)
 class Request:
     id: int
-    by: str
+    by: str      # what the router says (who asked over WAMP): a claim, not the author
     at: str
     action: str
     boot_id: str | None = None
+    text: str = ""
 
-    def text_path(self, data_dir: Path) -> Path:
-        return Path(data_dir) / REQUESTS_DIR / f"{self.id:04d}.toml"
+
+@dataclass(frozen=True)
+class Taken:
+    """A request root took out of the queue: ``by`` is its author, the file's owner, for the
+    one the router names."""
+
+    request: Request
+    name: str
+    data: bytes
+    owner: int
+
+    @property
+    def by(self) -> str:
+        return f"{_owner_name(self.owner)} for {self.request.by}"
+
+
+def _owner_name(uid: int) -> str:
+    return user_name(uid).split(" (uid")[0]
+
+
+def _queue(data_dir: Path) -> Path:
+    return Path(data_dir) / REQUESTS_DIR / QUEUE
 
 
 def write_request(data_dir: Path, text: str, by: str, action: str) -> Request:
     directory = Path(data_dir) / REQUESTS_DIR
-    directory.mkdir(parents=True, exist_ok=True)
-    done = [int(m.group(1)) for p in directory.iterdir() if (m := _ENTRY.match(p.name))]
+    _queue(data_dir).mkdir(parents=True, exist_ok=True)
+    done = [int(m.group(1)) for p in _queue(data_dir).iterdir() if (m := _ENTRY.match(p.name))]
     counter = _read_json(directory / "last.json") or {}
     number = max([counter.get("id", 0), *done]) + 1
-    request = Request(number, by, now_iso(), action, boot_id())
-    atomic_write(request.text_path(data_dir), text)
-    atomic_write(directory / f"{number:04d}.json", json.dumps(asdict(request)) + "\n")
+    request = Request(number, by, now_iso(), action, boot_id(), text)
+    # whole or not at all in the queue: written beside it, then renamed into it
+    staged = directory / f"{number:04d}.json"
+    atomic_write(staged, json.dumps(asdict(request)) + "\n")
+    os.replace(staged, _queue(data_dir) / staged.name)
+    fsync_dir(_queue(data_dir))
     # the numbers go on after the requests are carried out and removed
     atomic_write(directory / "last.json", json.dumps({"id": number}) + "\n")
     return request
 
 
+def parse_request(name: str, data: bytes) -> Request:
+    """The request in the queue's entry ``name``; ValueError says why it is not one."""
+    m = _ENTRY.match(name)
+    if m is None:
+        raise ValueError("not a request's name (NNNN.json, four digits or more)")
+    try:
+        fields = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(fields, dict) or set(fields) != REQUEST_KEYS:
+        keys = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
+        raise ValueError(f"keys {keys}, expected {sorted(REQUEST_KEYS)}")
+    number = fields["id"]
+    if type(number) is not int or number != int(m.group(1)):
+        raise ValueError(f"id {number!r} is not the number of its name, {name}")
+    for key in ("by", "at", "text"):
+        if not isinstance(fields[key], str):
+            raise ValueError(f"{key} is not text")
+    if not fields["by"].isprintable() or not 0 < len(fields["by"]) <= MAX_BY:
+        raise ValueError(f"by: one line of at most {MAX_BY} printable characters")
+    if fields["action"] not in ("reload", "restart"):
+        raise ValueError(f"action {fields['action']!r}, expected reload or restart")
+    if fields["boot_id"] is not None and not isinstance(fields["boot_id"], str):
+        raise ValueError("boot_id is not text")
+    return Request(**fields)
+
+
 def pending_requests(data_dir: Path) -> list[Request]:
-    directory = Path(data_dir) / REQUESTS_DIR
+    """The requests waiting in the queue (as the router sees them, for its status)."""
     found = []
-    for path in directory.glob("*.json"):
-        data = _read_json(path) if _ENTRY.match(path.name) else None
-        if data is not None:
-            with contextlib.suppress(TypeError):
-                found.append(Request(**data))
+    with contextlib.suppress(OSError):
+        for path in _queue(data_dir).iterdir():
+            with contextlib.suppress(OSError, ValueError, RefusedFile):
+                found.append(parse_request(path.name, read_untrusted(
+                    path, None, MAX_REQUEST_BYTES).data))
     return sorted(found, key=lambda r: r.id)
 
 
-def remove_request(data_dir: Path, request: Request) -> None:
-    for path in (request.text_path(data_dir), request.text_path(data_dir).with_suffix(".json")):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+def refused_requests(data_dir: Path) -> list[dict[str, str]]:
+    """What root did not carry out, newest last: ``{name, reason}``."""
+    directory = Path(data_dir) / REQUESTS_DIR / REFUSED
+    found = []
+    with contextlib.suppress(OSError):
+        for path in sorted(directory.glob("*.reason"), key=lambda p: p.stat().st_mtime_ns):
+            with contextlib.suppress(OSError, RefusedFile):
+                reason = read_untrusted(path, None, MAX_BY * 20).data.decode(errors="replace")
+                found.append({"name": path.name.removesuffix(".reason"),
+                              "reason": reason.strip()})
+    return found
+
+
+class Queue:
+    """The queue of a data directory as root drains it: opened without following a link,
+    every entry out of it before any is carried out."""
+
+    def __init__(self, data_dir: Path, say: Callable[[str], None]) -> None:
+        self.data_dir, self.say = Path(data_dir), say
+        # the writer: the owner of the data directory (the router's user); and root
+        self.owners = {0, os.stat(self.data_dir).st_uid}
+        self.refusals = 0
+
+    def drain(self) -> list[Taken]:
+        """Every entry leaves the queue: the requests to carry out, oldest first, are
+        returned (and removed); the others are moved into refused/ with their reason."""
+        try:
+            queue = os.open(_queue(self.data_dir), _DIRECTORY)
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            self.say(f"cairn config: {_queue(self.data_dir)}: not a directory of its own "
+                     f"({e.strerror}): no request taken")
+            return []
+        taken = []
+        try:
+            for name in sorted(os.listdir(queue)):
+                try:
+                    got = read_untrusted(name, self.owners, MAX_REQUEST_BYTES, dir_fd=queue)
+                    taken.append(Taken(parse_request(name, got.data), name, got.data,
+                                       got.uid))
+                except FileNotFoundError:
+                    continue
+                except (RefusedFile, ValueError) as e:
+                    self.refuse(name, str(e), queue=queue)
+                    continue
+                os.unlink(name, dir_fd=queue)
+            os.fsync(queue)
+        finally:
+            os.close(queue)
+        return sorted(taken, key=lambda t: t.request.id)
+
+    def refuse(self, name: str, reason: str, *, queue: int | None = None,
+               data: bytes | None = None) -> None:
+        """``name`` into refused/ (moved from the queue, or written from ``data``) with
+        ``name.reason``; names are never followed there either."""
+        self.say(f"cairn config: request {name} refused: {reason}")
+        self.refusals += 1
+        directory = Path(self.data_dir) / REQUESTS_DIR / REFUSED
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o755)
+        refused = os.open(directory, _DIRECTORY)
+        try:
+            kept = name
+            while _exists(kept, refused) or _exists(f"{kept}.reason", refused):
+                kept = f"{name}.{time.time_ns()}"
+            if queue is not None:
+                os.rename(name, kept, src_dir_fd=queue, dst_dir_fd=refused)
+            else:
+                _create(kept, refused, data or b"")
+            _create(f"{kept}.reason", refused, f"{now_iso()} {reason}\n".encode())
+            os.fsync(refused)
+        finally:
+            os.close(refused)
+
+
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _exists(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _create(name: str, dir_fd: int, data: bytes) -> None:
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o644, dir_fd=dir_fd)
+    with open(fd, "wb") as f:
+        f.write(data)
+        os.fsync(f.fileno())

@@ -27,7 +27,12 @@ from cairn.gateway.core.config import (
     restart_needed,
 )
 from cairn.gateway.core.session import WampError
-from cairn.gateway.ops.config_history import History, pending_requests, write_request
+from cairn.gateway.ops.config_history import (
+    History,
+    pending_requests,
+    refused_requests,
+    write_request,
+)
 
 if TYPE_CHECKING:
     from cairn.base.clock_readings import Reading
@@ -92,7 +97,8 @@ class ConfigAdmin:
                 "problem": problem,
                 "changes": [c.as_dict() for c in History(file).changes()],
                 "requests": [{"id": r.id, "by": r.by, "at": r.at, "action": r.action}
-                             for r in pending_requests(data_dir)]}
+                             for r in pending_requests(data_dir)],
+                "refused": refused_requests(data_dir)}
 
     def apply(self, caller: Session, realm: Realm, text: Any) -> dict[str, Any]:
         if not isinstance(text, str):

@@ -1,6 +1,7 @@
 """base.files.write_atomically, the one way Cairn's modules replace a file, on real files:
 the old file or the new one, never a part, with the mode and owner asked for, and no
-temporary file left behind."""
+temporary file left behind; and base.files.read_untrusted, the one way a root helper reads
+what a less privileged process wrote."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.base.files import write_atomically
+from cairn.base.files import RefusedFile, read_untrusted, write_atomically
 
 
 class SourceFailed(Exception):
@@ -102,3 +103,41 @@ def test_like_gives_the_mode_and_group_of_that_file(tmp_path):
 def test_like_that_does_not_exist_leaves_the_mode_given(tmp_path):
     write_atomically(tmp_path / "f", "x", mode=0o600, like=tmp_path / "absent")
     assert mode_of(tmp_path / "f") == 0o600
+
+
+# -- read_untrusted ------------------------------------------------------------------------------
+
+
+def test_read_untrusted_gives_a_regular_files_bytes_and_owner(tmp_path):
+    path = tmp_path / "request.json"
+    path.write_bytes(b"{}")
+    os.chown(path, 987, 987)
+    assert read_untrusted(path, {0, 987}, 10) == (b"{}", 987)
+
+
+def test_read_untrusted_never_follows_a_symbolic_link(tmp_path):
+    (tmp_path / "target").write_text("secret")
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(RefusedFile, match="symbolic link"):
+        read_untrusted(tmp_path / "link", None, 100)
+
+
+def test_read_untrusted_refuses_a_fifo_without_blocking(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(RefusedFile, match="FIFO"):
+        read_untrusted(tmp_path / "fifo", None, 100)
+
+
+def test_read_untrusted_refuses_a_file_of_an_owner_not_named(tmp_path):
+    path = tmp_path / "request.json"
+    path.write_text("{}")
+    os.chown(path, 987, 987)
+    with pytest.raises(RefusedFile, match="owned by uid 987"):
+        read_untrusted(path, {0}, 100)
+
+
+def test_read_untrusted_refuses_a_file_over_its_cap(tmp_path):
+    path = tmp_path / "big"
+    path.write_bytes(b"x" * 101)
+    with pytest.raises(RefusedFile, match="larger than the 100 allowed"):
+        read_untrusted(path, None, 100)

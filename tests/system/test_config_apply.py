@@ -25,7 +25,7 @@ from autobahn.wamp.types import SubscribeOptions
 
 from cairn.app.config_cli import Step, Systemd, component_steps
 from cairn.gateway.core.config import HEALTH_TOPIC
-from cairn.gateway.ops.config_history import KEEP, Change, History
+from cairn.gateway.ops.config_history import KEEP, Change, History, read_running, write_request
 from harness.config import EVERYTHING, permission, role, router_table, user
 from harness.process import RouterProcess, free_port
 from harness.wamp_client import connect
@@ -488,8 +488,8 @@ async def test_admin_gets_and_applies_over_wamp_and_the_pending_request_is_carri
         assert (got["text"], got["running"], got["file"]) == (good.text, "file", str(good.file))
         answer = await session.call("cairn.admin.config.apply", new_text)
         assert answer == {"request": 1, "state": "pending", "action": "reload"}
-        requests = good.file.parent / "data" / "config-requests"
-        assert (requests / "0001.toml").read_text() == new_text
+        queue = good.file.parent / "data" / "config-requests" / "queue"
+        assert json.loads((queue / "0001.json").read_text())["text"] == new_text
         assert good.file.read_text() == good.text  # the router does not write the config
         result = await asyncio.to_thread(config_cmd, good.file, "apply", "--pending")
         assert result.returncode == 0, result.stderr
@@ -498,7 +498,7 @@ async def test_admin_gets_and_applies_over_wamp_and_the_pending_request_is_carri
     assert got["text"] == new_text and got["requests"] == []
     change = got["changes"][0]
     assert (change["state"], change["request"], change["by"]) == \
-        ("good", 1, "admin@realm1 over WAMP")
+        ("good", 1, "root for admin@realm1 over WAMP")
 
 
 async def test_invalid_text_over_wamp_is_refused_naming_file_key_and_problem(good):
@@ -548,3 +548,124 @@ def test_history_files_are_json_with_who_when_and_how(good):
     assert data["by"] == "root with cairn config apply" and data["action"] == "restart"
     assert data["state"] == "pending" and data["at"].endswith("Z")
     assert data["id"] == change.id == 1
+
+
+# -- the queue as root takes it (what the router, user cairn, left for it) ---------------------
+
+SYSTEMD = Path(__file__).resolve().parents[2] / "systemd"
+
+
+def request_fields(number: int, text: str, by: str = "olga over WAMP") -> dict:
+    return {"id": number, "by": by, "at": "2026-01-01T00:00:00.000Z", "action": "reload",
+            "boot_id": None, "text": text}
+
+
+def queue_of(good) -> Path:
+    queue = good.file.parent / "data" / "config-requests" / "queue"
+    queue.mkdir(parents=True, exist_ok=True)
+    return queue
+
+
+def refused_of(good) -> Path:
+    return good.file.parent / "data" / "config-requests" / "refused"
+
+
+def history_texts(good) -> str:
+    return "".join(p.read_text(errors="replace")
+                   for p in (good.file.parent / "config-history").glob("0*"))
+
+
+def test_a_request_left_as_a_symlink_to_a_root_file_is_refused_and_never_read(good, tmp_path):
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$the-root-password-hash:19000::::::\n")
+    secret.chmod(0o600)
+    (queue_of(good) / "0002.json").symlink_to(secret)
+    result = config_cmd(good.file, "apply", "--pending")
+    assert result.returncode == 2, result.stderr
+    assert "the-root-password-hash" not in history_texts(good)
+    assert (refused_of(good) / "0002.json").is_symlink()
+    assert "symbolic link" in (refused_of(good) / "0002.json.reason").read_text()
+    assert secret.read_text().startswith("root:") and History(good.file).changes() == []
+
+
+def fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+BAD_ENTRIES = {
+    "a link to /dev/zero": ("0003.json", lambda p: p.symlink_to("/dev/zero"), "symbolic link"),
+    "a FIFO": ("0003.json", fifo, "FIFO"),
+    "a name that is not NNNN.json": ("1.json", lambda p: p.write_text(json.dumps(
+        request_fields(1, "x"))), "name"),
+    "invalid JSON": ("0003.json", lambda p: p.write_text("{not json"), "not JSON"),
+    "an extra key": ("0003.json", lambda p: p.write_text(json.dumps(
+        {**request_fields(3, "x"), "extra": 1})), "keys"),
+    "an id that is text": ("0003.json", lambda p: p.write_text(json.dumps(
+        {**request_fields(3, "x"), "id": "7"})), "id '7'"),
+    "a negative id": ("0003.json", lambda p: p.write_text(json.dumps(
+        {**request_fields(3, "x"), "id": -1})), "id -1"),
+    "an oversize file": ("0003.json", lambda p: p.write_bytes(b" " * (2 << 20)),
+                         "larger than"),
+    "a file of another user": ("0003.json", lambda p: (p.write_text(json.dumps(
+        request_fields(3, "x"))), os.chown(p, 987, 987)), "owned by uid 987"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ENTRIES)
+def test_an_entry_root_cannot_carry_out_leaves_the_queue_for_refused_with_a_reason(good, case):
+    name, make, reason = BAD_ENTRIES[case]
+    make(queue_of(good) / name)
+    result = config_cmd(good.file, "apply", "--pending", timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert list(queue_of(good).iterdir()) == []  # nothing left to start the path unit again
+    assert os.path.lexists(refused_of(good) / name)
+    assert reason in (refused_of(good) / f"{name}.reason").read_text()
+    assert reason in result.stderr and History(good.file).changes() == []
+
+
+def test_a_request_that_does_not_validate_goes_to_refused_with_the_reason(good):
+    write_request(good.file.parent / "data", "[router\n", "olga over WAMP", "reload")
+    result = config_cmd(good.file, "apply", "--pending")
+    assert result.returncode == 2, result.stderr
+    assert list(queue_of(good).iterdir()) == []
+    assert "invalid TOML" in (refused_of(good) / "0001.json.reason").read_text()
+    assert json.loads((refused_of(good) / "0001.json").read_text())["text"] == "[router\n"
+
+
+def test_a_requests_author_is_its_files_owner_not_what_it_says(good):
+    data = good.file.parent / "data"
+    write_request(data, "[router\n", "olga over WAMP", "reload")
+    os.chown(data, 987, 987)
+    os.chown(queue_of(good) / "0001.json", 987, 987)
+    assert config_cmd(good.file, "apply", "--pending").returncode == 2
+    assert History(good.file).changes()[0].by == "uid 987 for olga over WAMP"
+
+
+def test_every_entry_of_the_queue_leaves_it_in_one_run(good):
+    data = good.file.parent / "data"
+    (queue_of(good) / "0001.json").symlink_to("/dev/zero")
+    write_request(data, "[router\n", "olga over WAMP", "reload")
+    (queue_of(good) / "0003.json").write_text("{")
+    result = config_cmd(good.file, "apply", "--pending")
+    assert result.returncode == 2
+    assert sorted(p.name for p in refused_of(good).iterdir() if p.suffix == ".json") == \
+        ["0001.json", "0002.json", "0003.json"]
+    assert list(queue_of(good).iterdir()) == []
+
+
+def test_the_path_unit_starts_the_applier_on_a_queue_not_empty_not_on_a_file_left():
+    unit = (SYSTEMD / "cairn-config-apply.path").read_text()
+    assert "DirectoryNotEmpty=/var/lib/cairn/config-requests/queue\n" in unit
+    assert "PathExistsGlob=" not in unit.replace("Not PathExistsGlob=", "")
+
+
+def test_a_router_state_that_is_a_link_is_not_read(good, tmp_path):
+    data = good.file.parent / "data"
+    data.mkdir(exist_ok=True)
+    real = tmp_path / "state.json"
+    real.write_text(json.dumps({"file": str(good.file), "pid": os.getpid()}))
+    (data / "config-state.json").symlink_to(real)
+    assert read_running(data) is None
+    (data / "config-state.json").unlink()
+    real.rename(data / "config-state.json")
+    assert read_running(data).pid == os.getpid()

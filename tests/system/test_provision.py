@@ -524,3 +524,36 @@ def test_a_read_only_boot_partition_is_writable_only_while_provisioning_writes_i
         assert os.statvfs(mount).f_flag & os.ST_RDONLY
     finally:
         subprocess.run(["umount", str(mount)], check=False)
+
+
+# -- a folder that is not FAT (--from): links and special files are never followed ------------
+
+
+def test_a_secret_that_is_a_symlink_is_refused_and_its_target_neither_copied_nor_scrubbed(
+        device, tmp_path):
+    folder = complete_folder(device)
+    target = tmp_path / "host-key"
+    target.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    (folder / "secrets/sync-token").unlink()
+    (folder / "secrets/sync-token").symlink_to(target)
+    assert provision(device) == 2
+    assert target.read_text() == "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    assert not (device["etc"] / "secrets/sync-token").exists()
+    assert "secrets/sync-token: -: a symbolic link" in report(device)
+
+
+def test_a_group_folder_that_is_a_symlink_is_refused_and_not_read(device, tmp_path):
+    folder = device["folder"]
+    outside = tmp_path / "elsewhere"
+    write(outside, "token", "the target's own secret\n")
+    (folder / "secrets").symlink_to(outside)
+    assert provision(device) == 2
+    assert (outside / "token").read_text() == "the target's own secret\n"
+    assert not (device["etc"] / "secrets").exists()
+    assert "secrets: -: a symbolic link" in report(device)
+
+
+def test_a_fifo_in_the_folder_is_refused_without_waiting_for_a_writer(device):
+    os.mkfifo(device["folder"] / "cairn.toml")
+    assert provision(device) == 2
+    assert "cairn.toml: -: not a regular file (a FIFO)" in report(device)
