@@ -76,7 +76,7 @@ class S3Server:
         headers = {"Host": host, **authorize(Credentials(self.key, self.secret), "us-east-1",
                                              "PUT", f"/{name}", "", {"Host": host}, empty,
                                              time.time_ns())}
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         try:
             connection.request("PUT", f"/{name}", body=b"", headers=headers)
             reply = connection.getresponse()
