@@ -80,6 +80,12 @@ class Client(ApplicationSession):
             self.joined.set_exception(ConnectionError("transport closed before WELCOME"))
 
 
+# s: how long a join may take before the test fails: a guard against a hang, never a wait for
+# something to happen (a refusal comes at once). 5 s failed through an SSH tunnel into a QEMU
+# device on a loaded machine, in the WebSocket handshake and in the join.
+JOIN_TIMEOUT = 60.0
+
+
 async def connect(router: Any, transport: str = "websocket", serializer: str = "json",
                   realm: str = "realm1", local_addr: tuple[str, int] | None = None,
                   **kwargs: Any) -> Client:
@@ -92,6 +98,7 @@ async def connect(router: Any, transport: str = "websocket", serializer: str = "
     if transport == "websocket":
         factory = WampWebSocketClientFactory(lambda: session, url=router.ws_url,
                                              serializers=[ser])
+        factory.setProtocolOptions(openHandshakeTimeout=JOIN_TIMEOUT)
         await loop.create_connection(factory, "127.0.0.1", router.port, local_addr=local_addr)
     elif transport == "rawsocket-tcp":
         factory = WampRawSocketClientFactory(lambda: session, serializer=ser)
@@ -102,7 +109,7 @@ async def connect(router: Any, transport: str = "websocket", serializer: str = "
         await loop.create_unix_connection(factory, router.unix_path)
     else:
         raise ValueError(transport)
-    await asyncio.wait_for(session.joined, 5)
+    await asyncio.wait_for(session.joined, JOIN_TIMEOUT)
     return session
 
 

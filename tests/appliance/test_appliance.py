@@ -335,7 +335,7 @@ async def test_router_serves_under_memory_deny_write_execute(tmp_path):
     from autobahn.wamp import types
     from autobahn.wamp.serializer import MsgPackSerializer
 
-    from harness.wamp_client import Client
+    from harness.wamp_client import JOIN_TIMEOUT, Client
 
     port = free_port()
     sock = tmp_path / "run" / "wamp.sock"
@@ -362,7 +362,7 @@ async def test_router_serves_under_memory_deny_write_execute(tmp_path):
         session = Client(types.ComponentConfig(realm="realm1"))
         factory = WampRawSocketClientFactory(lambda: session, serializer=MsgPackSerializer())
         await loop.create_unix_connection(factory, str(sock))
-        await asyncio.wait_for(session.joined, 5)
+        await asyncio.wait_for(session.joined, JOIN_TIMEOUT)
         pub = await session.publish("sensor.mdwe", temperature=21.5, options=types.
                                     PublishOptions(acknowledge=True, retain=True))
         assert pub.id

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import re
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -236,13 +238,17 @@ class InstallUntil:
 
 
 async def _publish_until_cut(port: int, guest: qemu_device.Guest, cycle: int,
-                             cut_when: threading.Event, pace: float = 0.5,
-                             in_flight: int = 8) -> set[int]:
+                             start_install: Callable[[], InstallUntil], pace: float = 0.5,
+                             in_flight: int = 8) -> tuple[InstallUntil, set[int]]:
     """Acknowledged, retained publishes from a host autobahn client, one every ``pace``
-    seconds (at most ``in_flight`` unanswered), until ``cut_when`` is set; then a batch of
-    ``in_flight`` at once and the power is cut (QEMU SIGKILLed) while it waits for its
-    commit. Returns what was acknowledged."""
+    seconds (at most ``in_flight`` unanswered), from the join on; the install is started
+    once the client has joined (a join through the tunnel into a busy guest can take long)
+    and, once it reached its point, a batch of ``in_flight`` goes at once and the power is
+    cut (QEMU SIGKILLed) while it waits for its commit. Returns the install and what was
+    acknowledged."""
     session = await connect(SimpleNamespace(ws_url=f"ws://127.0.0.1:{port}/ws", port=port))
+    install = start_install()
+    cut_when = install.reached
     acked: set[int] = set()
     cut = asyncio.Event()
 
@@ -274,7 +280,7 @@ async def _publish_until_cut(port: int, guest: qemu_device.Guest, cycle: int,
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    return acked
+    return install, acked
 
 
 async def _stored(port: int) -> tuple[list[tuple[int, int]], dict]:
@@ -325,9 +331,9 @@ def test_power_cuts_during_an_install_keep_the_running_slot_and_every_reading(de
     all_acked: set[tuple[int, int]] = set()
     boots = []
     for cycle, point in enumerate(CUT_POINTS):
-        install = InstallUntil(device, "/data/cut.raucb", point)
         with device.tunnel() as port:
-            acked = asyncio.run(_publish_until_cut(port, device, cycle, install.reached))
+            start = functools.partial(InstallUntil, device, "/data/cut.raucb", point)
+            install, acked = asyncio.run(_publish_until_cut(port, device, cycle, start))
         assert install.reached.is_set(), (point, install.lines)
         all_acked |= {(cycle, n) for n in acked}
         device.start()
