@@ -87,6 +87,12 @@ class S3Server:
             raise RuntimeError(f"CreateBucket {name}: {reply.status} {answer[:300]!r}")
         return self.root / name
 
+    def bucket_for(self, test: str, prefix: str = "b-") -> tuple[str, Path]:
+        """A fresh bucket of its own for the test named ``test`` (a bucket per test, named
+        from a hash of its name, as S3's names allow): (its name, its folder here)."""
+        name = prefix + hashlib.sha256(test.encode()).hexdigest()[:12]
+        return name, self.bucket(name)
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
