@@ -64,11 +64,22 @@ PARTS = ("pubsub", "check", "ack", "retained", "sessions", "durable", "footprint
 # (routers may coalesce too, so the one-write-per-event variant is no ceiling)
 CHECK_CASES = [(True, case) for case in compare.CASES]
 DOCS = REPO / "docs" / "benchmarks.md"
-# (full, --quick)
-DEFAULTS = {"duration": (5.0, 1.0), "lat_duration": (5.0, 1.0), "check_duration": (3.0, 1.0),
-            "ack_duration": (5.0, 1.0), "retained_repeats": (20, 5),
-            "retained_exact_repeats": (100, 30), "durable_duration": (5.0, 1.0),
-            "durable_events": (100_000, 10_000), "settle": (1.0, 0.5)}
+# the options whose default --quick makes smaller: {option: (what it is, full, --quick)}
+DEFAULTS = {"duration": ("s of each pub/sub throughput phase", 5.0, 1.0),
+            "lat_duration": ("s of each paced latency phase", 5.0, 1.0),
+            "check_duration": ("s of each generator-check phase", 3.0, 1.0),
+            "ack_duration": ("s of each acknowledge case", 5.0, 1.0),
+            "retained_repeats": ("prefix subscriptions", 20, 5),
+            "retained_exact_repeats": ("exact-topic subscriptions", 100, 30),
+            "durable_duration": ("s of the durable case", 5.0, 1.0),
+            "durable_events": ("history rows in the store before the durable case",
+                               100_000, 10_000),
+            "settle": ("s idle before measuring RSS", 1.0, 0.5)}
+
+
+def shown(value: float) -> str:
+    """5.0 -> 5, 100000 -> 100,000 (as the help says a default)."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,17 +88,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="short phases (a couple of minutes in all); figures are indicative")
     p.add_argument("--only", default=",".join(PARTS),
                    help=f"comma-separated parts (default all: {','.join(PARTS)})")
-    p.add_argument("--duration", type=float, help="s of each pub/sub throughput phase (5; 1)")
-    p.add_argument("--lat-duration", type=float, help="s of each paced latency phase (5; 1)")
-    p.add_argument("--check-duration", type=float, help="s of each generator-check phase (3; 1)")
-    p.add_argument("--ack-duration", type=float, help="s of each acknowledge case (5; 1)")
+    for name, (what, full, quick) in DEFAULTS.items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(full),
+                       help=f"{what} ({shown(full)}; {shown(quick)})")
     p.add_argument("--ack-rate", type=float, default=200.0,
                    help="acknowledged publishes/s, one in flight (default 200)")
     p.add_argument("--retained", type=int, default=1000,
                    help="retained topics under the get_retained prefix (default 1,000)")
-    p.add_argument("--retained-repeats", type=int, help="prefix subscriptions (20; 5)")
-    p.add_argument("--retained-exact-repeats", type=int,
-                   help="exact-topic subscriptions (100; 30)")
     p.add_argument("--retained-quiet", type=float, default=0.5,
                    help="s without a retained event after which a subscription is complete")
     p.add_argument("--sessions", type=int, default=1000,
@@ -96,17 +103,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="client processes the idle sessions are spread over (default 4)")
     p.add_argument("--durable-window", type=int, default=8,
                    help="acknowledged publishes in flight per durable publisher (default 8)")
-    p.add_argument("--durable-duration", type=float, help="s of the durable case (5; 1)")
-    p.add_argument("--durable-events", type=int,
-                   help="history rows in the store before the durable case (100,000; 10,000)")
-    p.add_argument("--settle", type=float, help="s idle before measuring RSS (1; 0.5)")
     p.add_argument("--crossbar-venv", type=Path, default=CROSSBAR_VENV)
     p.add_argument("--router-cmd", metavar="CMD",
                    help="command that runs Cairn, before 'router --config FILE'")
     p.add_argument("--no-docs", action="store_true", help=f"do not write {DOCS.name}")
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "summary.json")
     opts = p.parse_args(argv)
-    for name, (full, quick) in DEFAULTS.items():
+    for name, (_, full, quick) in DEFAULTS.items():
         if getattr(opts, name) is None:
             setattr(opts, name, quick if opts.quick else full)
     opts.parts = opts.only.split(",")

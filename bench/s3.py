@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -37,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.sync import machine, populate, table
+from bench.sync import populate, report
 from cairn.base import clock
 from cairn.gateway.store import HistoryReader
 from cairn.sync.sinks import DirectorySink
@@ -174,16 +173,11 @@ def main(argv: list[str] | None = None) -> int:
          f"first accepted PUT after {c['first_accepted_put_s'] * 1000:.1f} ms (refusal, "
          f"re-signed PUT), right clock {c['right_clock_put_s'] * 1000:.1f} ms, later PUTs "
          f"{c['later_put_s'] * 1000:.1f} ms; offset {c['offset_s']:+,.0f} s"),
-        ("machine load (1 min avg)", f"{load_at_start[0]:.1f} at start, "
-                                     f"{os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs"),
     ]
-    print(table(rows))
-    opts.output.parent.mkdir(parents=True, exist_ok=True)
-    opts.output.write_text(json.dumps({
-        "benchmark": "sync uploader, S3 sink (rclone serve s3 on loopback) and directory sink",
-        "machine": machine(), "load_average_at_start": load_at_start,
-        "settings": {"backlog": opts.backlog, "minutes": opts.minutes, "dir": str(opts.dir),
-                     "readings_per_minute": MINUTE}, **results}, indent=2) + "\n")
+    report("sync uploader, S3 sink (rclone serve s3 on loopback) and directory sink", rows,
+           load_at_start, opts.output,
+           settings={"backlog": opts.backlog, "minutes": opts.minutes, "dir": str(opts.dir),
+                     "readings_per_minute": MINUTE}, **results)
     return 0
 
 

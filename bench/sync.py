@@ -132,6 +132,19 @@ def table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def report(benchmark: str, rows: list[tuple[str, str]], load_at_start: tuple[float, ...],
+           output: Path, **results: Any) -> None:
+    """``rows`` to stdout as a :func:`table`, the machine's load at the start and now last;
+    ``results`` to ``output`` as JSON, after the benchmark's name and the machine."""
+    print(table([*rows, ("machine load (1 min avg)",
+                         f"{load_at_start[0]:.1f} at start, {os.getloadavg()[0]:.1f} at end, "
+                         f"{os.cpu_count()} CPUs")]))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({
+        "benchmark": benchmark, "machine": machine(), "load_average_at_start": load_at_start,
+        **results}, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -186,21 +199,14 @@ def main(argv: list[str] | None = None) -> int:
                                      for k, v in split.items())),
             ("check", "every seq landed exactly once, sha256 and counts match" if ok
              else "FAILED"),
-            ("machine load (1 min avg)", f"{load_at_start[0]:.1f} at start, "
-                                         f"{os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs"),
         ]
-        print(table(rows))
-        opts.output.parent.mkdir(parents=True, exist_ok=True)
-        opts.output.write_text(json.dumps({
-            "benchmark": "sync uploader, directory sink",
-            "machine": machine(), "load_average_at_start": load_at_start,
-            "settings": {"events": opts.events, "batch_events": opts.batch_events,
+        report("sync uploader, directory sink", rows, load_at_start, opts.output,
+               settings={"events": opts.events, "batch_events": opts.batch_events,
                          "batch_bytes": uploader.batch_bytes},
-            "populate_s": round(populate_s, 2), "store_bytes": store_bytes,
-            "drain_s": round(drain_s, 2), "events_per_s": round(shipped / drain_s),
-            "cpu_s": round(cpu_s, 2), "batches": files, "landed_bytes": landed_bytes,
-            "bytes_per_event": round(landed_bytes / shipped, 1), "split_s": split, "ok": ok,
-        }, indent=2) + "\n")
+               populate_s=round(populate_s, 2), store_bytes=store_bytes,
+               drain_s=round(drain_s, 2), events_per_s=round(shipped / drain_s),
+               cpu_s=round(cpu_s, 2), batches=files, landed_bytes=landed_bytes,
+               bytes_per_event=round(landed_bytes / shipped, 1), split_s=split, ok=ok)
         return 0 if ok else 1
     finally:
         shutil.rmtree(work, ignore_errors=True)

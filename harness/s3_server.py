@@ -30,6 +30,7 @@ from pathlib import Path
 
 from cairn.sync.sinks.sigv4 import Credentials, authorize
 from harness.process import free_port, wait_for_ports
+from harness.tcp_proxy import TcpProxy, content_length, read_head
 
 KEY, SECRET = "cairn-gw-key", "cairn-gw-secret-0123456789"
 BUCKET = "cairn-landing"
@@ -87,6 +88,12 @@ class S3Server:
             raise RuntimeError(f"CreateBucket {name}: {reply.status} {answer[:300]!r}")
         return self.root / name
 
+    def bucket_for(self, test: str, prefix: str = "b-") -> tuple[str, Path]:
+        """A fresh bucket of its own for the test named ``test`` (a bucket per test, named
+        from a hash of its name, as S3's names allow): (its name, its folder here)."""
+        name = prefix + hashlib.sha256(test.encode()).hexdigest()[:12]
+        return name, self.bucket(name)
+
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.terminate()
@@ -109,7 +116,7 @@ class Seen:
 
 
 @dataclass
-class FaultProxy:
+class FaultProxy(TcpProxy):
     """A TCP proxy to ``upstream`` that reads one request per connection (the sinks open a
     connection per PUT) and does with it what :attr:`mode` says for the next ``times``
     requests (then ``pass``): ``slowdown`` answers 503 SlowDown without forwarding;
@@ -119,7 +126,6 @@ class FaultProxy:
     the PUT (rclone has no policies). ``sent`` and ``received`` count the bytes from and to
     the client, heads included."""
 
-    upstream: int
     mode: str = "pass"
     times: int = 0
     sent: int = 0
@@ -127,22 +133,13 @@ class FaultProxy:
     seen: list[Seen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__post_init__()
 
     def fail(self, mode: str, times: int = 1) -> None:
         assert mode in MODES
         with self._lock:
             self.mode, self.times = mode, times
-
-    def close(self) -> None:
-        self._listener.close()
 
     def _next_mode(self) -> str:
         with self._lock:
@@ -151,22 +148,14 @@ class FaultProxy:
             self.times -= 1
             return self.mode
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
+    def serve(self, client: socket.socket) -> None:
         with contextlib.suppress(OSError), client:
-            head, rest = _read_head(client)
+            head, rest = read_head(client)
             if not head:
                 return
             mode = self._next_mode()
             self.seen.append(Seen(mode, head.split(b"\r\n", 1)[0].decode(), time.monotonic()))
-            length = _content_length(head)
+            length = content_length(head)
             wanted = length // 2 if mode == "cut" else length
             body = rest[:wanted] + _read_exactly(client, wanted - len(rest))
             with self._lock:
@@ -188,25 +177,6 @@ class FaultProxy:
         client.sendall(answer)
 
 
-def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return b"", b""
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return head + b"\r\n\r\n", rest
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value.strip())
-    return 0
-
-
 def _read_exactly(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
@@ -219,10 +189,10 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 
 def _read_answer(sock: socket.socket, to_head: bool) -> bytes:
     """An answer whole: its head, and the body its Content-Length says (none to a HEAD)."""
-    head, rest = _read_head(sock)
+    head, rest = read_head(sock)
     if to_head:
         return head
-    return head + rest + _read_exactly(sock, _content_length(head) - len(rest))
+    return head + rest + _read_exactly(sock, content_length(head) - len(rest))
 
 
 REFUSALS = {"slowdown": ("503 Slow Down", "SlowDown", "Please reduce your request rate."),

@@ -14,7 +14,7 @@ import re
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,12 +102,7 @@ def test_message_parser_returns_messages_or_raises_protocol_error(name):
         _check_decoded(frame, decoded)
         counts["accepted"] += 1
 
-    try:
-        parse()
-    finally:
-        print(f"\n{name}: {sum(counts.values())} frames, {counts['accepted']} accepted, "
-              f"{counts['refused']} refused with ProtocolError")
-    _check_both_sides(counts)
+    _run_counted(parse, counts, name, "frames", "ProtocolError")
 
 
 def _check_query(kwargs: dict[str, Any], query: EventsQuery) -> None:
@@ -140,16 +135,21 @@ def test_get_events_argument_parser_returns_a_query_or_invalid_argument():
         _check_query(kwargs, query)
         counts["valid"] += 1
 
+    _run_counted(parse, counts, "get_events", "argument sets", "wamp.error.invalid_argument")
+
+
+def _run_counted(fuzzer: Callable[[], None], counts: dict[str, int], what: str, inputs: str,
+                refusal: str) -> None:
+    """Run ``fuzzer``, which tallies each input in ``counts``: taken (its first key) or
+    refused with ``refusal`` (its second); print the tally, and check that each outcome came
+    often enough (a fuzzer whose inputs are all refused at the first check tests nothing
+    past it)."""
     try:
-        parse()
+        fuzzer()
     finally:
-        print(f"\nget_events: {sum(counts.values())} argument sets, {counts['valid']} valid, "
-              f"{counts['invalid']} refused with wamp.error.invalid_argument")
-    _check_both_sides(counts)
-
-
-def _check_both_sides(counts: dict[str, int]) -> None:
-    """A fuzzer whose inputs are all refused at the first check tests nothing past it."""
+        (taken, n_taken), (_, n_refused) = counts.items()
+        print(f"\n{what}: {sum(counts.values())} {inputs}, {n_taken} {taken}, {n_refused} "
+              f"refused with {refusal}")
     total = sum(counts.values())
     for outcome, n in counts.items():
         assert n >= 0.02 * total, f"only {n} of {total} inputs were {outcome}"

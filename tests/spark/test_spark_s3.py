@@ -74,10 +74,7 @@ def s3(spark, tmp_path_factory):
 
 @pytest.fixture
 def bucket(s3, request) -> tuple[str, Path]:
-    import hashlib
-
-    name = "c-" + hashlib.sha256(request.node.name.encode()).hexdigest()[:12]
-    return name, s3.bucket(name)
+    return s3.bucket_for(request.node.name, prefix="c-")
 
 
 def files_under(folder: Path) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import socket
 import struct
@@ -31,6 +30,7 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 from cairn.central import spark as jobs  # noqa: E402
 from cairn.gateway.store import HistoryReader  # noqa: E402
 from cairn.sync.sinks import HttpSink  # noqa: E402
+from harness.tcp_proxy import TcpProxy, content_length, read_head  # noqa: E402
 from tests.spark.test_spark import keys  # noqa: E402
 from tests.system.test_sync import (  # noqa: E402
     GATEWAY,
@@ -57,7 +57,7 @@ class Attempt:
 
 
 @dataclass
-class LinkProxy:
+class LinkProxy(TcpProxy):
     """A TCP proxy to the landing server on ``upstream``, in one of :data:`MODES` for each
     new connection: ``pass`` forwards; ``down`` resets the connection at once (no route);
     ``drop`` forwards the request's head and half its body, then closes both sides;
@@ -66,20 +66,17 @@ class LinkProxy:
     stores it and answers) but never the answer. A fault applies to requests whose line
     contains ``only``; the others pass."""
 
-    upstream: int
     mode: str = "pass"
     only: str = ""
     attempts: list[Attempt] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
         self._closed = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__post_init__()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/landing"
+        return f"{self.endpoint}/landing"
 
     def set(self, mode: str, only: str = "") -> float:
         """Switch the link for new connections; the monotonic time it switched."""
@@ -92,18 +89,12 @@ class LinkProxy:
 
     def close(self) -> None:
         self._closed.set()  # held connections end
-        self._listener.close()
+        super().close()
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._serve, args=(client, self.mode, self.only),
-                             daemon=True).start()
+    def at_accept(self) -> tuple[str, str]:
+        return self.mode, self.only  # what the link was when the connection came
 
-    def _serve(self, client: socket.socket, mode: str, only: str) -> None:
+    def serve(self, client: socket.socket, mode: str, only: str) -> None:
         at = time.monotonic()
         if mode == "down":
             self.attempts.append(Attempt(at, mode))
@@ -111,7 +102,9 @@ class LinkProxy:
             client.close()  # a reset, as a link with no route answers
             return
         with contextlib.suppress(OSError), client:
-            head, rest = _read_head(client)
+            head, rest = read_head(client)
+            if not head:
+                return  # closed before the end of its head
             line = head.split(b"\r\n", 1)[0].decode()
             mode = mode if only in line else "pass"
             self.attempts.append(Attempt(at, mode, line.split()[1]))
@@ -119,7 +112,7 @@ class LinkProxy:
                 self._closed.wait()
                 return
             with socket.create_connection(("127.0.0.1", self.upstream)) as upstream:
-                body = _content_length(head)
+                body = content_length(head)
                 whole = mode in ("pass", "stall_answer")
                 _forward(client, upstream, head + rest, len(head) + (body if whole
                                                                       else body // 2))
@@ -128,23 +121,6 @@ class LinkProxy:
                         client.sendall(chunk)
                 elif mode != "drop":  # held: the client's deadline ends it
                     self._closed.wait()
-
-
-def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
-    """A request's head (up to its blank line) and what came after it in the same reads."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("closed before the end of the head")
-        data += chunk
-    end = data.index(b"\r\n\r\n") + 4
-    return data[:end], data[end:]
-
-
-def _content_length(head: bytes) -> int:
-    found = re.search(rb"(?im)^content-length:\s*(\d+)", head)
-    return int(found.group(1)) if found else 0
 
 
 def _forward(src: socket.socket, dst: socket.socket, start: bytes, total: int) -> None:

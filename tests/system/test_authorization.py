@@ -238,45 +238,27 @@ async def test_an_action_no_rule_matches_is_denied(worker_and_admin, action):
 # -- the most specific rule decides ---------------------------------------------------------
 
 
-async def test_an_exact_rule_beats_a_wildcard_rule(worker_and_admin):
+# (the URI the more specific rule refuses to publish on, one only the broader rule matches)
+MORE_SPECIFIC = [
+    pytest.param("ew.a.t", "ew.b.t", id="an_exact_rule_beats_a_wildcard_rule"),
+    pytest.param("wp.a.t", "wp.a.u", id="a_wildcard_rule_beats_a_prefix_rule"),
+    pytest.param("wp.long.t", "wp.long.u", id="a_wildcard_rule_beats_even_a_longer_prefix_rule"),
+    pytest.param("ep.t", "ep.u", id="an_exact_rule_beats_a_prefix_rule"),
+    pytest.param("pp.ro.x", "pp.rw.x", id="a_longer_prefix_beats_a_shorter_one"),
+    pytest.param("ww.a.x", "ww.b.x", id="a_wildcard_with_more_fixed_text_beats_one_with_less"),
+]
+
+
+@pytest.mark.parametrize("specific, broader", MORE_SPECIFIC)
+async def test_the_more_specific_rule_decides(worker_and_admin, specific, broader):
     worker, admin = worker_and_admin
-    assert not await allowed("publish", "ew.a.t", worker, admin)
-    assert await allowed("publish", "ew.b.t", worker, admin)  # where only the wildcard matches
-
-
-async def test_a_wildcard_rule_beats_a_prefix_rule(worker_and_admin):
-    worker, admin = worker_and_admin
-    assert not await allowed("publish", "wp.a.t", worker, admin)
-    assert await allowed("publish", "wp.a.u", worker, admin)
-
-
-async def test_a_wildcard_rule_beats_even_a_longer_prefix_rule(worker_and_admin):
-    worker, admin = worker_and_admin
-    assert not await allowed("publish", "wp.long.t", worker, admin)
-    assert await allowed("publish", "wp.long.u", worker, admin)
-
-
-async def test_an_exact_rule_beats_a_prefix_rule(worker_and_admin):
-    worker, admin = worker_and_admin
-    assert not await allowed("publish", "ep.t", worker, admin)
-    assert await allowed("publish", "ep.u", worker, admin)
-
-
-async def test_a_longer_prefix_beats_a_shorter_one(worker_and_admin):
-    worker, admin = worker_and_admin
-    assert not await allowed("publish", "pp.ro.x", worker, admin)
-    assert await allowed("publish", "pp.rw.x", worker, admin)
-
-
-async def test_a_wildcard_with_more_fixed_text_beats_one_with_less(worker_and_admin):
-    worker, admin = worker_and_admin
-    assert not await allowed("publish", "ww.a.x", worker, admin)
-    assert await allowed("publish", "ww.b.x", worker, admin)
+    assert not await allowed("publish", specific, worker, admin)
+    assert await allowed("publish", broader, worker, admin)
 
 
 async def test_the_more_specific_rule_still_allows_what_it_lists(worker_and_admin):
     worker, admin = worker_and_admin
-    for uri in ("ew.a.t", "wp.a.t", "wp.long.t", "ep.t", "pp.ro.x", "ww.a.x"):
+    for uri in (case.values[0] for case in MORE_SPECIFIC):
         assert await allowed("subscribe", uri, worker, admin), uri
 
 
@@ -353,42 +335,28 @@ def who(session: Client) -> tuple[int, str, str]:
     return session.session_id, "worker", "worker"
 
 
-async def test_a_disclosing_rule_reveals_the_publisher(worker_and_admin):
+# what admin is told of the worker when it publishes or calls: the event's or the
+# invocation's details, and who they name
+TOLD = {"publish": (published_event, publisher), "call": (invocation, caller)}
+
+
+@pytest.mark.parametrize("action, uri, disclosed", [
+    pytest.param("publish", "disc.on.t", True, id="a_disclosing_rule_reveals_the_publisher"),
+    pytest.param("publish", "disc.off.t", False,
+                 id="without_a_disclosing_rule_the_publisher_is_absent"),
+    pytest.param("call", "disc.on.p", True, id="a_disclosing_rule_reveals_the_caller"),
+    pytest.param("call", "disc.off.p", False, id="without_a_disclosing_rule_the_caller_is_absent"),
+    pytest.param("publish", "disc.on.quiet.t", False,
+                 id="a_narrower_rule_without_disclose_hides_the_publisher_a_broader_rule_discloses"),
+    pytest.param("call", "disc.off.loud.p", True,
+                 id="a_narrower_disclosing_rule_reveals_the_caller_a_broader_rule_hides"),
+])
+async def test_the_deciding_rule_says_whether_the_worker_is_disclosed(worker_and_admin, action,
+                                                                      uri, disclosed):
     worker, admin = worker_and_admin
-    details = await published_event(worker, admin, "disc.on.t")
-    assert publisher(details) == who(worker)
-
-
-async def test_without_a_disclosing_rule_the_publisher_is_absent(worker_and_admin):
-    worker, admin = worker_and_admin
-    details = await published_event(worker, admin, "disc.off.t")
-    assert publisher(details) == (None, None, None)
-
-
-async def test_a_disclosing_rule_reveals_the_caller(worker_and_admin):
-    worker, admin = worker_and_admin
-    details = await invocation(worker, admin, "disc.on.p")
-    assert caller(details) == who(worker)
-
-
-async def test_without_a_disclosing_rule_the_caller_is_absent(worker_and_admin):
-    worker, admin = worker_and_admin
-    details = await invocation(worker, admin, "disc.off.p")
-    assert caller(details) == (None, None, None)
-
-
-async def test_a_narrower_rule_without_disclose_hides_the_publisher_a_broader_rule_discloses(
-        worker_and_admin):
-    worker, admin = worker_and_admin
-    details = await published_event(worker, admin, "disc.on.quiet.t")
-    assert publisher(details) == (None, None, None)
-
-
-async def test_a_narrower_disclosing_rule_reveals_the_caller_a_broader_rule_hides(
-        worker_and_admin):
-    worker, admin = worker_and_admin
-    details = await invocation(worker, admin, "disc.off.loud.p")
-    assert caller(details) == who(worker)
+    details_of, named = TOLD[action]
+    details = await details_of(worker, admin, uri)
+    assert named(details) == (who(worker) if disclosed else (None, None, None))
 
 
 # -- the meta API -------------------------------------------------------------------------

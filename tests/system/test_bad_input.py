@@ -89,23 +89,21 @@ def _check_abort(msg: list[Any] | None, *words: str) -> str:
     return text
 
 
+async def welcomed(peer: Any) -> None:
+    """``peer`` says HELLO and the router answers WELCOME."""
+    peer.send(HELLO_MESSAGE)
+    welcome = await peer.receive()
+    assert welcome is not None and welcome[0] == WELCOME, welcome
+
+
 # -- RawSocket -----------------------------------------------------------------------------
 
 
 async def raw_open(router: Any, serializer: str = "json", hello: bool = False) -> RawSocketPeer:
     peer = await RawSocketPeer.open(router.rawsocket_port, serializer)
     if hello:
-        peer.send(HELLO_MESSAGE)
-        welcome = await peer.receive()
-        assert welcome is not None and welcome[0] == WELCOME, welcome
+        await welcomed(peer)
     return peer
-
-
-async def raw_expect_abort(peer: RawSocketPeer, *words: str) -> str:
-    text = _check_abort(await peer.receive(), *words)
-    assert await peer.closed(), "the router did not close the connection after ABORT"
-    peer.close()
-    return text
 
 
 # -- WebSocket -----------------------------------------------------------------------------
@@ -115,15 +113,19 @@ async def ws_open(router: Any, serializer: str = "json", hello: bool = False) ->
     proto, inbox = await raw_websocket(router, f"wamp.2.{serializer}")
     peer = WsPeer(proto, inbox, serializer)
     if hello:
-        peer.send(HELLO_MESSAGE)
-        welcome = await peer.receive()
-        assert welcome is not None and welcome[0] == WELCOME, welcome
+        await welcomed(peer)
     return peer
 
 
-async def ws_expect_abort(peer: WsPeer, *words: str) -> str:
+# -- either ----------------------------------------------------------------------------------
+
+
+async def expect_abort(peer: RawSocketPeer | WsPeer, *words: str) -> str:
+    """The reason of the ABORT ``peer`` receives (:func:`_check_abort`), after which the
+    router closes the connection."""
     text = _check_abort(await peer.receive(), *words)
     assert await peer.closed(), "the router did not close the connection after ABORT"
+    peer.close()
     return text
 
 
@@ -184,25 +186,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("hello", "data", "words"), [c[1:] for c in CASES],
-                         ids=[c[0] for c in CASES])
-async def test_rawsocket_bad_message_aborts_only_that_session(router, client, hello, data,
-                                                              words):
-    witness = await Witness.join(client, "websocket", "ws")
-    peer = await raw_open(router, hello=hello)
-    peer.send_bytes(data) if isinstance(data, bytes) else peer.send(data)
-    await raw_expect_abort(peer, *words)
-    await witness.check()
+# a bad peer's transport: how it opens, and the transport of the witness (the other one)
+BAD_PEERS = {"rawsocket": (raw_open, ("websocket", "ws")),
+             "websocket": (ws_open, ("rawsocket-tcp", "rs"))}
 
 
 @pytest.mark.parametrize(("hello", "data", "words"), [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
-async def test_websocket_bad_message_aborts_only_that_session(router, client, hello, data,
-                                                              words):
-    witness = await Witness.join(client, "rawsocket-tcp", "rs")
-    peer = await ws_open(router, hello=hello)
+@pytest.mark.parametrize("transport", list(BAD_PEERS))
+async def test_a_bad_message_aborts_only_that_session(router, client, transport, hello, data,
+                                                      words):
+    open_peer, witness_on = BAD_PEERS[transport]
+    witness = await Witness.join(client, *witness_on)
+    peer = await open_peer(router, hello=hello)
     peer.send_bytes(data) if isinstance(data, bytes) else peer.send(data)
-    await ws_expect_abort(peer, *words)
+    await expect_abort(peer, *words)
     await witness.check()
 
 
@@ -216,7 +214,7 @@ async def test_values_too_large_to_show_still_get_an_abort_with_a_reason(
     witness = await Witness.join(client, "websocket", "ws")
     peer = await raw_open(router, serializer, hello=True)
     peer.send_bytes(data)
-    await raw_expect_abort(peer, r"array|unknown|range|PUBLISH")
+    await expect_abort(peer, r"array|unknown|range|PUBLISH")
     await witness.check()
 
 
@@ -245,7 +243,7 @@ async def test_messages_after_a_bad_one_are_dropped_and_the_abort_still_arrives(
     peer.send([16, 1, {}, "a..b"])
     for _ in range(2000):  # 2 MB of valid PUBLISHes behind the bad one
         peer.send(valid)
-    await raw_expect_abort(peer, r"PUBLISH", r"topic")
+    await expect_abort(peer, r"PUBLISH", r"topic")
     await subscriber.publish("com.after", "ok", options=PublishOptions(acknowledge=True,
                                                                         exclude_me=False))
     for _ in range(100):
@@ -259,10 +257,10 @@ async def test_rawsocket_bytes_that_are_not_msgpack(router, client):
     witness = await Witness.join(client, "websocket", "ws")
     peer = await raw_open(router, "msgpack")
     peer.send_bytes(b"\xc1\x93\x01")  # 0xc1 is never used in MessagePack
-    await raw_expect_abort(peer, r"decode|msgpack")
+    await expect_abort(peer, r"decode|msgpack")
     peer = await raw_open(router, "msgpack", hello=True)
     peer.send_bytes(b"\x94\x10\x01")  # an array of 4 that ends after 2 items
-    await raw_expect_abort(peer, r"decode|msgpack")
+    await expect_abort(peer, r"decode|msgpack")
     await witness.check()
 
 
@@ -270,23 +268,18 @@ async def test_websocket_bytes_that_are_not_msgpack(router, client):
     witness = await Witness.join(client, "rawsocket-tcp", "rs")
     peer = await ws_open(router, "msgpack")
     peer.send_bytes(b"\xc1\x93\x01")
-    await ws_expect_abort(peer, r"decode|msgpack")
+    await expect_abort(peer, r"decode|msgpack")
     await witness.check()
 
 
-async def test_rawsocket_oversized_message(router, client):
-    witness = await Witness.join(client, "websocket", "ws")
-    peer = await raw_open(router, hello=True)
+@pytest.mark.parametrize(("transport", "words"), [
+    ("rawsocket", [r"too big|exceeds|maximum"]), ("websocket", [r"exceeds", r"65536"])])
+async def test_an_oversized_message_aborts_only_that_session(router, client, transport, words):
+    open_peer, witness_on = BAD_PEERS[transport]
+    witness = await Witness.join(client, *witness_on)
+    peer = await open_peer(router, hello=True)
     peer.send([16, 1, {}, "com.big", ["x" * 100_000]])
-    await raw_expect_abort(peer, r"too big|exceeds|maximum")
-    await witness.check()
-
-
-async def test_websocket_oversized_message(router, client):
-    witness = await Witness.join(client, "rawsocket-tcp", "rs")
-    peer = await ws_open(router, hello=True)
-    peer.send([16, 1, {}, "com.big", ["x" * 100_000]])
-    await ws_expect_abort(peer, r"exceeds", r"65536")
+    await expect_abort(peer, *words)
     await witness.check()
 
 
@@ -308,7 +301,7 @@ async def test_websocket_oversized_message_is_not_buffered(router, client):
         transport.write(chunk)
         while peer.proto.transport is not None and transport.get_write_buffer_size() > 2**20:
             await asyncio.sleep(0.001)
-    text = await ws_expect_abort(peer, r"exceeds", r"65536")
+    text = await expect_abort(peer, r"exceeds", r"65536")
     assert "104857600" in text
     buffered = sum(len(part) for part in server_side.frame_data or ())
     buffered += sum(len(part) for part in server_side.message_data or ())
@@ -351,7 +344,7 @@ async def test_payload_not_every_serializer_can_carry(router, client, serializer
         await sub.subscribe(lambda *a, ser=ser: received.append((ser, a)), "com.t")
     peer = await raw_open(router, serializer, hello=True)
     peer.send_bytes(data)
-    await raw_expect_abort(peer, *words)
+    await expect_abort(peer, *words)
     publisher = await client("rawsocket-tcp", serializer)
     await publisher.publish("com.t", 1, options=PublishOptions(acknowledge=True))
     for _ in range(100):
@@ -387,7 +380,7 @@ async def test_rawsocket_invalid_frame_type(router, client, frame_type):
     witness = await Witness.join(client, "websocket", "ws")
     peer = await raw_open(router, hello=True)
     peer.send_bytes(json.dumps([16, 1, {}, "com.t"]).encode(), frame_type=frame_type)
-    await raw_expect_abort(peer, r"frame type")
+    await expect_abort(peer, r"frame type")
     await witness.check()
 
 
@@ -398,9 +391,7 @@ async def _fuzz_one(port: int, serializer: str, established: bool,
     peer = await RawSocketPeer.open(port, serializer)
     try:
         if established:
-            peer.send(HELLO_MESSAGE)
-            welcome = await peer.receive()
-            assert welcome is not None and welcome[0] == WELCOME, welcome
+            await welcomed(peer)
         for message in messages:
             peer.send(message)
         if established:

@@ -93,6 +93,21 @@ async def get_page(session: Client, subscription: int, **kwargs: Any) -> tuple[l
     return result.results[0], result.kwresults["is_limit_reached"]
 
 
+async def paged(session: Client, subscription: int, cursor: str,
+                **kwargs: Any) -> tuple[list[int], list[bool]]:
+    """Every page a client reads, each asked from the last one's final event (``cursor``:
+    after_publication or before_publication) until one is not cut by its limit: (the
+    publications in the order read, each page's is_limit_reached)."""
+    seen, flags = [], []
+    while True:
+        page, reached = await get_page(session, subscription, **kwargs)
+        seen += [e["publication"] for e in page]
+        flags.append(reached)
+        if not reached:
+            return seen, flags
+        kwargs[cursor] = page[-1]["publication"]
+
+
 async def publications(session: Client, subscription: int, **kwargs: Any) -> list[int]:
     return [e["publication"] for e in await get_events(session, subscription, **kwargs)]
 
@@ -251,14 +266,7 @@ async def test_publication_filters_combine_with_and(ten):
 
 async def test_paging_forward_with_after_publication_visits_every_event_once(ten):
     session, sub, ids = ten
-    seen, flags, kwargs = [], [], {"limit": 3}
-    while True:
-        page, reached = await get_page(session, sub, **kwargs)
-        seen += [e["publication"] for e in page]
-        flags.append(reached)
-        if not reached:
-            break
-        kwargs["after_publication"] = page[-1]["publication"]
+    seen, flags = await paged(session, sub, "after_publication", limit=3)
     assert seen == ids
     assert flags == [True, True, True, False]
 
@@ -266,14 +274,7 @@ async def test_paging_forward_with_after_publication_visits_every_event_once(ten
 async def test_paging_backward_with_before_publication_and_reverse_visits_every_event_once(
         ten):
     session, sub, ids = ten
-    seen, flags, kwargs = [], [], {"limit": 5, "reverse": True}
-    while True:
-        page, reached = await get_page(session, sub, **kwargs)
-        seen += [e["publication"] for e in page]
-        flags.append(reached)
-        if not reached:
-            break
-        kwargs["before_publication"] = page[-1]["publication"]
+    seen, flags = await paged(session, sub, "before_publication", limit=5, reverse=True)
     assert seen == ids[::-1]
     assert flags == [True, False]  # the second page held exactly the rest: nothing was cut
 

@@ -835,15 +835,25 @@ async def test_dns_rebinding_gets_neither_status_nor_metrics(tmp_path):
     assert counted == 1
 
 
+# the gateway's name and Grafana's origin, let in
+GREENHOUSE_LAN = ('allowed_hosts = ["gateway.greenhouse.lan"]\n'
+                  'allowed_origins = ["https://grafana.greenhouse.lan:3000"]\n')
+
+
+async def named_and_from_grafana(port: int) -> tuple[str, str]:
+    """The status lines of a GET /status for the gateway by name and of a WebSocket upgrade
+    from Grafana's origin."""
+    named = await status_line(
+        port, "GET /status HTTP/1.1\r\nHost: gateway.greenhouse.lan:8080\r\n\r\n")
+    grafana = await upgrade(port, "gateway.greenhouse.lan:8080",
+                            "https://grafana.greenhouse.lan:3000")
+    return named, grafana
+
+
 async def test_configured_hosts_and_origins_are_let_in(tmp_path):
-    router = RouterProcess(tmp_path, REALM, router_toml=(
-        'allowed_hosts = ["gateway.greenhouse.lan"]\n'
-        'allowed_origins = ["https://grafana.greenhouse.lan:3000"]')).start()
+    router = RouterProcess(tmp_path, REALM, router_toml=GREENHOUSE_LAN).start()
     try:
-        named = await status_line(
-            router.port, "GET /status HTTP/1.1\r\nHost: gateway.greenhouse.lan:8080\r\n\r\n")
-        grafana = await upgrade(router.port, "gateway.greenhouse.lan:8080",
-                                "https://grafana.greenhouse.lan:3000")
+        named, grafana = await named_and_from_grafana(router.port)
         other = await upgrade(router.port, "gateway.greenhouse.lan:8080",
                               "https://grafana.greenhouse.lan")
     finally:
@@ -965,6 +975,14 @@ async def sighup(router: RouterProcess, marker: str = "SIGHUP: reloaded") -> str
     return "\n".join(router.log_lines()[logged:])
 
 
+async def reloaded_with(router: RouterProcess, keys: str) -> str:
+    """``keys`` added to the [router] table of the router's config file, then
+    :func:`sighup`: its log since then."""
+    text = router.config.read_text().replace("[router]\n", f"[router]\n{keys}", 1)
+    router.config.write_text(text)
+    return await sighup(router)
+
+
 async def test_a_sighup_the_moment_the_ports_open_reloads_and_does_not_end_the_router(tmp_path):
     """A SIGHUP from `cairn config apply` or a test, sent as soon as the router accepts
     connections, used to land before its handler: SIGHUP's default action ended the router."""
@@ -994,15 +1012,8 @@ async def test_a_rotated_status_token_is_the_only_one_after_sighup(lan_router, t
 async def test_allowed_hosts_and_origins_are_reloaded_on_sighup(tmp_path):
     router = RouterProcess(tmp_path, REALM).start()
     try:
-        text = router.config.read_text().replace(
-            "[router]\n", '[router]\nallowed_hosts = ["gateway.greenhouse.lan"]\n'
-                          'allowed_origins = ["https://grafana.greenhouse.lan:3000"]\n', 1)
-        router.config.write_text(text)
-        await sighup(router)
-        named = await status_line(
-            router.port, "GET /status HTTP/1.1\r\nHost: gateway.greenhouse.lan:8080\r\n\r\n")
-        grafana = await upgrade(router.port, "gateway.greenhouse.lan:8080",
-                                "https://grafana.greenhouse.lan:3000")
+        await reloaded_with(router, GREENHOUSE_LAN)
+        named, grafana = await named_and_from_grafana(router.port)
     finally:
         router.stop()
     assert named.startswith("HTTP/1.1 200")
@@ -1012,10 +1023,7 @@ async def test_allowed_hosts_and_origins_are_reloaded_on_sighup(tmp_path):
 async def test_sighup_logs_which_changed_router_keys_wait_for_a_restart(tmp_path):
     router = RouterProcess(tmp_path, REALM).start()
     try:
-        text = router.config.read_text().replace(
-            "[router]\n", "[router]\nmax_message_size = 4096\n", 1)
-        router.config.write_text(text)
-        logged = await sighup(router)
+        logged = await reloaded_with(router, "max_message_size = 4096\n")
     finally:
         router.stop()
     assert "router.max_message_size changed: it takes effect at the next restart" in logged

@@ -21,7 +21,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -691,6 +691,23 @@ def test_a_redirect_from_https_to_http_is_refused():
         sink._follow("https://sink.example/landing/b1", "http://sink.example/x", "b1")
 
 
+def upload_refused(tmp_path: Path, answer: Callable[[http.server.BaseHTTPRequestHandler], None],
+                   timeout: float, refusal: str) -> tuple[Uploader, float]:
+    """20 stored readings uploaded once to a sink whose every PUT ``answer`` answers, with
+    [sync] timeout = ``timeout``: the SinkError matching ``refusal`` it ends in; (the
+    uploader, the seconds its once() took)."""
+    fill_store(tmp_path / "data", 20)
+    server = ScriptedServer(answer)
+    try:
+        uploader = uploader_for(tmp_path / "data", HttpSink(server.url, timeout=timeout))
+        started = time.monotonic()
+        with pytest.raises(SinkError, match=refusal):
+            uploader.once()
+        return uploader, time.monotonic() - started
+    finally:
+        server.close()
+
+
 def test_a_sink_answering_a_byte_at_a_time_is_cut_at_the_timeout(tmp_path):
     """The attack: a slow-drip answer held each PUT 40 s at timeout = 5 (a timeout per read)."""
     def drip(handler: http.server.BaseHTTPRequestHandler) -> None:
@@ -700,16 +717,7 @@ def test_a_sink_answering_a_byte_at_a_time_is_cut_at_the_timeout(tmp_path):
                 handler.wfile.flush()
                 time.sleep(0.3)  # 44 bytes: 13 s in all
 
-    fill_store(tmp_path / "data", 20)
-    server = ScriptedServer(drip)
-    try:
-        uploader = uploader_for(tmp_path / "data", HttpSink(server.url, timeout=1))
-        started = time.monotonic()
-        with pytest.raises(SinkError, match="no answer within 1 s"):
-            uploader.once()
-        took = time.monotonic() - started
-    finally:
-        server.close()
+    uploader, took = upload_refused(tmp_path, drip, timeout=1, refusal="no answer within 1 s")
     assert took < 4, f"the PUT was held {took:.1f} s at timeout = 1"
     assert uploader.reader.synced_seq() == 0
 
@@ -725,14 +733,8 @@ def test_a_2xx_whose_head_never_ends_is_no_delivery(tmp_path):
                 handler.wfile.flush()
                 time.sleep(1)
 
-    fill_store(tmp_path / "data", 20)
-    server = ScriptedServer(endless_head)
-    try:
-        uploader = uploader_for(tmp_path / "data", HttpSink(server.url, timeout=1))
-        with pytest.raises(SinkError, match="no answer within 1 s"):
-            uploader.once()
-    finally:
-        server.close()
+    uploader, _ = upload_refused(tmp_path, endless_head, timeout=1,
+                                 refusal="no answer within 1 s")
     assert uploader.reader.synced_seq() == 0
 
 
@@ -741,14 +743,8 @@ def test_a_2xx_whose_head_the_sink_cut_short_is_no_delivery(tmp_path):
         handler.wfile.write(b"HTTP/1.1 201 Created\r\nContent-Len")
         handler.close_connection = True
 
-    fill_store(tmp_path / "data", 20)
-    server = ScriptedServer(torn)
-    try:
-        uploader = uploader_for(tmp_path / "data", HttpSink(server.url, timeout=5))
-        with pytest.raises(SinkError, match="ended in the middle of its head"):
-            uploader.once()
-    finally:
-        server.close()
+    uploader, _ = upload_refused(tmp_path, torn, timeout=5,
+                                 refusal="ended in the middle of its head")
     assert uploader.reader.synced_seq() == 0
 
 

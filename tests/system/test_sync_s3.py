@@ -59,8 +59,7 @@ def server(tmp_path_factory):
 @pytest.fixture
 def bucket(server, request) -> tuple[str, Path]:
     """A fresh bucket: (its name, its folder on the server's side)."""
-    name = "b-" + hashlib.sha256(request.node.name.encode()).hexdigest()[:12]
-    return name, server.bucket(name)
+    return server.bucket_for(request.node.name)
 
 
 @pytest.fixture
