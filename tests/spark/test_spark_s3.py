@@ -52,7 +52,7 @@ from harness.s3_server import KEY, SECRET, S3Server  # noqa: E402
 from tests.spark.test_spark import events, keys, land  # noqa: E402
 from tests.system.test_sync import GATEWAY, fill_store, uploader_for  # noqa: E402
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.s3server]  # make s3-test
 
 PREFIX = "landing"
 
