@@ -43,25 +43,28 @@ bundle: setup setup-image
 image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh
 
-# The image booted in qemu-system-aarch64 and tested from here, as root: two devices, one
-# after the other (tests/appliance/test_device.py the appliance, then test_device_update.py
-# A/B updates on the same device; test_device_pi.py the card
-# on QEMU's Raspberry Pi 3, through its own U-Boot); the base root file system is cached in
-# ~/.cache/cairn, the test image in build/. Two devices at a time made RAUC fail every
-# install on the starved one (images/README.md). .ci/run runs this.
+# The image booted in qemu-system-aarch64 and tested from here, as root (.ci/run runs this):
+# the virt device (tests/appliance/test_device.py, then a pulled A/B update on the same
+# device) and, beside it, the card on QEMU's Raspberry Pi 3 through its own U-Boot
+# (test_device_pi.py): scripts/appliance-test.sh. The base root file system is cached in
+# ~/.cache/cairn, the test image in build/.
 appliance-test: setup-test setup-image
-	.venv/bin/pytest -m appliance -v -s --durations=0 --deselect $(INSTALL_CUTS) \
-		tests/appliance/test_device.py tests/appliance/test_device_update.py \
-		tests/appliance/test_device_pi.py
+	scripts/appliance-test.sh $(addprefix --deselect ,$(UPDATES_SOAK))
 
-INSTALL_CUTS = tests/appliance/test_device_update.py::test_power_cuts_during_an_install_keep_the_running_slot_and_every_reading
+UPDATES = tests/appliance/test_device_update.py
+UPDATES_SOAK = $(UPDATES)::test_power_cuts_during_an_install_keep_the_running_slot_and_every_reading \
+	$(UPDATES)::test_a_bad_update_that_migrated_the_store_goes_back_with_every_reading \
+	$(UPDATES)::test_a_slot_whose_kernel_never_reaches_user_space_is_given_up_by_boot_counting \
+	$(UPDATES)::test_a_tampered_bundle_and_one_signed_by_another_key_are_refused
 
-# The slower device cases, not run for every commit: three power cuts during an install (20
-# minutes: three boots), test_device_clock.py, a device whose clock starts in 2000 and whose
-# link drops (a device of its own, 10-20 minutes); and the power cuts while U-Boot chooses a
-# slot and while RAUC writes its state (soak/test_boot_*).
+# The slower device cases, not run for every commit (about 90 minutes): every A/B update of
+# test_device_update.py (power cuts during an install, a bad update that migrated the store,
+# a kernel that never boots, tampered and foreign bundles), test_device_clock.py (a device
+# whose clock starts in 2000 and whose link drops), and the power cuts while U-Boot chooses a
+# slot and while RAUC writes its state (soak/test_boot_*). One device at a time: two made
+# RAUC fail every install on the starved one (images/README.md).
 appliance-soak: setup-test setup-image
-	.venv/bin/pytest -m appliance -v -s --durations=0 $(INSTALL_CUTS) \
+	.venv/bin/pytest -m appliance -v -s --durations=0 $(UPDATES) \
 		tests/appliance/test_device_clock.py soak/test_boot_power_cuts.py \
 		soak/test_boot_state_writes.py
 

@@ -16,10 +16,12 @@ pings it on PID 1's behalf, so systemd's 2 minutes hold; images/README.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -30,6 +32,17 @@ PI3_TREE = "bcm2837-rpi-3-b.dtb"
 PI_CONSOLE = "console=ttyS1,115200"      # the mini UART, as the image's own bootargs.env
 QEMU_ONLY = "systemd.watchdog_sec=off"   # see above
 PI_BOOT_TIMEOUT = 2400        # s: power-on to ready under TCG (the SD host reads ~0.7 MB/s)
+# the console lines a boot's phases begin with, for where the minutes of a boot go
+MILESTONES = {
+    "U-Boot": r"^U-Boot 20",
+    "boot script": r"cairn: booting slot",
+    "kernel": r"Booting Linux on physical CPU",
+    "initramfs": r"Run /init as init process|Loading, please wait",
+    "root mounted": r"EXT4-fs \(mmcblk0p[23]\): mounted filesystem",
+    "systemd": r"systemd\[1\]: systemd \d+|Welcome to ",
+    "data partition": r"cairn-data-partition|Mounted .*/var/lib/cairn|cairn-data",
+    "router ready": r"cairn: ready:",
+}
 
 
 def resetting_kernel() -> bytes:
@@ -104,6 +117,39 @@ class PiCard:
         with open(self.qemu_log, "w") as log:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT)
+        self.timeline: list[tuple[float, str]] = []
+        threading.Thread(target=self._note_lines, args=(self.proc, self.console,
+                                                        self.timeline), daemon=True).start()
+
+    def _note_lines(self, proc: subprocess.Popen, console: Path,
+                    timeline: list[tuple[float, str]]) -> None:
+        """(s since power-on, line) of each console line as it appears, to 0.2 s; also in
+        console-N.timed beside the console."""
+        offset, partial = 0, b""
+        while True:
+            running = proc.poll() is None
+            with contextlib.suppress(OSError), open(console, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset += len(chunk)
+                *lines, partial = (partial + chunk).split(b"\n")
+                now = time.monotonic() - self.started
+                noted = [(now, ANSI.sub("", line.decode(errors="replace"))) for line in lines]
+                timeline += noted
+                with open(console.with_suffix(".timed"), "a") as timed:
+                    timed.writelines(f"{t:7.1f} {line}\n" for t, line in noted)
+            if not running:
+                return
+            time.sleep(0.2)
+
+    def phases(self) -> str:
+        """When this boot's console first showed each of MILESTONES, for the test's report."""
+        seen = []
+        for name, pattern in MILESTONES.items():
+            at = next((t for t, line in self.timeline if re.search(pattern, line)), None)
+            if at is not None:
+                seen.append(f"{name} {at:.0f} s")
+        return ", ".join(seen)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

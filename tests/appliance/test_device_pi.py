@@ -76,6 +76,7 @@ def test_a_pi_3_boots_the_card_to_a_ready_router(pi):
     slot, _, uptime = re.search(READY, console).groups()
     assert slot == "A"
     print(f"\n[appliance] raspi3b: power-on to ready {took:.0f} s (kernel up {uptime} s)")
+    print(f"[appliance] raspi3b first boot, from power-on: {pi.phases()}")
 
 
 def test_after_a_power_cut_the_card_holds_the_routers_rows(pi):

@@ -463,7 +463,15 @@ def test_a_good_update_pulled_from_the_central_side_resumes_after_the_link_drops
         assert 'cairn_update_last_failed{version="9.3.0+pulled"} 0' in metrics, metrics[-800:]
         device.ssh("timeout 180 sh -c 'until journalctl -b 0 -u cairn-update-pull -o cat "
                    "| grep -q \"up to date (9.3.0+pulled)\"; do sleep 2; done'", timeout=240)
-        (_, _, old_last), (_, new_first, _) = _readings_by_boot(device, "sensor.uart-1")[-2:]
+        new_boot = device.ssh("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+        deadline = time.monotonic() + 300
+        while (readings := _readings_by_boot(device, "sensor.uart-1") or [("", 0, 0)]
+               )[-1][0] != new_boot:
+            assert time.monotonic() < deadline, (readings, device.ssh(
+                "journalctl -b 0 -u cairn-sensor@uart -o cat | tail -20", check=False).stdout)
+            time.sleep(5)
+        assert len(readings) >= 2 and readings[-2][0] == boot_id, (boot_id, readings)
+        (_, _, old_last), (_, new_first, _) = readings[-2:]
         print(f"[appliance] the router's downtime in the update: {new_first - old_last:.1f} s "
               "from the sensor's last reading stored before it to the first after")
         assert new_first > old_last
