@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import os
 import subprocess
 import sys
@@ -38,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.pubsub import machine
+from bench.pubsub import results_end, results_start
 from cairn.drivers.modbus import ModbusError, ModbusMaster, frame_gap
 from cairn.drivers.serial_port import SerialPort
 from harness.config import history_rule, open_realm
@@ -209,18 +207,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
-    info = machine()
-    print(f"machine: {info['nproc']} CPUs, {info['cpu_model']}, Python {info['python']}, "
-          f"load {info['loadavg_before'][0]:.2f}")
-    results: dict[str, Any] = {"benchmark": "modbus",
-                               "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                               "machine": info, "settings": {k: str(v) for k, v in
-                                                             vars(opts).items()},
-                               "throughput": []}
-    with contextlib.suppress(Exception):
-        results["source"] = {"commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-            timeout=5).stdout.strip()}
+    results = {**results_start("modbus", opts), "throughput": []}
     with tempfile.TemporaryDirectory(prefix="cairn-bench-modbus-") as tmp:
         workdir = Path(tmp)
         cases = [(int(b), False) for b in opts.bauds.split(",")] + [(115200, True)]
@@ -239,11 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             results["throughput"].append(row)
         results["cpu"] = measure_cpu(workdir, opts.devices, opts.cpu_baudrate,
                                      opts.cpu_duration)
-    print()
-    print(table(results))
-    opts.output.parent.mkdir(parents=True, exist_ok=True)
-    opts.output.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"\nwritten to {opts.output}")
+    results_end(results, table(results), opts.output)
     return 0
 
 

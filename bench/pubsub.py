@@ -613,6 +613,25 @@ def source_version() -> dict[str, Any]:
             "gateway_dirty": None if dirty is None else bool(dirty)}
 
 
+def results_start(benchmark: str, opts: Any) -> dict[str, Any]:
+    """The head of a benchmark's JSON results (its name, when, the machine, its settings and
+    the source's commit), with the machine in one line on stdout."""
+    info = machine()
+    print(f"machine: {info['nproc']} CPUs, {info['cpu_model']}, Python {info['python']}, "
+          f"load {info['loadavg_before'][0]:.2f}")
+    return {"benchmark": benchmark, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": info, "settings": {k: str(v) for k, v in vars(opts).items()},
+            "source": source_version()}
+
+
+def results_end(results: dict[str, Any], table_text: str, output: Path) -> None:
+    """The table on stdout and the results as JSON in ``output``."""
+    print(f"\n{table_text}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwritten to {output}")
+
+
 def fmt(value: Any, spec: str = "") -> str:
     if value is None:
         return "-"

@@ -1,4 +1,5 @@
-"""``cairn sensor``: run the serial driver, or simulate serial sensors.
+"""``cairn sensor``: run the sensor driver, list the kernel's sensors, or simulate serial
+sensors.
 
 ``app.cli`` hooks this in with ``add_commands(subparsers)`` and hands the parsed
 arguments of ``cairn sensor ...`` to ``main(args)``. Standalone, for tests and benchmarks:
@@ -22,17 +23,25 @@ from cairn.gateway.core.config import ConfigError
 
 def add_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     sensor = subparsers.add_parser(
-        "sensor", help="serial sensors: run the driver, or simulate sensors",
-        description="Serial sensors (Modbus RTU, line-oriented text) publishing to the router.")
+        "sensor", help="sensors: run the driver, find kernel sensors, or simulate sensors",
+        description="Sensors publishing to the router: serial (Modbus RTU, line-oriented "
+                    "text) and the kernel's own drivers (hwmon, IIO, 1-Wire) through sysfs.")
     commands = sensor.add_subparsers(dest="sensor_command", metavar="SUBCOMMAND")
     run = commands.add_parser(
-        "run", help="run the serial driver for the [[sensors]] of a config file",
+        "run", help="run the sensor driver for the [[sensors]] of a config file",
         description="Poll the [[sensors]] of FILE and publish their readings to the router "
                     "named in [driver], retained, on sensor.<id>; device status on "
                     "gateway.device.<id>.status. Runs until SIGTERM or SIGINT.")
     run.add_argument("--config", metavar="FILE", required=True, help="TOML config file")
     run.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                      default="info")
+    scan = commands.add_parser(
+        "scan", help="list the kernel's hwmon, IIO and 1-Wire sensors as [[sensors]] entries",
+        description="List the hwmon, IIO and 1-Wire thermometer devices the kernel offers, "
+                    "with their names, channels and current values, each with a [[sensors]] "
+                    "entry that reads it (TOML to paste into a config).")
+    scan.add_argument("--sysfs", default=None, metavar="DIR",
+                      help="where sysfs is (default /sys; a copy or a test tree)")
     sim = commands.add_parser(
         "sim", help="simulate serial sensors on pseudo-terminals",
         description="Create pseudo-terminals that behave like Modbus RTU temperature/humidity "
@@ -84,7 +93,9 @@ def main(args: argparse.Namespace) -> int:
         return run_driver(args.config, args.log_level)
     if command == "sim":
         return run_simulator(args)
-    print("usage: cairn sensor {run,sim} ... (see cairn sensor --help)", file=sys.stderr)
+    if command == "scan":
+        return run_scan(args.sysfs)
+    print("usage: cairn sensor {run,scan,sim} ... (see cairn sensor --help)", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -124,6 +135,25 @@ def run_driver(config_path: str, log_level: str = "info") -> int:
 
         logging.getLogger("cairn.sensor").exception("driver failed: %s", e)
         return EXIT_FAILURE
+    return EXIT_OK
+
+
+def run_scan(root: str | None) -> int:
+    from cairn.drivers import kernel, sysfs
+
+    where = kernel.Sysfs(root or kernel.DEFAULT_SYSFS)
+    if not where.root.is_dir():
+        print(f"cairn: no sysfs at {where.root}", file=sys.stderr)
+        return EXIT_FAILURE
+    found = kernel.scan(where)
+    print(f"# {len(found)} kernel sensor device(s) in {where.root}: hwmon (class/hwmon), IIO "
+          f"(bus/iio/devices), 1-Wire thermometers (bus/w1/devices)")
+    for device in found:
+        print(f"\n{sysfs.scan_entry(device, root)}")
+    if not found:
+        print("# none: load the chip's driver (an overlay in config.txt, such as "
+              "dtoverlay=i2c-sensor,bme280 or dtoverlay=w1-gpio), or create it with "
+              "chip = ... in its [[sensors]] entry")
     return EXIT_OK
 
 

@@ -1,5 +1,6 @@
-"""``[[sensors]]``: the serial sensors ``cairn sensor run`` reads, validated like the rest of
-the config (every problem names the file, the dotted key and what is wrong).
+"""``[[sensors]]``: the sensors ``cairn sensor run`` reads (on serial ports, and kernel devices
+in sysfs), validated like the rest of the config (every problem names the file, the dotted key
+and what is wrong).
 
 ```toml
 [[sensors]]
@@ -14,6 +15,11 @@ interval = 10                # seconds between polls
 id = "shed"
 kind = "line"
 port = "/dev/ttyAMA0"
+
+[[sensors]]
+id = "porch"
+kind = "iio"                 # hwmon | iio | w1: a kernel driver's device, read in sysfs
+device = "1-0076"            # I2C bus 1, address 0x76 (never iio:deviceN)
 ```
 
 See the README for every key and its default.
@@ -34,9 +40,9 @@ from cairn.drivers.kinds import KINDS
 from cairn.drivers.kinds.kind import int_in, number
 
 TOP_LEVEL = {"router", "realms", "driver", "sensors", "mqtt", "sync"}
-# the keys of every kind; each kind adds its own (drivers.kinds)
-COMMON_KEYS = {"id", "kind", "port", "baudrate", "parity", "stopbits", "interval", "deadband",
-               "heartbeat", "stale_after"}
+# the keys of every kind, and of every serial kind; each kind adds its own (drivers.kinds)
+COMMON_KEYS = {"id", "kind", "interval", "deadband", "heartbeat", "stale_after"}
+SERIAL_KEYS = {"port", "baudrate", "parity", "stopbits"}
 _ID = re.compile(r"^[^\s.#]+(\.[^\s.#]+)*$")
 
 
@@ -46,7 +52,7 @@ class SensorConfig:
     attributes too: ``sensor.address`` of a Modbus sensor)."""
     id: str
     kind: str
-    port: str
+    port: str  # its serial port; for a kernel kind, its device (options["device"])
     baudrate: int = 9600
     parity: str = "N"
     stopbits: int = 1
@@ -96,7 +102,7 @@ def _sensor(v: Validator, t: dict[str, Any], at: str) -> SensorConfig:
     if name not in KINDS:
         raise ConfigError(v.source, f"{at}.kind", f"must be {_kinds()}, not {name!r}")
     kind = KINDS[name]
-    v.keys(t, at, COMMON_KEYS | kind.keys)
+    v.keys(t, at, COMMON_KEYS | (SERIAL_KEYS if kind.serial else set()) | kind.keys)
     sensor_id = v.get(t, at, "id", str, None)
     if not sensor_id:
         raise ConfigError(v.source, f"{at}.id", "missing (the device id: readings go to "
@@ -104,6 +110,25 @@ def _sensor(v: Validator, t: dict[str, Any], at: str) -> SensorConfig:
     if not _ID.match(sensor_id):
         raise ConfigError(v.source, f"{at}.id", f"{sensor_id!r} cannot be part of a topic "
                                                 f"(no spaces, '#' or empty parts)")
+    on_port = _serial(v, t, at) if kind.serial else {}
+    interval = number(v, t, at, "interval", 10.0)
+    common = dict(id=sensor_id, kind=name, interval=interval,
+                  heartbeat=number(v, t, at, "heartbeat", 60.0))
+    options, fields = kind.parse(v, t, at)
+    common.update(on_port or {"port": options["device"]})
+    # three missed readings, and the time a failing read of the kind may take
+    default_stale = 3 * interval + kind.stale_margin(options)
+    stale_after = number(v, t, at, "stale_after", default_stale)
+    if stale_after <= interval:
+        raise ConfigError(v.source, f"{at}.stale_after",
+                          f"must be longer than interval ({interval:g} s), not {stale_after:g}")
+    per_field, default_deadband = _deadband(v, t, at, fields)
+    return SensorConfig(**common, stale_after=stale_after, deadband=per_field,
+                        default_deadband=default_deadband, fields=fields, options=options)
+
+
+def _serial(v: Validator, t: dict[str, Any], at: str) -> dict[str, Any]:
+    """A serial kind's port and its settings."""
     port = v.get(t, at, "port", str, None)
     if not port:
         raise ConfigError(v.source, f"{at}.port", "missing (a serial device such as "
@@ -114,22 +139,8 @@ def _sensor(v: Validator, t: dict[str, Any], at: str) -> SensorConfig:
     parity = v.get(t, at, "parity", str, "N").upper()
     if parity not in ("N", "E", "O"):
         raise ConfigError(v.source, f"{at}.parity", f"must be N, E or O, not {t['parity']!r}")
-    interval = number(v, t, at, "interval", 10.0)
-    common = dict(
-        id=sensor_id, kind=name, port=port, baudrate=baudrate, parity=parity,
-        stopbits=int_in(v, t, at, "stopbits", 1, (1, 2)), interval=interval,
-        heartbeat=number(v, t, at, "heartbeat", 60.0),
-    )
-    options, fields = kind.parse(v, t, at)
-    # three missed readings, and the time a failing read of the kind may take
-    default_stale = 3 * interval + kind.stale_margin(options)
-    stale_after = number(v, t, at, "stale_after", default_stale)
-    if stale_after <= interval:
-        raise ConfigError(v.source, f"{at}.stale_after",
-                          f"must be longer than interval ({interval:g} s), not {stale_after:g}")
-    per_field, default_deadband = _deadband(v, t, at, fields)
-    return SensorConfig(**common, stale_after=stale_after, deadband=per_field,
-                        default_deadband=default_deadband, fields=fields, options=options)
+    return dict(port=port, baudrate=baudrate, parity=parity,
+                stopbits=int_in(v, t, at, "stopbits", 1, (1, 2)))
 
 
 def _kinds() -> str:
@@ -154,7 +165,7 @@ def _deadband(v: Validator, t: dict[str, Any], at: str,
 
 def _check_together(v: Validator, sensors: tuple[SensorConfig, ...]) -> None:
     """What only shows across entries: duplicate ids, and entries that share a port (one
-    bus or one line port) disagreeing on it."""
+    bus or one line port) disagreeing on it, or that name one kernel device."""
     first_on_port: dict[str, int] = {}
     for i, s in enumerate(sensors):
         at = f"sensors[{i}]"
@@ -167,10 +178,13 @@ def _check_together(v: Validator, sensors: tuple[SensorConfig, ...]) -> None:
             continue
         j = first_on_port[s.port]
         first = sensors[j]
+        serial_kind = KINDS[s.kind].serial
         if s.kind != first.kind:
-            raise ConfigError(v.source, f"{at}.port", f"{s.port} is already a {first.kind} "
-                                                      f"port (sensors[{j}])")
-        for key in ("baudrate", "parity", "stopbits", *KINDS[s.kind].port_keys):
+            key = "port" if serial_kind else "device"
+            raise ConfigError(v.source, f"{at}.{key}", f"{s.port} is already a {first.kind} "
+                                                       f"{key} (sensors[{j}])")
+        shared = ("baudrate", "parity", "stopbits") if serial_kind else ()
+        for key in (*shared, *KINDS[s.kind].port_keys):
             if getattr(s, key) != getattr(first, key):
                 raise ConfigError(v.source, f"{at}.{key}",
                                   f"differs from sensors[{j}] on the same port "

@@ -1,16 +1,19 @@
-"""The serial driver: ``[[sensors]]`` in, readings and device status out to the router.
+"""The sensor driver (named for its first kinds, the serial ones): ``[[sensors]]`` in,
+readings and device status out to the router.
 
 Every ``[[sensors]]`` entry becomes a :class:`drivers.runtime.Device` (change filter,
 status) fed by the task of its port, which its kind makes (drivers.kinds: one
 :class:`~drivers.modbus.ModbusBus` per Modbus port, all devices on it polled in turn, since an
 RS-485 line carries one exchange at a time; one :class:`~drivers.line.LinePort` per text
-port). All devices publish through one :class:`~drivers.runtime.RouterLink`.
+port; one :class:`~drivers.kernel.KernelSensor` per kernel device, read in sysfs). All devices
+publish through one :class:`~drivers.runtime.RouterLink`.
 
 Status, retained on ``gateway.device.<id>.status``:
 
 - ``ok`` from the first reading on;
 - ``error`` with a reason when the port cannot be opened or went away, or the device did not
-  answer (after retries), answered garbage, or answered with a Modbus exception;
+  answer (after retries), answered garbage, or answered with a Modbus exception; a kernel
+  device when its files are not there or a read gave an errno or garbage (after retries);
 - ``stale`` when no reading came for ``stale_after`` seconds (a line sensor that went
   quiet), and when the driver stops.
 
@@ -30,7 +33,6 @@ from cairn.drivers.kinds import KINDS
 from cairn.drivers.kinds.kind import PortTask
 from cairn.drivers.runtime import ChangeFilter, Device, RouterLink
 from cairn.drivers.serial_config import SensorConfig, SerialConfig
-from cairn.drivers.serial_port import SerialPort
 
 log = logging.getLogger("cairn.sensor")
 
@@ -65,12 +67,8 @@ class SerialDriver:
             self.devices[sensor.id] = Device(sensor.id, self.link, change, sensor.stale_after)
             by_port.setdefault(sensor.port, []).append(sensor)
         for path, sensors in by_port.items():
-            first = sensors[0]
-            port = SerialPort(path, first.baudrate, parity=first.parity,
-                              stopbits=first.stopbits)
-            self.ports[path] = KINDS[first.kind].task(port, sensors, self._reading,
-                                                      self._error)
-            self.kinds[path] = first.kind
+            self.ports[path] = KINDS[sensors[0].kind].task(sensors, self._reading, self._error)
+            self.kinds[path] = sensors[0].kind
 
     def _reading(self, device_id: str, values: dict[str, float]) -> None:
         self.devices[device_id].reading(values)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cairn.base.config_tools import ConfigError, Validator, describe
+from cairn.drivers.serial_port import SerialPort
 
 # what a kind's port task calls: a device's reading, or why it has none
 OnReading = Callable[[str, dict[str, float]], None]
@@ -14,7 +15,8 @@ OnError = Callable[[str, str], None]
 
 
 class PortTask(Protocol):
-    """Reads one serial port for the sensors on it, until cancelled."""
+    """Reads one serial port for the sensors on it (or, for a kernel kind, one device),
+    until cancelled."""
 
     async def run(self) -> None: ...
 
@@ -32,12 +34,24 @@ class SensorKind:
     check_shared: Callable[[Validator, str, Any, Any, int], None]
     # seconds a device may take to fail, beyond three missed readings, before it is stale
     stale_margin: Callable[[dict[str, Any]], float]
-    # (the port, its sensors, on_reading, on_error) -> the task that reads it
-    task: Callable[[Any, list[Any], OnReading, OnError], PortTask]
+    # (the sensors of one port, on_reading, on_error) -> the task that reads them (and opens
+    # their port: serial_port below)
+    task: Callable[[list[Any], OnReading, OnError], PortTask]
     # the task's counters, for SerialDriver.stats()
     stats: Callable[[Any], dict[str, Any]]
-    # the simulated device or bus of this kind (drivers.simulator), for tests and the demo
+    # the simulated device or bus of this kind (drivers.simulator, drivers.kernel_sim), for
+    # tests and the demo
     simulator: type
+    # Its sensors are on a serial port (keys port, baudrate, parity, stopbits). A kind that is
+    # not names its device in options["device"], which then stands where the port would:
+    # entries naming one device are checked together like entries sharing a port.
+    serial: bool = True
+
+
+def serial_port(sensor: Any) -> SerialPort:
+    """The port of a serial kind's sensor (the first of those sharing it)."""
+    return SerialPort(sensor.port, sensor.baudrate, parity=sensor.parity,
+                      stopbits=sensor.stopbits)
 
 
 def number(v: Validator, t: dict[str, Any], at: str, key: str, default: float,

@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from cairn.base.config_tools import ConfigError, Validator
-from cairn.drivers.kinds.kind import OnError, OnReading, SensorKind
+from cairn.drivers.kinds.kind import OnError, OnReading, SensorKind, serial_port
 from cairn.drivers.line import MAX_LINE, THS, LineParser, LinePort, LineTarget, RegexFormat
 from cairn.drivers.simulator import SimLineSensor
 
@@ -50,10 +50,10 @@ def check_shared(v: Validator, at: str, sensor: Any, other: Any, k: int) -> None
                           f"{sensor.match_id!r} is already sensors[{k}] on {sensor.port}")
 
 
-def task(port: Any, sensors: list[Any], on_reading: OnReading, on_error: OnError) -> LinePort:
+def task(sensors: list[Any], on_reading: OnReading, on_error: OnError) -> LinePort:
     first = sensors[0]
     fmt = RegexFormat(first.regex) if first.regex is not None else first.format
-    return LinePort(port, LineParser(fmt, first.max_line),
+    return LinePort(serial_port(first), LineParser(fmt, first.max_line),
                     [LineTarget(s.id, s.match_id) for s in sensors], on_reading, on_error)
 
 

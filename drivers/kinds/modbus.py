@@ -8,7 +8,14 @@ import dataclasses
 from typing import Any
 
 from cairn.base.config_tools import ConfigError, Validator, describe
-from cairn.drivers.kinds.kind import OnError, OnReading, SensorKind, int_in, number
+from cairn.drivers.kinds.kind import (
+    OnError,
+    OnReading,
+    SensorKind,
+    int_in,
+    number,
+    serial_port,
+)
 from cairn.drivers.modbus import (
     FUNCTIONS,
     MAX_REGISTERS,
@@ -87,10 +94,10 @@ def stale_margin(options: dict[str, Any]) -> float:
     return (options["retries"] + 1) * options["timeout"]
 
 
-def task(port: Any, sensors: list[Any], on_reading: OnReading, on_error: OnError) -> ModbusBus:
+def task(sensors: list[Any], on_reading: OnReading, on_error: OnError) -> ModbusBus:
     targets = [PollTarget(s.id, s.address, s.function, s.registers, s.interval, s.timeout,
                           s.retries) for s in sensors]
-    return ModbusBus(port, targets, on_reading, on_error)
+    return ModbusBus(serial_port(sensors[0]), targets, on_reading, on_error)
 
 
 def stats(bus: ModbusBus) -> dict[str, Any]:

@@ -89,6 +89,21 @@ id = "line-1"
 kind = "line"
 port = "/dev/ttyUSB1"
 
+[[sensors]]
+id = "hwmon-1"
+kind = "hwmon"
+device = "1-0044"
+
+[[sensors]]
+id = "iio-1"
+kind = "iio"
+device = "1-0076"
+
+[[sensors]]
+id = "w1-1"
+kind = "w1"
+device = "28-0316a2790b6f"
+
 [mqtt]
 broker = "127.0.0.1:1883"
 
@@ -270,14 +285,14 @@ def documented() -> dict[str, list[str]]:
     return reference_sections(REFERENCE.read_text())
 
 
-@pytest.mark.parametrize(("section", "column", "every"), [("sensors", "kind", "both"),
+@pytest.mark.parametrize(("section", "column", "every"), [("sensors", "kind", "all"),
                                                         (NETWORK, "types", "all"),
                                                         ("mqtt.map", "entry", "all")])
 def test_the_reference_says_which_kinds_take_each_key(recorded, section, column, every):
-    """The kind column of [[sensors]] (``both``, ``modbus``, ``line``), the types column of
-    a network profile (``all``, ``ethernet, wifi``...) and the entry column of [[mqtt.map]]
-    (``all``, ``filter``, ``tasmota, homeassistant``...) say exactly which kinds accept a
-    key."""
+    """The kind column of [[sensors]] (``all``, ``modbus, line``, ``iio``...), the types
+    column of a network profile (``all``, ``ethernet, wifi``...) and the entry column of
+    [[mqtt.map]] (``all``, ``filter``, ``tasmota, homeassistant``...) say exactly which kinds
+    accept a key."""
     kinds = recorded[1][section]
     cells = reference_kinds(REFERENCE.read_text(), section, column)
     assert cells, f"no {column!r} column under the heading of {section} in {REFERENCE.name}"

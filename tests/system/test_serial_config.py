@@ -1,5 +1,5 @@
-"""[[sensors]] validation: defaults, and every mistake named by file, dotted key and
-problem; plus ``cairn sensor`` exit codes."""
+"""[[sensors]] validation, the serial kinds' and the kernel kinds': defaults, and every mistake
+named by file, dotted key and problem; plus ``cairn sensor`` exit codes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from cairn.gateway.core.config import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 MODBUS = '[[sensors]]\nid = "gh1"\nkind = "modbus"\nport = "/dev/ttyUSB0"\n'
 LINE = '[[sensors]]\nid = "shed"\nkind = "line"\nport = "/dev/ttyAMA0"\n'
+IIO = '[[sensors]]\nid = "porch"\nkind = "iio"\ndevice = "1-0076"\n'
+HWMON = '[[sensors]]\nid = "cellar"\nkind = "hwmon"\ndevice = "1-0044"\n'
+W1 = '[[sensors]]\nid = "tank"\nkind = "w1"\ndevice = "28-0316a2790b6f"\n'
 
 
 def parsed(text: str):
@@ -68,6 +71,30 @@ def test_regex_sets_the_format_and_its_groups_are_the_fields():
     assert s.format == "regex" and s.fields == ("temperature",)
 
 
+def test_a_kernel_sensor_needs_only_its_device_and_gets_defaults():
+    (s,) = parsed(IIO).sensors
+    assert (s.device, s.sysfs, s.chip, s.channels) == ("1-0076", "/sys", None, None)
+    assert (s.interval, s.timeout, s.retries, s.heartbeat) == (10.0, 2.0, 2, 60.0)
+    assert s.fields == ("temperature", "humidity", "pressure")
+    # three missed readings, then every try timing out with 2 s between tries
+    assert s.stale_after == 3 * 10 + 3 * 2.0 + 2 * 2.0
+
+
+def test_a_kernel_sensor_s_device_stands_where_a_port_would():
+    (s,) = parsed(W1).sensors
+    assert s.port == "28-0316a2790b6f"
+
+
+def test_a_hwmon_sensor_reads_temperature_and_humidity_by_default():
+    assert parsed(HWMON).sensors[0].fields == ("temperature", "humidity")
+
+
+def test_configured_channels_are_the_fields_and_take_their_deadbands():
+    (s,) = parsed(HWMON + 'channels = { board = "temp1", remote = "temp2" }\n'
+                          'deadband = { remote = 0.5 }\n').sensors
+    assert s.fields == ("board", "remote") and s.deadband == {"remote": 0.5}
+
+
 def test_the_same_file_as_the_router_is_accepted(tmp_path):
     path = tmp_path / "cairn.toml"
     path.write_text('[router]\nlisten = "127.0.0.1:8080"\n[[realms]]\nname = "realm1"\n'
@@ -79,7 +106,7 @@ MISTAKES = [
     ("", "sensors", "no [[sensors]]"),
     ("[[sensor]]\nid = 'x'\n", "sensor", "unknown key"),
     (MODBUS.replace('kind = "modbus"\n', ""), "sensors[0].kind", "missing"),
-    (MODBUS.replace('"modbus"', '"zigbee"'), "sensors[0].kind", "modbus or line"),
+    (MODBUS.replace('"modbus"', '"zigbee"'), "sensors[0].kind", "modbus, line, hwmon, iio or w1"),
     (MODBUS.replace('id = "gh1"\n', ""), "sensors[0].id", "missing"),
     (MODBUS.replace('"gh1"', '"green house"'), "sensors[0].id", "cannot be part of a topic"),
     (MODBUS.replace('port = "/dev/ttyUSB0"\n', ""), "sensors[0].port", "missing"),
@@ -118,6 +145,33 @@ MISTAKES = [
     (MODBUS + LINE.replace("ttyAMA0", "ttyUSB0"), "sensors[1].port", "already a modbus port"),
     (LINE + LINE.replace("shed", "barn"), "sensors[1].match_id", "several line sensors"),
     ('[driver]\nrouter = "http://x"\n' + MODBUS, "driver.router", "expected ws://"),
+    # the kernel kinds
+    (IIO.replace('device = "1-0076"\n', ""), "sensors[0].device", "missing"),
+    (IIO.replace("1-0076", "iio:device0"), "sensors[0].device", "hands out again"),
+    (HWMON.replace("1-0044", "hwmon2"), "sensors[0].device", "hands out again"),
+    (IIO.replace("1-0076", "/sys/bus/i2c/devices/1-0076"), "sensors[0].device", "a path"),
+    (W1.replace("28-0316a2790b6f", "1-0076"), "sensors[0].device", "not its 1-Wire id"),
+    (W1.replace("28-0316a2790b6f", "w1_bus_master1"), "sensors[0].device", "hands out"),
+    (IIO + 'port = "/dev/ttyUSB0"\n', "sensors[0].port", "unknown key"),
+    (IIO + "baudrate = 9600\n", "sensors[0].baudrate", "unknown key"),
+    (W1 + 'chip = "ds18b20"\n', "sensors[0].chip", "unknown key"),
+    (W1 + 'channels = { t = "temperature" }\n', "sensors[0].channels", "unknown key"),
+    (IIO.replace("1-0076", "dht11@0") + 'chip = "dht11"\n', "sensors[0].chip", "1-0076"),
+    (IIO + 'chip = "bme280 0x76"\n', "sensors[0].chip", "not a chip name"),
+    (IIO + 'channels = { temperature = "temp1" }\n', "sensors[0].channels.temperature",
+     "not one of the iio channels"),
+    (HWMON + 'channels = { temperature = "temp1_input" }\n',
+     "sensors[0].channels.temperature", "not its file: 'temp1'"),
+    (HWMON + "channels = { temperature = 1 }\n", "sensors[0].channels.temperature",
+     "expected a channel"),
+    (HWMON + 'channels = { topic = "temp1" }\n', "sensors[0].channels.topic", "field name"),
+    (HWMON + "channels = {}\n", "sensors[0].channels", "empty"),
+    (HWMON + "deadband = { pressure = 1 }\n", "sensors[0].deadband.pressure", "no such field"),
+    (HWMON + "retries = 11\n", "sensors[0].retries", "0..10"),
+    (HWMON + "timeout = 0\n", "sensors[0].timeout", "greater than 0"),
+    (HWMON + 'sysfs = "sys"\n', "sensors[0].sysfs", "absolute path"),
+    (IIO + IIO.replace("porch", "porch-2"), "sensors[1].device", "already sensors[0]"),
+    (HWMON + IIO.replace("1-0076", "1-0044"), "sensors[1].device", "already a hwmon device"),
 ]
 
 

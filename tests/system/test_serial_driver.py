@@ -4,18 +4,17 @@ router process; what a dashboard sees on sensor.<id> and gateway.device.<id>.sta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tomllib
 from itertools import count
 from pathlib import Path
 from typing import Any
 
 import pytest
-from autobahn.wamp.types import SubscribeOptions
 
 from cairn.drivers import serial_config
 from cairn.drivers.serial_driver import SerialDriver
 from cairn.drivers.simulator import Simulator
+from harness.device_events import retained_now, watching
 from harness.process import RouterProcess
 from harness.waiting import until
 from harness.wamp_client import connect
@@ -24,25 +23,6 @@ from tests.system.test_durability import REALM
 pytestmark = pytest.mark.slow
 
 BAUD = 115200
-
-
-class Seen:
-    """Everything a subscriber to ``sensor`` and ``gateway.device`` receives, retained
-    events first."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict, bool]] = []
-
-    def __call__(self, *args, details=None, **kwargs) -> None:
-        self.events.append((details.topic, kwargs, bool(details.retained)))
-
-    def readings(self, device: str) -> list[dict]:
-        return [kw for topic, kw, _ in self.events if topic == f"sensor.{device}"]
-
-    def statuses(self, device: str) -> list[tuple[str, str | None]]:
-        return [(kw["status"], kw["reason"]) for topic, kw, _ in self.events
-                if topic == f"gateway.device.{device}.status"]
-
 
 
 @pytest.fixture
@@ -61,14 +41,8 @@ async def sim(tmp_path):
 
 @pytest.fixture
 async def watch(router):
-    session = await connect(router)
-    seen = Seen()
-    for topic in ("sensor", "gateway.device"):
-        await session.subscribe(seen, topic, options=SubscribeOptions(
-            match="prefix", get_retained=True, details_arg="details"))
-    yield seen
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(session.leave(), 2)
+    async with watching(router) as seen:
+        yield seen
 
 
 class Running:
@@ -115,14 +89,7 @@ async def test_readings_arrive_retained_on_sensor_topics_with_status_ok(router, 
     driver = drivers.start(router, modbus(sim, "md1") + line(sim, "ths"))
     await until(lambda: driver.link.stats.published >= 4, what="readings and statuses")
     # a dashboard that connects now gets the values at once, retained
-    session = await connect(router)
-    seen = Seen()
-    for topic in ("sensor", "gateway.device"):
-        await session.subscribe(seen, topic, options=SubscribeOptions(
-            match="prefix", get_retained=True, details_arg="details"))
-    await session.call("wamp.session.count")  # retained events arrive before this returns
-    retained = {topic: kw for topic, kw, was_retained in seen.events if was_retained}
-    await session.leave()
+    retained = await retained_now(router)
     assert retained["sensor.md1"] == {"temperature": 21.5, "humidity": 48.3}
     assert retained["sensor.ths"] == {"temperature": -2.5, "humidity": 90.0}
     assert retained["gateway.device.md1.status"]["status"] == "ok"
