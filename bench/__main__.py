@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.output.write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"wrote {opts.output}")
     if set(opts.parts) == set(PARTS) and not opts.no_docs:
-        kept = wear.section_of(DOCS.read_text()) if DOCS.exists() else ""  # bench.wear's
+        kept = wear.kept_sections(DOCS.read_text()) if DOCS.exists() else ""  # their own
         DOCS.write_text(report.markdown(summary, rows) + (f"\n{kept}" if kept else ""))
         print(f"wrote {DOCS.relative_to(REPO)}")
     failed = [r for r in rows if r.result == "ERROR"] or summary["errors"]

@@ -455,28 +455,41 @@ def main(argv: list[str] | None = None) -> int:
 # -- the section in docs/benchmarks.md (kept there when python -m bench rewrites the rest) --
 
 DOCS = REPO / "docs" / "benchmarks.md"
-SECTION_START, SECTION_END = "<!-- bench.wear -->", "<!-- /bench.wear -->"
+WEAR = "bench.wear"
+# the benchmarks whose sections python -m bench keeps (each writes its own, by its name)
+KEPT_SECTIONS = (WEAR, "bench.driver_acks")
 
 
-def write_docs_section(section: str) -> None:
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name} -->", f"<!-- /{name} -->"
+
+
+def write_docs_section(section: str, name: str = WEAR) -> None:
     text = DOCS.read_text() if DOCS.exists() else ""
-    DOCS.write_text(replace_section(text, section))
+    DOCS.write_text(replace_section(text, section, name))
 
 
-def replace_section(text: str, section: str) -> str:
-    block = f"{SECTION_START}\n{section.strip()}\n{SECTION_END}\n"
-    if SECTION_START in text:
-        head, _, rest = text.partition(SECTION_START)
-        return head + block + rest.partition(SECTION_END)[2].lstrip("\n")
+def replace_section(text: str, section: str, name: str = WEAR) -> str:
+    start, end = markers(name)
+    block = f"{start}\n{section.strip()}\n{end}\n"
+    if start in text:
+        head, _, rest = text.partition(start)
+        return head + block + rest.partition(end)[2].lstrip("\n")
     return text.rstrip("\n") + "\n\n" + block
 
 
-def section_of(text: str) -> str:
-    """The wear section of a docs file, markers included ('' when there is none)."""
-    if SECTION_START not in text:
+def section_of(text: str, name: str = WEAR) -> str:
+    """The ``name`` section of a docs file, markers included ('' when there is none)."""
+    start, end = markers(name)
+    if start not in text:
         return ""
-    inner = text.partition(SECTION_START)[2].partition(SECTION_END)[0]
-    return f"{SECTION_START}{inner}{SECTION_END}\n"
+    inner = text.partition(start)[2].partition(end)[0]
+    return f"{start}{inner}{end}\n"
+
+
+def kept_sections(text: str) -> str:
+    """The sections of :data:`KEPT_SECTIONS` in ``text``, one after the other."""
+    return "\n".join(filter(None, (section_of(text, name) for name in KEPT_SECTIONS)))
 
 
 def markdown(run: dict[str, Any], before: dict[str, Any] | None) -> str:

@@ -6,7 +6,8 @@ router = "rawsocket+unix:/run/cairn/wamp.sock"  # or ws://127.0.0.1:8080/ws, raw
 realm = "realm1"
 authid = "sensors"        # optional: ticket/wampcra login (else anonymous)
 secret_env = "CAIRN_SENSOR_SECRET"   # or secret / secret_file
-backlog = 1000            # readings kept while the router is away; the oldest go first
+backlog = 1000            # readings kept per device while the router is away; its oldest go
+backlog_total = 10000     # ... and for all devices: then the oldest of the one with the most
 ```
 
 Each driver validates its own sections ([[sensors]], [mqtt]) with the same
@@ -28,7 +29,8 @@ class DriverConfig:
     realm: str = "realm1"
     authid: str | None = None
     secret: str | None = None
-    backlog: int = 1000
+    backlog: int = 1000          # readings waiting, per device (drivers.backlog)
+    backlog_total: int = 10_000  # ... of all devices together
 
 
 def parse_driver(data: dict[str, Any], source: str) -> DriverConfig:
@@ -36,7 +38,7 @@ def parse_driver(data: dict[str, Any], source: str) -> DriverConfig:
     t = v.table(data, "driver")
     at = "driver"
     v.keys(t, at, {"router", "realm", "authid", "secret", "secret_file", "secret_env",
-                   "backlog"})
+                   "backlog", "backlog_total"})
     d = DriverConfig()
     router = v.get(t, at, "router", str, d.router)
     if not router.startswith(("ws://", "wss://", "rawsocket+tcp://", "rawsocket+unix:")):
@@ -45,4 +47,5 @@ def parse_driver(data: dict[str, Any], source: str) -> DriverConfig:
                           f"rawsocket+unix:/path, not {router!r}")
     return DriverConfig(router=router, realm=v.get(t, at, "realm", str, d.realm),
                         authid=v.get(t, at, "authid", str, None), secret=secret(v, t, at),
-                        backlog=v.positive(t, at, "backlog", d.backlog))
+                        backlog=v.positive(t, at, "backlog", d.backlog),
+                        backlog_total=v.positive(t, at, "backlog_total", d.backlog_total))

@@ -307,7 +307,8 @@ class MqttBridge:
         self.driver, self.config = driver, config
         self.stats = BridgeStats()
         self.link = RouterLink(driver.router, driver.realm, authid=driver.authid,
-                               secret=driver.secret, backlog=driver.backlog)
+                               secret=driver.secret, backlog=driver.backlog,
+                               backlog_total=driver.backlog_total)
         self.status = DeviceStatus(_components([config.client_id]), self.link)
         self.client = aiomqtt.Client(
             config.host, config.port, identifier=config.client_id, username=config.username,
@@ -407,7 +408,8 @@ class MqttBridge:
         # as {"value": ...}.
         kwargs = ({f"{k}_" if k in _RESERVED else k: x for k, x in value.items()}
                   if isinstance(value, dict) else {"value": value})
-        self.link.publish(wamp_topic, kwargs, retain=message.retain or rule.retain)
+        self.link.publish(wamp_topic, kwargs, retain=message.retain or rule.retain,
+                          device=mqtt_topic)  # a backlog of its own: drivers.backlog
         self.stats.bridged += 1
         if self.config.forwards:
             self._came_in.setdefault(wamp_topic, deque(maxlen=16)).append((mqtt_topic, kwargs))

@@ -1,11 +1,12 @@
 """What every driver shares: its WAMP session to the router, a bounded backlog, and the
 rules for when a reading is worth publishing.
 
-A driver never blocks on the router. Readings go into a bounded backlog (oldest dropped
-and counted when it is full) that a background task drains in order, each publication
-``retain: true`` + ``acknowledge: true``, so a reading leaves the backlog only once the
-router has stored it. When the router goes away the task reconnects with backoff and
-carries on where it stopped.
+A driver never blocks on the router. Readings go into a backlog bounded per device
+(drivers.backlog: a device's oldest dropped and counted when its share is full) that a
+background task drains in order, each publication ``retain: true`` + ``acknowledge: true``,
+as many in flight as a window that follows the router's pace allows (drivers.in_flight), so a
+reading leaves the backlog only once the router has stored it. When the router goes away the
+task reconnects with backoff and carries on where it stopped.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 from autobahn.asyncio.rawsocket import WampRawSocketClientFactory
 from autobahn.asyncio.wamp import ApplicationSession
 from autobahn.asyncio.websocket import WampWebSocketClientFactory
 from autobahn.wamp import auth, types
 from autobahn.wamp.exception import ApplicationError, TransportLost
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
+
+from cairn.drivers.backlog import Backlog, Publication
+from cairn.drivers.in_flight import InFlightWindow
 
 log = logging.getLogger("cairn.driver")
 
@@ -34,16 +39,6 @@ def reading_topic(device_id: str) -> str:
 
 def status_topic(device_id: str) -> str:
     return f"gateway.device.{device_id}.status"
-
-
-@dataclass(eq=False)
-class Publication:
-    topic: str
-    kwargs: dict[str, Any]
-    retain: bool = True
-    args: list[Any] = field(default_factory=list)
-    in_flight: asyncio.Future | None = None
-    status: bool = False  # a device status: never dropped for room, only superseded
 
 
 class _Session(ApplicationSession):
@@ -114,55 +109,67 @@ async def open_session(url: str, realm: str, authid: str | None = None,
 class LinkStats:
     queued: int = 0
     published: int = 0
-    dropped_full: int = 0      # oldest readings dropped because the backlog was full
+    dropped_full: int = 0      # oldest readings dropped because a backlog bound was reached
     dropped_refused: int = 0   # publications the router refused for good
     reconnects: int = 0
     connected: bool = False
     last_error: str | None = None
+    # dropped_full by device (MAX_DEVICES_COUNTED of them; the rest under OTHER_DEVICES)
+    dropped_by_device: dict[str, int] = field(default_factory=dict)
+
+
+MAX_DEVICES_COUNTED = 1000  # device names kept in LinkStats.dropped_by_device
+OTHER_DEVICES = "(other devices)"
+STORAGE_FAILED = "cairn.error.storage_failed"  # the router's store cannot keep up, or write
 
 
 class RouterLink:
-    """A driver's connection to the router, with a bounded, ordered backlog."""
+    """A driver's connection to the router, with a backlog bounded per device
+    (drivers.backlog) and an in-flight window that follows the router's pace
+    (drivers.in_flight)."""
 
     def __init__(self, url: str, realm: str, *, authid: str | None = None,
-                 secret: str | None = None, backlog: int = 1000,
-                 max_backoff: float = 10.0, window: int = 32) -> None:
+                 secret: str | None = None, backlog: int = 1000, backlog_total: int = 10_000,
+                 max_backoff: float = 10.0, window: InFlightWindow | None = None) -> None:
         self.url, self.realm, self.authid, self.secret = url, realm, authid, secret
-        self.backlog: deque[Publication] = deque()
-        self.backlog_limit = backlog
+        self.backlog = Backlog(per_device=backlog, total=backlog_total)
         self.max_backoff = max_backoff
-        self.window = window  # publications in flight at once
+        self.window = window or InFlightWindow()
         self.stats = LinkStats()
         self._ready = asyncio.Event()
         self._session: _Session | None = None
+        self._logged_drop = -1.0  # when the last drop was logged (monotonic)
 
     def publish(self, topic: str, kwargs: dict[str, Any], retain: bool = True,
-                args: list[Any] | None = None, status: bool = False) -> None:
-        """Queue a publication; never blocks. When the backlog is full the oldest reading
+                args: list[Any] | None = None, status: bool = False,
+                device: str | None = None) -> None:
+        """Queue a publication; never blocks. A reading counts against the backlog of its
+        ``device`` (default: its topic): when that is full, that device's oldest reading
         goes. A ``status`` replaces the same topic's status still waiting, and is never
         dropped for room, so the router always ends up with a device's latest status.
         (autobahn cannot carry kwargs named ``topic`` or ``options``: rename them.)"""
-        pub = Publication(topic, kwargs, retain, list(args or ()), status=status)
-        if status:
-            for i, waiting in enumerate(self.backlog):
-                if waiting.status and waiting.topic == topic and waiting.in_flight is None:
-                    del self.backlog[i]
-                    break
-        elif len(self.backlog) >= self.backlog_limit:
-            self._drop_oldest_reading()
-        self.backlog.append(pub)
+        args = list(args or ())
+        pub = Publication(topic, kwargs, retain, args, status=status, device=device or topic,
+                          size=_wire_size(topic, args, kwargs))
+        for dropped in self.backlog.add(pub):
+            self._count_drop(dropped)
         self.stats.queued += 1
         self._ready.set()
 
-    def _drop_oldest_reading(self) -> None:
-        for i, waiting in enumerate(self.backlog):
-            if not waiting.status:
-                del self.backlog[i]
-                break
-        self.stats.dropped_full += 1
-        if self.stats.dropped_full in (1, 10, 100) or self.stats.dropped_full % 1000 == 0:
-            log.warning("backlog full (%d): %d oldest readings dropped so far",
-                        self.backlog_limit, self.stats.dropped_full)
+    def _count_drop(self, pub: Publication) -> None:
+        stats = self.stats
+        stats.dropped_full += 1
+        counts = stats.dropped_by_device
+        device = pub.device if pub.device in counts or len(counts) < MAX_DEVICES_COUNTED \
+            else OTHER_DEVICES
+        counts[device] = dropped = counts.get(device, 0) + 1
+        now = time.monotonic()
+        # a device's 1st, 10th, 100th and every 1000th drop, a line a second at most
+        if (dropped in (1, 10, 100) or dropped % 1000 == 0) and now - self._logged_drop >= 1:
+            self._logged_drop = now
+            log.warning("backlog full for %s (%d readings a device, %d in all): %d of its "
+                        "oldest dropped so far (%d of all devices)", pub.device,
+                        self.backlog.per_device, self.backlog.total, dropped, stats.dropped_full)
 
     async def run(self) -> None:
         """Connect, drain, and reconnect with backoff, forever."""
@@ -189,70 +196,101 @@ class RouterLink:
         self.stats.last_error = error
 
     async def _drain(self, session: _Session) -> None:
-        """Publish the backlog in order with up to ``window`` publications in flight; each
+        """Publish the backlog in order, as many in flight as the window allows; each
         leaves the backlog once the router acknowledged it (stored it durably)."""
         in_flight: deque[Publication] = deque()
         try:
             while not session.gone.done():
+                self._ready.clear()
                 self._fill(session, in_flight)
-                if not in_flight:
-                    self._ready.clear()
-                    waiter = asyncio.ensure_future(self._ready.wait())
-                    await asyncio.wait([waiter, session.gone],
-                                       return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    continue
-                item = in_flight[0]
-                await asyncio.wait([item.in_flight, session.gone],
-                                   return_when=asyncio.FIRST_COMPLETED)
-                if not item.in_flight.done():
-                    break  # the session is gone
-                in_flight.popleft()
-                try:
-                    item.in_flight.result()
-                except ApplicationError as e:
-                    if session.gone.done() or e.error.startswith("wamp.close."):
-                        item.in_flight = None  # the session ended under it: send it again
-                        self._note_down(f"lost the router: {e.error}")
-                        break
-                    # Not retried: a later, newer reading must not be overtaken by this one.
-                    log.error("the router did not take %s: %s %s; dropping it", item.topic,
-                              e.error, e.args[0] if e.args else "")
-                    self.stats.dropped_refused += 1
-                except (TransportLost, ConnectionError) as e:
-                    self._note_down(f"lost the router: {e}")
-                    item.in_flight = None
+                await self._next_event(session, in_flight)
+                if not self._take_answers(session, in_flight):
                     break
-                else:
-                    self.stats.published += 1
-                if item in self.backlog and self.backlog[0] is item:
-                    self.backlog.popleft()
-                elif item in self.backlog:
-                    self.backlog.remove(item)
         finally:
             for item in in_flight:  # not acknowledged: send again after reconnecting
                 if item.in_flight is not None:
                     item.in_flight.cancel()
                 item.in_flight = None
+                self.window.answered(item.size)
+            for dropped in self.backlog.put_back(in_flight):
+                self._count_drop(dropped)
         self._note_down("lost the router")
 
     def _fill(self, session: _Session, in_flight: deque[Publication]) -> None:
-        if len(in_flight) >= self.window:
-            return
-        for item in self.backlog:
-            if item.in_flight is not None:
-                continue
+        while (item := self.backlog.next()) is not None:
+            if not self.window.has_room(item.size):
+                return
+            self.backlog.take()
+            self.window.sent(item.size)
             item.in_flight = asyncio.ensure_future(session.publish(
                 item.topic, *item.args, **item.kwargs,
                 options=types.PublishOptions(retain=item.retain, acknowledge=True)))
             in_flight.append(item)
-            if len(in_flight) >= self.window:
-                return
+        self.window.caught_up()
+
+    async def _next_event(self, session: _Session, in_flight: deque[Publication]) -> None:
+        """Until the oldest in flight is answered, the session ends, or (while the window
+        has room) a new publication is queued."""
+        waits = [session.gone]
+        if in_flight:
+            waits.append(in_flight[0].in_flight)
+        ready = None
+        if not self.window.held_back:
+            ready = asyncio.ensure_future(self._ready.wait())
+            waits.append(ready)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if ready is not None:
+                ready.cancel()
+
+    def _take_answers(self, session: _Session, in_flight: deque[Publication]) -> bool:
+        """Every answer that came, oldest first (a group commit answers many at once);
+        False once the session is gone."""
+        while in_flight and in_flight[0].in_flight.done():
+            if not self._answered(session, in_flight[0]):
+                return False
+            in_flight.popleft()
+        return not session.gone.done()
+
+    def _answered(self, session: _Session, item: Publication) -> bool:
+        """The router's answer to ``item``; False when the session ended under it (it is
+        sent again after reconnecting)."""
+        try:
+            item.in_flight.result()
+        except ApplicationError as e:
+            if session.gone.done() or e.error.startswith("wamp.close."):
+                self._note_down(f"lost the router: {e.error}")
+                return False
+            # Not retried: a later, newer reading must not be overtaken by this one.
+            log.error("the router did not take %s: %s %s; dropping it", item.topic,
+                      e.error, e.args[0] if e.args else "")
+            self.stats.dropped_refused += 1
+            self.window.answered(item.size)
+            if e.error == STORAGE_FAILED:
+                self.window.congested()
+        except (TransportLost, ConnectionError) as e:
+            self._note_down(f"lost the router: {e}")
+            return False
+        else:
+            self.stats.published += 1
+            self.window.acknowledged(item.size)
+        item.in_flight = None
+        self.backlog.done(item)
+        return True
 
     async def close(self) -> None:
         if self._session is not None and self._session.is_attached():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._session.leave(), 2)
+
+
+def _wire_size(topic: str, args: list[Any], kwargs: dict[str, Any]) -> int:
+    """About the bytes of the PUBLISH (msgpack, as on the Unix socket)."""
+    try:
+        return len(topic) + len(msgpack.packb([args, kwargs], default=str)) + 16
+    except (TypeError, ValueError, OverflowError):  # the serializer will say what is wrong
+        return len(topic) + len(repr((args, kwargs)))
 
 
 @dataclass
@@ -323,7 +361,8 @@ class Device:
         self.last_reading = time.monotonic()
         self.status.set("ok")
         if self.change.should_publish(values):
-            self.link.publish(reading_topic(self.device_id), {**values, **(extra or {})})
+            self.link.publish(reading_topic(self.device_id), {**values, **(extra or {})},
+                              device=self.device_id)
 
     def error(self, reason: str) -> None:
         self.status.set("error", reason)

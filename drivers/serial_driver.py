@@ -51,7 +51,7 @@ class SerialDriver:
         self.config = config
         d = config.driver
         self.link = link or RouterLink(d.router, d.realm, authid=d.authid, secret=d.secret,
-                                       backlog=d.backlog)
+                                       backlog=d.backlog, backlog_total=d.backlog_total)
         self.stale_check = stale_check
         self.drain_timeout = drain_timeout
         self.devices: dict[str, Device] = {}

@@ -242,3 +242,16 @@ async def retained_values(session: Any, prefix: str = "sensor") -> dict[str, Any
     # retained events precede anything live on the same session: a round trip settles them
     await session.call("wamp.session.count")
     return got
+
+
+async def all_history(session: Any, sub_id: int, **filters: Any) -> list[dict[str, Any]]:
+    """Every event ``wamp.subscription.get_events`` has for ``sub_id`` (and ``filters``, such
+    as ``topic``), oldest first, page after page."""
+    events: list[dict[str, Any]] = []
+    kwargs: dict[str, Any] = {"limit": 1000, **filters}
+    while True:
+        result = await session.call("wamp.subscription.get_events", sub_id, **kwargs)
+        events += result.results[0]
+        if not result.kwresults["is_limit_reached"]:
+            return events
+        kwargs["after_publication"] = result.results[0][-1]["publication"]

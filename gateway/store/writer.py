@@ -6,12 +6,14 @@ commit and returns a future that resolves once the transaction holding it is com
 ``synchronous=FULL`` (fsync). The commit loop (gateway.store.commit) commits the whole
 pending batch at the earliest deadline of its items: at once for an acknowledged publish
 on a rule without a commit window, after the rule's ``commit_window`` on one with,
-:attr:`Store.flush_interval` for the rest; whatever arrives while one commit runs goes into
-the next: group commit. Fewer commits are the biggest lever on the card's wear (each one
-writes the pages it dirtied, the WAL frame headers and a file-system flush). One thread
-owns the writing connection and each commit is a single call into it (rows built, inserted
-and committed there), so a commit costs the event loop one thread round trip however many
-rows it holds. Reads use a second connection (aiosqlite) and never block writes.
+:attr:`Store.flush_interval` for the rest, and at once when the batch is full (a few hundred
+rows: waiting longer would save the card little and hold the publishers back); whatever
+arrives while one commit runs goes into the next: group commit. Fewer commits are the
+biggest lever on the card's wear (each one writes the pages it dirtied, the WAL frame
+headers and a file-system flush). One thread owns the writing connection and each commit
+is a single call into it (rows built, inserted and committed there), so a commit costs the
+event loop one thread round trip however many rows it holds. Reads use a second connection
+(aiosqlite) and never block writes.
 
 Ordering is always by ``seq``, a strictly increasing number assigned on receipt. At start-up
 the next seq follows the highest of the stored rows, the gap records and ``highest_seq`` in
@@ -186,8 +188,7 @@ class StoreWriter:
                                                   f"({self.queued_bytes} bytes wait for a commit)")
         self.queued_bytes += size
         self.next_seq = max(self.next_seq, pub.seq + 1)  # the highest handed out, plus one
-        self.commits.pending.publications.append(pub)
-        self.commits.within(self.flush_interval if within is None else within)
+        self.commits.add(pub, size, self.flush_interval if within is None else within)
         return self.commits.waiter()
 
     @property
@@ -283,7 +284,9 @@ class StoreWriter:
             again = [dataclasses.replace(p, history_rule=None) for p in batch.publications
                      if p.retain]
             self.commits.pending.publications.extend(again)
-            self.queued_bytes += sum(p.size for p in again)
+            retried = sum(p.size for p in again)
+            self.commits.pending.size += retried
+            self.queued_bytes += retried
         self.commits.pending.subscriptions.extend(batch.subscriptions)
         self.commits.pending.forgotten.extend(batch.forgotten)
         forgotten = self.commits.pending.forgotten_slots

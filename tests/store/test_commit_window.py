@@ -1,6 +1,7 @@
 """Commit windows (``commit_window`` on a history rule): publications on the rule wait up to
 that long for a group commit, so a busy sensor topic costs the card a commit per window
-instead of one per reading; a rule without one commits an acknowledged publish at once.
+instead of one per reading; a rule without one commits an acknowledged publish at once, and
+a batch that is full (rows or bytes) commits at once too.
 Real router, real sockets, and the SQLite file read from outside the router."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 from autobahn.wamp.types import PublishOptions
 
 from cairn.gateway.core.config import HEALTH_TOPIC
+from cairn.gateway.store.commit import CommitLoop
 from harness.config import history_rule, permission, realm, role, router_table
 from harness.wamp_client import Client
 from tests.system.test_retention import Cairn
@@ -95,3 +97,31 @@ async def test_stopping_the_router_commits_what_waits_in_a_window(cairn, tmp_pat
     assert stored_topics(tmp_path / "data") == ["sensor.a", "sensor.b"]
     with contextlib.suppress(Exception):  # acknowledged or told the router went away
         await asyncio.wait_for(waiting, 5)
+
+
+# -- a window is a bound on delay, not a wait (gateway.store.commit) ----------------------
+
+
+async def test_a_full_batch_is_committed_before_its_window_ends(cairn, tmp_path):
+    session = await cairn.connect()
+    published = [publish(session, f"sensor.s{n % 10}") for n in range(CommitLoop.full_rows)]
+    await asyncio.wait_for(asyncio.gather(*published), 20)  # the window is 30 s
+    assert len(stored_topics(tmp_path / "data")) == CommitLoop.full_rows
+
+
+async def test_a_batch_of_many_bytes_is_committed_before_its_window_ends(cairn, tmp_path):
+    session = await cairn.connect()
+    big = "x" * 4096
+    count = -(-CommitLoop.full_bytes // len(big))  # the last one fills the batch
+    published = [asyncio.ensure_future(session.publish("sensor.camera", big, options=ACKED))
+                 for _ in range(count)]
+    await asyncio.wait_for(asyncio.gather(*published), 20)  # the window is 30 s
+    assert stored_topics(tmp_path / "data") == ["sensor.camera"] * count
+
+
+async def test_a_batch_short_of_full_waits_for_its_window(cairn, tmp_path):
+    session = await cairn.connect()
+    published = [publish(session, "sensor.a") for _ in range(CommitLoop.full_rows // 2)]
+    await asyncio.sleep(1)
+    assert not any(p.done() for p in published)
+    assert stored_topics(tmp_path / "data") == []

@@ -255,3 +255,12 @@ def test_the_wear_section_of_the_docs_is_replaced_and_kept():
     twice = bench_wear.replace_section(once, "second run")
     assert twice.startswith(docs) and "second run" in twice and "first run" not in twice
     assert bench_wear.section_of(twice) in twice and "second run" in bench_wear.section_of(twice)
+
+
+def test_a_full_bench_run_keeps_the_wear_and_driver_acks_sections():
+    from bench import wear as bench_wear
+
+    docs = bench_wear.replace_section("# Benchmarks\n", "wear figures")
+    docs = bench_wear.replace_section(docs, "acks figures", "bench.driver_acks")
+    kept = bench_wear.kept_sections(docs)
+    assert "wear figures" in kept and "acks figures" in kept and "# Benchmarks" not in kept

@@ -26,8 +26,10 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 from cairn.drivers import mqtt_cli
 from cairn.drivers.mqtt_bridge import MapRule, MqttBridge, load
 from cairn.drivers.runtime import open_session
+from harness.config import history_rule, open_realm
 from harness.process import ROOT, RouterProcess, free_port, wait_for_ports
 from harness.waiting import until
+from harness.wamp_client import all_history
 from tests.system.test_durability import REALM
 
 
@@ -77,9 +79,10 @@ def router(tmp_path_factory):
 
 @contextlib.asynccontextmanager
 async def running_bridge(router: RouterProcess, broker: Mosquitto, client_id: str,
-                         body: str) -> AsyncIterator[MqttBridge]:
-    """The bridge in this process, once connected to both sides."""
-    data = tomllib.loads(f'[driver]\nrouter = "{router.ws_url}"\n[mqtt]\n'
+                         body: str, driver: str = "") -> AsyncIterator[MqttBridge]:
+    """The bridge in this process, once connected to both sides; ``driver``: more keys of
+    its [driver] table."""
+    data = tomllib.loads(f'[driver]\nrouter = "{router.ws_url}"\n{driver}[mqtt]\n'
                          f'broker = "127.0.0.1:{broker.port}"\nclient_id = "{client_id}"\n{body}')
     bridge = MqttBridge(*load(data, "test.toml"))
     task = asyncio.create_task(bridge.run())
@@ -345,6 +348,68 @@ async def test_bridge_reconnects_after_the_router_restarts(router, broker):
         publisher.publish("rtr.out", n=2)
         assert [m.payload for m in await mqtt_messages(mqtt, 1)] == [b'{"n":2}']
         await publisher.leave()
+
+
+# -- a backlog no single source can take (drivers.backlog) --------------------------------
+
+async def history(router: RouterProcess, topic: str) -> list[dict]:
+    """The kwargs of ``topic``'s events in history, oldest first."""
+    session = await open_session(router.ws_url, "realm1")
+    sub = await session.call("wamp.subscription.lookup", "sensor", {"match": "prefix"})
+    events = await all_history(session, sub, topic=topic)
+    await session.leave()
+    return [e["kwargs"] for e in events]
+
+
+async def publish_beside_a_flood(mqtt: aiomqtt.Client, prefix: str, flood: int,
+                                 every: int) -> list[dict]:
+    """``flood`` messages on ``prefix/noisy`` with one on ``prefix/sensor`` every ``every``
+    of them; returns what the sensor sent."""
+    sensor = []
+    for n in range(flood):
+        await mqtt.publish(f"{prefix}/noisy", b'{"n": %d}' % n, qos=1)
+        if n % every == 0:
+            sensor.append({"n": n})
+            await mqtt.publish(f"{prefix}/sensor", b'{"n": %d}' % n, qos=1)
+    return sensor
+
+
+async def test_while_the_router_is_away_a_noisy_publisher_drops_only_its_own_oldest(
+        router, broker, caplog):
+    body = '[[mqtt.map]]\nfilter = "share/+"\ntopic = "sensor.share.{1}"\n'
+    async with running_bridge(router, broker, "share", body, "backlog = 20\n") as bridge, \
+            mqtt_client(broker) as mqtt:
+        router.stop()
+        sent = await publish_beside_a_flood(mqtt, "share", flood=500, every=25)
+        await until(lambda: bridge.stats.bridged == 500 + len(sent))
+        router.start()
+        await until(lambda: bridge.link.stats.connected and not bridge.link.backlog)
+    assert bridge.link.stats.dropped_by_device == {"share/noisy": 480}
+    assert await history(router, "sensor.share.sensor") == sent
+    assert await history(router, "sensor.share.noisy") == [{"n": n} for n in range(480, 500)]
+    assert "backlog full for share/noisy" in caplog.text
+
+
+@pytest.fixture
+def windowed_router(tmp_path):
+    """A router whose sensor history waits for 5 s commit windows, as on the image."""
+    realm = open_realm(history=[history_rule("sensor", commit_window="5s")])
+    process = RouterProcess(tmp_path, realm).start()
+    yield process
+    process.stop()
+
+
+async def test_a_flood_beside_a_real_sensor_through_commit_windows_keeps_every_reading(
+        windowed_router, broker):
+    body = '[[mqtt.map]]\nfilter = "lan/+"\ntopic = "sensor.lan.{1}"\n'
+    async with running_bridge(windowed_router, broker, "lan", body) as bridge, \
+            mqtt_client(broker) as mqtt:
+        sent = await publish_beside_a_flood(mqtt, "lan", flood=3000, every=100)
+        await until(lambda: bridge.stats.bridged == 3000 + len(sent), timeout=60)
+        await until(lambda: not bridge.link.backlog, timeout=60,
+                    what="the bridge to deliver what it took in")
+    assert "lan/sensor" not in bridge.link.stats.dropped_by_device
+    assert await history(windowed_router, "sensor.lan.sensor") == sent
 
 
 # -- configuration -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from cairn.drivers.simulator import Simulator
 from harness.device_events import retained_now, watching
 from harness.process import RouterProcess
 from harness.waiting import until
-from harness.wamp_client import connect
+from harness.wamp_client import all_history, connect
 from tests.system.test_durability import REALM
 
 pytestmark = pytest.mark.slow
@@ -234,13 +234,7 @@ def record_queued(driver: SerialDriver, device: str) -> list[int]:
 async def history_tenths(router: RouterProcess, device: str) -> list[int]:
     session = await connect(router)
     sub = await session.call("wamp.subscription.lookup", "sensor", {"match": "prefix"})
-    events, kwargs = [], {"limit": 1000}
-    while True:
-        result = await session.call("wamp.subscription.get_events", sub, **kwargs)
-        events += result.results[0]
-        if not result.kwresults["is_limit_reached"]:
-            break
-        kwargs["after_publication"] = result.results[0][-1]["publication"]
+    events = await all_history(session, sub)
     await session.leave()
     return [round(e["kwargs"]["temperature"] * 10) for e in events
             if e["details"]["topic"] == f"sensor.{device}"]
@@ -293,6 +287,18 @@ async def test_a_long_outage_drops_only_the_oldest_readings_beyond_the_backlog(r
     assert stats.dropped_refused <= IN_FLIGHT
     # what was dropped is the oldest waiting readings: after the gap, the newest are there
     assert max(missing) < max(got) - 3
+
+
+async def test_during_an_outage_a_fast_sensor_drops_only_its_own_oldest_readings(router, sim,
+                                                                                 drivers):
+    counter_source(sim)
+    driver = drivers.start(router, modbus(sim, "slow", interval=2, deadband=0) +
+                           line(sim, "fast", deadband=0, heartbeat=0.01), backlog=10)
+    queued = record_queued(driver, "slow")
+    await restart_router(router, driver, down=1.0)
+    await drivers.stop()
+    assert set(driver.link.stats.dropped_by_device) == {"fast"}
+    assert set(queued) <= set(await history_tenths(router, "slow"))
 
 
 # --- the command line ---------------------------------------------------------------------
