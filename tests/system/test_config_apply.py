@@ -32,6 +32,9 @@ from harness.wamp_client import connect
 
 COMMAND = [sys.executable, "-m", "cairn.app.cli"]
 ADMIN_SECRET = "admin-ticket-0123456789"
+VIEWER_SECRET = "viewer-ticket-0123456789"
+READER_SECRET = "reader-ticket-0123456789"
+GET = "cairn.admin.config.get"
 
 
 def realm(extra_roles: str = "", anonymous: bool = True) -> str:
@@ -44,7 +47,7 @@ def realm(extra_roles: str = "", anonymous: bool = True) -> str:
             + role("viewer", permission("", ["call", "subscribe"]))
             + extra_roles
             + user("admin", "admin", secret=ADMIN_SECRET)
-            + user("viewer", "viewer", secret="viewer-ticket-0123456789"))
+            + user("viewer", "viewer", secret=VIEWER_SECRET))
 
 
 def config_text(tmp_path: Path, port: int, rawsocket: tuple[str, ...] = (),
@@ -480,22 +483,32 @@ def test_a_new_gateway_id_restarts_the_update_pull_too():
 # -- over WAMP --------------------------------------------------------------------------------
 
 
+def shown(text: str) -> str:
+    """``text`` as cairn.admin.config.get shows it: the users' secrets redacted."""
+    for secret in (ADMIN_SECRET, VIEWER_SECRET, READER_SECRET):
+        text = text.replace(f'"{secret}"', '"<redacted>"')
+    return text
+
+
 async def test_admin_gets_and_applies_over_wamp_and_the_pending_request_is_carried_out(good):
-    new_text = good.text + role("operator", permission("app.", ["call"]))
+    operator = role("operator", permission("app.", ["call"]))
     async with Supervised(good.file, good.port) as router:
         session = await admin(router.address)
         got = await session.call("cairn.admin.config.get")
-        assert (got["text"], got["running"], got["file"]) == (good.text, "file", str(good.file))
-        answer = await session.call("cairn.admin.config.apply", new_text)
+        assert (got["text"], got["running"], got["file"]) == \
+            (shown(good.text), "file", str(good.file))
+        answer = await session.call("cairn.admin.config.apply", got["text"] + operator)
         assert answer == {"request": 1, "state": "pending", "action": "reload"}
         queue = good.file.parent / "data" / "config-requests" / "queue"
-        assert json.loads((queue / "0001.json").read_text())["text"] == new_text
+        # the secrets get did not show are the file's, as they were
+        assert json.loads((queue / "0001.json").read_text())["text"] == good.text + operator
         assert good.file.read_text() == good.text  # the router does not write the config
         result = await asyncio.to_thread(config_cmd, good.file, "apply", "--pending")
         assert result.returncode == 0, result.stderr
         got = await session.call("cairn.admin.config.get")
         await session.leave()
-    assert got["text"] == new_text and got["requests"] == []
+    assert good.file.read_text() == good.text + operator
+    assert got["text"] == shown(good.text + operator) and got["requests"] == []
     change = got["changes"][0]
     assert (change["state"], change["request"], change["by"]) == \
         ("good", 1, "root for admin@realm1 over WAMP")
@@ -524,6 +537,36 @@ async def test_a_bad_sync_section_over_wamp_is_refused_naming_its_key(good):
     assert not (good.file.parent / "data" / "config-requests").exists()
 
 
+async def test_a_role_granted_only_get_reads_the_file_without_any_secret(tmp_path):
+    port, file = free_port(), tmp_path / "cairn.toml"
+    reader = role("reader", permission(GET, ["call"], match="exact")) + \
+        user("reader", "reader", secret=READER_SECRET)
+    file.write_text(config_text(tmp_path, port, extra_roles=reader))
+    async with Supervised(file, port) as router:
+        session = await connect(router.address, authmethods=["ticket"], authid="reader",
+                                secret=READER_SECRET)
+        got = await session.call(GET)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", got["text"])
+        await session.leave()
+    assert got["text"] == shown(file.read_text())
+    assert not [s for s in (ADMIN_SECRET, VIEWER_SECRET, READER_SECRET) if s in got["text"]]
+    assert refused.value.error == "wamp.error.not_authorized"
+
+
+async def test_a_redacted_secret_the_file_does_not_have_is_refused_naming_its_key(good):
+    newcomer = user("newcomer", "viewer", secret="<redacted>")
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        got = await session.call(GET)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", got["text"] + newcomer)
+        await session.leave()
+    assert refused.value.error == "cairn.error.invalid_config"
+    assert refused.value.kwargs["key"] == "realms[0].users[2].secret"
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
 @pytest.mark.parametrize("who", ["anonymous", "viewer"])
 async def test_sessions_without_an_admin_permission_are_refused(good, who):
     async with Supervised(good.file, good.port) as router:
@@ -531,7 +574,7 @@ async def test_sessions_without_an_admin_permission_are_refused(good, who):
             session = await connect(router.address)
         else:
             session = await connect(router.address, authmethods=["ticket"], authid="viewer",
-                                    secret="viewer-ticket-0123456789")
+                                    secret=VIEWER_SECRET)
         for procedure, args in (("cairn.admin.config.get", ()),
                                 ("cairn.admin.config.apply", (good.text,))):
             with pytest.raises(ApplicationError) as refused:
