@@ -25,7 +25,14 @@ from autobahn.wamp.types import SubscribeOptions
 
 from cairn.app.config_cli import Step, Systemd, component_steps
 from cairn.gateway.core.config import HEALTH_TOPIC
-from cairn.gateway.ops.config_history import KEEP, Change, History, read_running, write_request
+from cairn.gateway.ops.config_history import (
+    KEEP,
+    Change,
+    History,
+    RunningConfig,
+    read_running,
+    write_request,
+)
 from harness.config import EVERYTHING, permission, role, router_table, user
 from harness.process import RouterProcess, free_port
 from harness.wamp_client import connect
@@ -712,3 +719,50 @@ def test_a_router_state_that_is_a_link_is_not_read(good, tmp_path):
     (data / "config-state.json").unlink()
     real.rename(data / "config-state.json")
     assert read_running(data).pid == os.getpid()
+
+
+# -- whom --service signal signals -------------------------------------------------------------
+
+STRANGERS = {  # processes a config-state.json may name that are not the file's router
+    "another-program": ["sleep", "60"],
+    "python-but-not-cairn": [sys.executable, "-c", "import time; time.sleep(60)", "router",
+                             "--config", "{file}"],
+    # (a stand-in cairn.app.cli that sleeps: the command line is a router's)
+    "the-router-of-another-file": [sys.executable, "-m", "cairn.app.cli", "router", "--config",
+                                   "other.toml"],
+}
+REFUSALS = {"another-program": "its program is", "python-but-not-cairn": "it is not cairn router",
+            "the-router-of-another-file": "it is the router of other.toml, not of"}
+
+
+def sleeping_cairn(folder: Path) -> dict[str, str]:
+    """An environment whose ``python -m cairn.app.cli`` only sleeps."""
+    for package in ("cairn", "cairn/app"):
+        (folder / package).mkdir(parents=True, exist_ok=True)
+        (folder / package / "__init__.py").write_text("")
+    (folder / "cairn/app/cli.py").write_text("import time\ntime.sleep(60)\n")
+    return {**os.environ, "PYTHONPATH": str(folder)}
+
+
+@pytest.mark.parametrize("stranger", STRANGERS)
+def test_signal_mode_signals_only_the_router_of_the_file(good, tmp_path, stranger):
+    """What the router's user wrote as its pid is a claim: root checks the process first."""
+    command = [arg.format(file=good.file) for arg in STRANGERS[stranger]]
+    process = subprocess.Popen(command, cwd=tmp_path, env=sleeping_cairn(tmp_path / "fake"))
+    try:
+        data = good.file.parent / "data"
+        data.mkdir(exist_ok=True)
+        RunningConfig(str(good.file), pid=process.pid).save(data)
+        new = tmp_path / "new.toml"
+        new.write_text(good.text + role("operator", permission("app.", ["call"])))
+        result = config_cmd(good.file, "apply", str(new))
+        alive = process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+    assert alive, "root signalled a process that is not the router"
+    assert result.returncode == 1
+    assert f"SIGHUP not sent to pid {process.pid}" in result.stderr
+    assert REFUSALS[stranger] in result.stderr
+    assert History(good.file).changes()[0].state == "rolled_back"
+    assert good.file.read_text() == good.text
