@@ -7,6 +7,7 @@ import pytest
 
 from cairn.base.config_secrets import REDACTED, Unredactable, redact, restore
 from cairn.base.config_tools import ConfigError
+from harness.config import user
 
 SECRETS = ("admin-ticket-0123456789", "pump-ticket-9876543210", "sync-token-abcdef",
            "sync-pass-word", "update-token-xyz", "mqtt-pass", "s3-secret-key")
@@ -21,7 +22,7 @@ password = 'mqtt-pass'
 
 [sync]
 sink = "https://central.example/landing"
-token = "sync-token-abcdef"
+token = "sync-token-abcdef"   # rotated yearly
 password = \"\"\"sync-pass-word\"\"\"
 secret_access_key = "s3-secret-key"
 
@@ -31,22 +32,9 @@ token="update-token-xyz"
 
 [[realms]]
 name = "realm1"
-
-  [[realms.users]]
-  authid = "admin"
-  role = "admin"
-  secret = "admin-ticket-0123456789"   # rotate yearly
-
-  [[realms.users]]
-  authid = "pump"
-  role = "device"
-  secret = "pump-ticket-9876543210"
-
-  [[realms.users]]
-  authid = "observer"
-  role = "device"
-  secret_file = "/etc/cairn/secrets/observer"
-"""
+""" + user("admin", "admin", secret="admin-ticket-0123456789") \
+    + user("pump", "device", secret="pump-ticket-9876543210") \
+    + user("observer", "device", secret_file="/etc/cairn/secrets/observer")
 
 
 def test_get_shows_no_inline_secret():
@@ -58,7 +46,7 @@ def test_get_shows_no_inline_secret():
 def test_get_keeps_the_rest_of_the_text_as_written():
     shown = redact(TEXT)
     assert shown.splitlines()[:3] == TEXT.splitlines()[:3]
-    assert f'  secret = "{REDACTED}"   # rotate yearly' in shown
+    assert f'token = "{REDACTED}"   # rotated yearly' in shown
     assert 'secret_file = "/etc/cairn/secrets/observer"' in shown  # a name, not a value
 
 
@@ -81,15 +69,16 @@ def test_a_user_moved_within_its_realm_keeps_its_own_secret():
 
 
 def test_a_secret_written_out_replaces_the_current_one():
-    edited = redact(TEXT).replace(f'secret = "{REDACTED}"   # rotate yearly',
-                                  'secret = "new-admin-ticket-5555"')
+    shown = redact(TEXT)
+    at = shown.index('authid = "admin"')
+    edited = shown[:at] + shown[at:].replace(f'secret = "{REDACTED}"',
+                                             'secret = "new-admin-ticket-5555"', 1)
     restored = restore(edited, TEXT, "cairn.toml")
     assert "new-admin-ticket-5555" in restored and "admin-ticket-0123456789" not in restored
 
 
 def test_the_marker_for_a_secret_the_file_does_not_have_names_its_key():
-    added = redact(TEXT) + f'\n  [[realms.users]]\n  authid = "new"\n  role = "device"\n' \
-                           f'  secret = "{REDACTED}"\n'
+    added = redact(TEXT) + user("new", "device", secret=REDACTED)
     with pytest.raises(ConfigError) as refused:
         restore(added, TEXT, "cairn.toml")
     assert refused.value.key == "realms[0].users[3].secret"
