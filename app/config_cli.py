@@ -151,13 +151,20 @@ class Systemd:
                               capture_output=True, text=True, timeout=60)
 
 
+class NotSignalled(Exception):
+    """The router was not told: the pid it wrote is not a router of this file."""
+
+
 class Signals:
     """A router under another supervisor (a container's, a test's): SIGHUP reloads it,
     SIGTERM stops it for the supervisor to start again. Its pid is the one in its
-    config-state.json."""
+    config-state.json, which the router's user writes: root signals it only when that
+    process is the router of this config file, run by that user (:func:`router_problem`),
+    never whatever the file names."""
 
-    def __init__(self, pid: Callable[[], int | None]) -> None:
-        self.pid = pid
+    def __init__(self, router: Callable[[], tuple[int, Path] | None], file: Path) -> None:
+        self.router = router  # (pid, data directory) of the router that wrote its state
+        self.file = file
 
     def reload(self) -> None:
         self._send(signal.SIGHUP)
@@ -170,10 +177,67 @@ class Signals:
         return f"{unit} to be {DONE[verb]} by its supervisor"
 
     def _send(self, sig: signal.Signals) -> None:
-        pid = self.pid()
-        if pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        found = self.router()
+        if found is None:
+            return
+        pid, data_dir = found
+        problem = router_problem(pid, self.file, {0, _owner(data_dir)})
+        if problem is not None:
+            raise NotSignalled(f"{sig.name} not sent to pid {pid}, named in {data_dir}: "
+                               f"{problem}")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def router_problem(pid: int, file: Path, users: set[int]) -> str | None:
+    """Why process ``pid`` is not the router of config ``file`` run by one of ``users``
+    (None: it is): its program must be this interpreter, running ``cairn ... router
+    --config FILE``. A pid that was reused, or that a compromised router wrote, fails."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        owner, exe = proc.stat().st_uid, os.readlink(proc / "exe")
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+        cwd = os.readlink(proc / "cwd")
+    except OSError as e:
+        return f"cannot look at it: {e.strerror}"
+    if owner not in users:
+        return f"it runs as uid {owner}, not as the router's user"
+    if os.path.realpath(exe) != os.path.realpath(sys.executable):
+        return f"its program is {exe}, not {os.path.realpath(sys.executable)}"
+    args = [a.decode(errors="replace") for a in argv if a]
+    config = _router_config(args)
+    if config is None:
+        return f"it is not cairn router: {' '.join(args)[:200]!r}"
+    if os.path.realpath(os.path.join(cwd, config)) != os.path.realpath(file):
+        return f"it is the router of {config}, not of {file}"
+    return None
+
+
+def _router_config(args: list[str]) -> str | None:
+    """The --config of ``python [-m cairn.app.cli | .../cairn] router --config FILE``."""
+    rest = args[1:]
+    if rest[:2] in (["-m", "cairn.app.cli"], ["-m", "cairn"]):
+        rest = rest[2:]
+    elif rest and Path(rest[0]).name == "cairn":
+        rest = rest[1:]
+    else:
+        return None
+    if "router" not in rest:
+        return None
+    after = rest[rest.index("router") + 1:]
+    for i, arg in enumerate(after):
+        if arg == "--config" and i + 1 < len(after):
+            return after[i + 1]
+        if arg.startswith("--config="):
+            return arg.removeprefix("--config=")
+    return None
+
+
+def _owner(path: Path) -> int:
+    try:
+        return path.stat().st_uid
+    except OSError:
+        return 0
 
 
 def default_by() -> str:
@@ -203,10 +267,15 @@ class Applier:
 
     def running(self, *configs: Config | None) -> RunningConfig | None:
         """The state of the router that is alive, if any."""
+        found = self.running_in(*configs)
+        return found[0] if found else None
+
+    def running_in(self, *configs: Config | None) -> tuple[RunningConfig, Path] | None:
+        """That state and the data directory it is in."""
         for data_dir in self.data_dirs(*configs):
             state = read_running(data_dir)
             if state is not None and pid_alive(state.pid):
-                return state
+                return state, data_dir
         return None
 
     def running_config(self, state: RunningConfig | None) -> Config | None:
@@ -280,8 +349,12 @@ class Applier:
                 previous: str | None) -> int:
         history = self.history
         before = (state.pid, state.started, state.seq) if state else None
-        (self.service.reload if change.action == "reload" else self.service.restart)()
-        problem = self.wait_ready(new, change.sha256 or "", before)
+        try:
+            (self.service.reload if change.action == "reload" else self.service.restart)()
+        except NotSignalled as e:
+            problem: str | None = str(e)
+        else:
+            problem = self.wait_ready(new, change.sha256 or "", before)
         if problem is None:
             text = self._text(self.file) or ""
             history.mark_good(text, change.id)
@@ -305,7 +378,10 @@ class Applier:
             return change, "no last good configuration to go back to"
         state = self.running()
         atomic_write(self.file, text, like=self.file)
-        self.service.restart()
+        try:
+            self.service.restart()
+        except NotSignalled as e:
+            return change, str(e)
         config = self._load(self.file)
         if config is None:
             return change, "the last good configuration no longer loads"
@@ -460,11 +536,11 @@ def _service(name: str, file: Path) -> Service:
     if name == "systemd":
         return Systemd()
 
-    def pid() -> int | None:
-        state = Applier(file, Systemd()).running()
-        return state.pid if state is not None else None
+    def router() -> tuple[int, Path] | None:
+        found = Applier(file, Systemd()).running_in()
+        return (found[0].pid, found[1]) if found else None
 
-    return Signals(pid)
+    return Signals(router, file)
 
 
 def _print_history(history: History) -> None:

@@ -1,2 +1,3 @@
-"""The base every part of Cairn stands on: the config toolkit, the console's conventions,
-whole-file writes, URLs, the clocks and the data directory. It imports nothing of Cairn."""
+"""The base every part of Cairn stands on: the config toolkit (and the redaction of its
+secrets), the console's conventions, whole-file writes, URLs, the clocks and the data
+directory. It imports nothing of Cairn."""

@@ -6,6 +6,7 @@ names."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -40,9 +41,30 @@ class Endpoint:
 
     @property
     def is_loopback(self) -> bool:
+        """A Unix socket, ``localhost`` or a loopback IP address. Any other name is not,
+        whatever it looks like: ``127.0.0.1.example.invalid`` binds what DNS makes of it."""
         if self.path:
             return True
-        return self.host in ("localhost", "::1") or (self.host or "").startswith("127.")
+        return self.host is not None and (self.host.lower() == "localhost" or
+                                          _loopback_address(self.host))
+
+    @property
+    def is_host_name(self) -> bool:
+        """A TCP listener given by a name (other than ``localhost``), not an IP address."""
+        if self.host is None or self.host.lower() == "localhost":
+            return False
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            return True
+        return False
+
+
+def _loopback_address(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name
+        return False
 
 
 class Validator:

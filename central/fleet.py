@@ -143,7 +143,8 @@ def row(facts: Facts, now_s: float) -> dict[str, Any]:
         record.problems.append("no fields")  # the event's kwargs were null
     r = _fields(record, facts, now_s)
     silent = _silent(record)
-    r.update(devices=len(_devices(record)), silent_devices=len(silent),
+    r.update(devices=len(_devices(record)) + (record.get("devices_unlisted") or 0),
+             silent_devices=len(silent),
              silent_names=", ".join(silent) or None)
     r["health_problem"] = "; ".join(record.problems) or None
     found = [(rule.name, reason) for rule in FLAGS

@@ -13,6 +13,7 @@ each device's object. A newer gateway may add fields (readers keep what they do 
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 TOPIC = "cairn.gateway.health"
@@ -20,6 +21,14 @@ OWN_AUTHID = "cairn.router"  # whom the router's own publications name as their 
 OWN_AUTHROLE = "cairn.router"
 SCHEMA = 1
 NUMBER = (int, float)
+# What one record may hold: any client that may publish a retained sensor.* topic makes a
+# "device" (4,800 junk topics once made a 264,598-byte record), so a record names the most
+# telling devices and counts the rest (:func:`listed`), and no text runs on (:func:`build`).
+MAX_DEVICES = 64            # devices a record names
+MAX_DEVICE_BYTES = 12_288   # JSON the named devices take together
+MAX_NAME = 64               # characters of a device name; a longer one is counted, not named
+MAX_TEXT = 200              # characters of any text in a record (a reason, an error)
+MAX_RECORD_BYTES = 16_384   # a record larger than this names no device at all
 
 
 class Field(NamedTuple):
@@ -78,12 +87,16 @@ FIELDS = (
     Field("card.window_s", NUMBER, "the window the rate is over"),
     Field("card.endurance_tb", NUMBER, "the card's endurance"),
     Field("devices", dict, "per device id (from `gateway.device.<id>.status` and "
-          "`sensor.<id>`; `realm/id` for realms after the first)"),
+          "`sensor.<id>`; `realm/id` for realms after the first), at most 64 of them in 12 KiB: "
+          "the drivers' devices (those with a status topic) first, then a device not ok, the "
+          "longest silent; a name over 64 characters is counted, not named"),
     Field("devices.*", dict, "a device"),
     Field("devices.*.status", str, "what its driver said last: ok, stale or error"),
     Field("devices.*.reason", str, "why"),
     Field("devices.*.errors", NUMBER, "times it went into error since its driver started"),
     Field("devices.*.last_reading_age_s", NUMBER, "how long ago its last reading came"),
+    Field("devices_unlisted", int, "devices `devices` does not name (past its 64 or its "
+          "12 KiB, or named at length): counted only"),
     Field("limit_hits", dict, "per bound of `[router.limits]`, times it was hit since start"),
     Field("config", dict, "which configuration runs"),
     Field("config.running", str, "`file` or `last-good`"),
@@ -99,10 +112,53 @@ SYNC_STATUS_FIELDS = tuple(f.path.removeprefix("sync.") for f in FIELDS
 def build(values: dict[str, Any]) -> dict[str, Any]:
     """A record from its top-level fields (``{"clock": {...}, ...}``), each checked to be one
     of :data:`FIELDS`, down to the keys of its tables: a writer cannot add a field without
-    listing it here (a devices table's keys are names, its entries' keys fields)."""
+    listing it here (a devices table's keys are names, its entries' keys fields). Each text
+    is cut to MAX_TEXT characters; a record still over MAX_RECORD_BYTES counts its devices
+    instead of naming them."""
     for path, value in values.items():
         _check(path, value)
-    return {"schema": SCHEMA, **values}
+    record = {"schema": SCHEMA, **_cut(values)}
+    if record.get("devices") and _size(record) > MAX_RECORD_BYTES:
+        record["devices_unlisted"] = (record.get("devices_unlisted") or 0) + \
+            len(record["devices"])
+        record["devices"] = {}
+    return record
+
+
+def listed(devices: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], int]:
+    """The devices a record names (by name) and how many it only counts: a driver's device
+    (one with a ``status``) before readings alone, one not ok before one that is, the longest
+    silent first, while there are fewer than MAX_DEVICES and they fit in MAX_DEVICE_BYTES; a
+    name longer than MAX_NAME is never named."""
+    named: dict[str, dict[str, Any]] = {}
+    room = MAX_DEVICE_BYTES
+    for name, device in sorted(devices.items(), key=_telling):
+        if len(name) > MAX_NAME or len(named) == MAX_DEVICES:
+            continue
+        device = _cut(device)
+        size = _size({name: device})
+        if size <= room:
+            named[name], room = device, room - size
+    return dict(sorted(named.items())), len(devices) - len(named)
+
+
+def _telling(item: tuple[str, dict[str, Any]]) -> tuple[Any, ...]:
+    name, device = item
+    age = device.get("last_reading_age_s")
+    return ("status" not in device, device.get("status") == "ok",
+            -age if isinstance(age, NUMBER) else 0, name)
+
+
+def _cut(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        return value[:MAX_TEXT - 1] + "…"
+    if isinstance(value, dict):
+        return {key: _cut(inner) for key, inner in value.items()}
+    return [_cut(inner) for inner in value] if isinstance(value, list) else value
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")).encode())
 
 
 def _check(path: str, value: Any) -> None:

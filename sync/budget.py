@@ -17,11 +17,17 @@ from cairn.base.clock_readings import rfc3339
 from cairn.base.data_dir import SyncStatus
 
 DAY_NS = 86_400 * 10**9
+# Past the budget, health records still go, up to this much over it a window: twice what a
+# gateway of 20 devices sends in a day at the default interval (~110 KB), 16 records of the
+# largest size (formats.health.MAX_RECORD_BYTES). A gateway made to record more (a device
+# flapping each minute, thousands of junk topics) sends the rest with the next window's data.
+HEALTH_FLOOR_BYTES = 256 * 1024
 
 
 def room(status: SyncStatus) -> float:
-    """Bytes the day's budget has left (may be negative: health records always go);
-    infinite without a budget. Starts a new window once a day is over."""
+    """Bytes the day's budget has left (may be negative: health records go past it, up to
+    :func:`health_room`); infinite without a budget. Starts a new window once a day is
+    over."""
     if not status.budget_bytes:
         return math.inf
     boot, now = clock.boot_id(), clock.boottime_ns()
@@ -31,6 +37,14 @@ def room(status: SyncStatus) -> float:
     elif now - window[1] >= DAY_NS:
         _start(status, boot, now, keep_used=False)
     return status.budget_bytes - status.budget_used
+
+
+def health_room(status: SyncStatus) -> float:
+    """Bytes health records may still take: what the budget has left, and HEALTH_FLOOR_BYTES
+    beyond it (infinite without a budget). Call after :func:`room`, which opens the window."""
+    if not status.budget_bytes:
+        return math.inf
+    return status.budget_bytes + HEALTH_FLOOR_BYTES - status.budget_used
 
 
 def ends_in_s(status: SyncStatus) -> float:

@@ -126,6 +126,7 @@ class Uploader:
         if hasattr(self.sink, "uplink_clock"):  # sync.sinks.s3: what this boot measured before
             self.sink.uplink_clock.resume(self.status.uplink_clock)
         self._said_over_budget = False  # logged once per spell, not every interval
+        self._said_health_held = False  # so is the floor of health records reached
 
     # -- one batch -----------------------------------------------------------------------
 
@@ -183,18 +184,31 @@ class Uploader:
     def ship_health(self) -> int:
         """The budget is spent: ship the health records not shipped yet, each as a batch of
         its own (it covers its seq alone), without moving the watermark; the backlog sends
-        them again, once the budget allows (the central table keeps one of each)."""
+        them again, once the budget allows (the central table keeps one of each). They go
+        past the budget up to its floor (budget.health_room); the rest wait for the next
+        window, in the backlog."""
         after = max(self.status.synced_seq, self.status.health_seq)
         shipped = 0
         for pub in self.reader.topic_after(after, HEALTH_TOPIC, 100):
             if not isinstance(pub, Damaged):
                 row = row_of(pub)
-                self._put(build_batch(self.gateway_id, [row], row["seq"] - 1,
-                                      self.reader.anchors(), self.reader.gaps(),
-                                      key=self.reader.publication_key()))
+                batch = build_batch(self.gateway_id, [row], row["seq"] - 1,
+                                    self.reader.anchors(), self.reader.gaps(),
+                                    key=self.reader.publication_key())
+                if batch.size > budget.health_room(self.status):
+                    self._health_held()
+                    break
+                self._put(batch)
                 shipped += 1
             self.status.health_seq = pub.seq
         return shipped
+
+    def _health_held(self) -> None:
+        if not self._said_health_held:
+            log.warning("health records past the budget's floor (%d bytes beyond %d): the "
+                        "rest wait for the next window, in %s", budget.HEALTH_FLOOR_BYTES,
+                        self.status.budget_bytes, _duration(budget.ends_in_s(self.status)))
+        self._said_health_held = True
 
     def ship(self, batch: Batch) -> None:
         """Data first, manifest last; then (and only then) the watermark."""
@@ -237,7 +251,7 @@ class Uploader:
             self._over_budget(shipped)
         else:
             self.status.backlog = 0
-            self._said_over_budget = False
+            self._said_over_budget = self._said_health_held = False
         return shipped
 
     def _over_budget(self, shipped: int) -> None:

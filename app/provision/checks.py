@@ -27,6 +27,9 @@ from cairn.app.provision.folder import (
 from cairn.app.sections import check_whole
 from cairn.base.config_tools import ConfigError
 
+MAX_KEYS = 100  # lines of authorized_keys: a team's laptops, not a junk file's thousands
+_KEY_TYPE = re.compile(r"(ssh-|ecdsa-|sk-)[\w.@-]+\s")  # a line that starts with its key
+
 
 @dataclass
 class Context:
@@ -166,45 +169,86 @@ def checked_text(path: Path, ctx: Context, plan: Plan,
 
 
 def check_authorized_keys(path: Path, ctx: Context, plan: Plan) -> None:
-    """Every line a public key (as ssh-keygen reads it); the set replaces the device's."""
+    """Every line a public key (as ssh-keygen reads it); the set replaces the device's. At
+    most MAX_KEYS of them, checked in one ssh-keygen run: a junk file costs two runs, not
+    one a line (2,000 lines took 18 s; a 1 MiB one would outlast the boot unit's 5 minutes,
+    on every boot, with SSH and the network waiting behind it)."""
     text = checked_text(path, ctx, plan, lambda text: "holds a private key: put only public "
                         "keys (the lines of your .pub files) here, and make a new key: this "
                         "one was on a card anyone can read" if "PRIVATE KEY" in text else None)
     if text is None:
         return
     label = label_of(path, ctx.folder)
-    keys, fingerprints = [], []
-    for number, line in enumerate(text.split("\n"), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        fingerprint = key_fingerprint(line)
-        if fingerprint is None:
-            plan.refuse(label, f"line {number}", "not an SSH public key (ssh-keygen -l cannot "
-                                                 "read it)")
-        keys.append(line)
-        fingerprints.append(fingerprint)
+    keys = [(number, line.strip()) for number, line in enumerate(text.split("\n"), 1)
+            if line.strip() and not line.strip().startswith("#")]
     if not keys:
         plan.refuse(label, "-", "holds no key: SSH would let no one in (leave the file out to "
                                 "keep the device's keys)")
-    if keys and None not in fingerprints:
+    elif len(keys) > MAX_KEYS:
+        plan.refuse(label, "-", f"{len(keys)} lines of keys, more than the {MAX_KEYS} a device "
+                                f"takes: not checked (a file of something else?)")
+    elif (fingerprints := key_fingerprints([line for _, line in keys])) is None:
+        plan.refuse(label, f"line {first_bad(keys)}", "not an SSH public key (ssh-keygen -l "
+                                                       "cannot read it); the lines after it "
+                                                       "were not checked")
+    else:
         plan.changes.append(Change(path, ctx.data / "etc/ssh/authorized_keys",
-                                   "".join(f"{k}\n" for k in keys).encode(),
-                                   note=f"{len(keys)} key(s): {', '.join(fingerprints)}"))
+                                   "".join(f"{line}\n" for _, line in keys).encode(),
+                                   note=keys_note(keys, fingerprints)))
 
 
-def key_fingerprint(line: str) -> str | None:
-    """The key's SHA256 fingerprint, or None when ssh-keygen does not read it as a key."""
+def keys_note(keys: list[tuple[int, str]], fingerprints: list[str]) -> str:
+    """The report's line: the fingerprints, and the options of the keys that have them (a
+    forced command, a source address, environment variables: sshd applies them at each
+    login with that key, so the person who wrote the card sees them said)."""
+    note = f"{len(keys)} key(s): {', '.join(fingerprints)}"
+    optioned = [f"line {number} ({fingerprint}): {', '.join(options)}"
+                for (number, line), fingerprint in zip(keys, fingerprints, strict=True)
+                if (options := key_options(line))]
+    return note + (f"; with options sshd applies at each login: {'; '.join(optioned)}"
+                   if optioned else "")
+
+
+def key_options(line: str) -> list[str]:
+    """The names of the options written before the key (``command``, ``from``,
+    ``environment``, ``no-pty``, ...), as sshd reads them: comma-separated, up to the first
+    blank outside double quotes."""
+    if _KEY_TYPE.match(line):
+        return []
+    options, current, quoted, escaped = [], "", False, False
+    for c in line:
+        if c in " \t" and not quoted:
+            break
+        if c == "," and not quoted:
+            options, current = [*options, current], ""
+            continue
+        quoted ^= c == '"' and not escaped
+        escaped = c == "\\" and not escaped
+        current += c
+    return [o.split("=", 1)[0].lower() for o in [*options, current] if o]
+
+
+def key_fingerprints(lines: list[str]) -> list[str] | None:
+    """The SHA256 fingerprint of each key, from one ssh-keygen run; None when it does not
+    read every line as a key (it prints one line a key it reads, and skips the others)."""
     with tempfile.NamedTemporaryFile("w", suffix=".pub") as f:
-        f.write(line + "\n")
+        f.write("".join(f"{line}\n" for line in lines))
         f.flush()
         try:
             result = subprocess.run(["ssh-keygen", "-l", "-f", f.name], capture_output=True,
-                                    text=True, timeout=10)
+                                    text=True, timeout=30)
         except FileNotFoundError:
             raise ProvisionError("ssh-keygen is not installed: keys cannot be checked") from None
-    fields = result.stdout.split()
-    return fields[1] if result.returncode == 0 and len(fields) > 1 else None
+    read = [fields[1] for fields in map(str.split, result.stdout.splitlines())
+            if len(fields) > 1]
+    return read if result.returncode == 0 and len(read) == len(lines) else None
+
+
+def first_bad(keys: list[tuple[int, str]]) -> int:
+    """The number of the first line ssh-keygen does not read as a key, checked one at a
+    time up to it (at most MAX_KEYS runs)."""
+    return next((number for number, line in keys if key_fingerprints([line]) is None),
+                keys[-1][0])
 
 
 class ProvisionError(Exception):

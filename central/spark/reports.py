@@ -265,13 +265,32 @@ def _write_html(files: Files, frames: dict[str, DataFrame], path: str) -> None:
                                             + " UTC", rows("fleet")))
 
 
+# what a spreadsheet reads as a formula at a cell's start (OWASP, CSV injection)
+FORMULA_STARTS = "=+-@\t\r"
+
+
 def _write_csv(files: Files, frame: DataFrame, path: str) -> None:
-    """One CSV file with a header (Spark writes a directory of parts: keep the one part)."""
+    """One CSV file with a header (Spark writes a directory of parts: keep the one part), as
+    RFC 4180 says (a quote inside a quoted cell is doubled: Spark's default, a backslash, is
+    read by Python's csv, Excel and LibreOffice as more columns), cells kept as they are (no
+    trimming), and each text cell that starts like a formula behind a ``'``: a gateway's
+    text must not run in the spreadsheet of whoever opens the report."""
     temp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    frame.coalesce(1).write.mode("overwrite").option("header", True).csv(temp)
+    (_inert(frame).coalesce(1).write.mode("overwrite").option("header", True)
+     .option("escape", '"').option("ignoreLeadingWhiteSpace", False)
+     .option("ignoreTrailingWhiteSpace", False).csv(temp))
     parts = files.glob(f"{temp}/part-*")
     if parts:
         files.move(parts[0], path)
     else:  # no rows: a header alone
         files.write_text(path, ",".join(frame.columns) + "\n")
     files.delete(temp)
+
+
+def _inert(frame: DataFrame) -> DataFrame:
+    """``frame`` with a ``'`` before each text cell that starts with one of FORMULA_STARTS."""
+    starts = "^[" + "".join(f"\\x{ord(c):02x}" for c in FORMULA_STARTS) + "]"
+    return frame.select([
+        F.when(F.col(name).rlike(starts), F.concat(F.lit("'"), F.col(name)))
+        .otherwise(F.col(name)).alias(name) if kind == "string" else F.col(name)
+        for name, kind in frame.dtypes])

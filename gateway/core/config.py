@@ -400,9 +400,8 @@ def _check_exposure(config: Config) -> None:
     exposed = [e for e in config.router.endpoints if not e.is_loopback]
     if exposed and not any(realm.users for realm in config.realms):
         raise ConfigError(
-            config.source, "router.listen" if exposed[0] is config.router.listen
-            else "router.rawsocket",
-            f"{exposed[0]} is reachable from the network but no realm has [[realms.users]]: "
+            config.source, _key_of(config, exposed[0]),
+            f"{_reachable(exposed[0])} but no realm has [[realms.users]]: "
             f"add users (ticket, wampcra or cryptosign) or listen on 127.0.0.1 only")
     for i, realm in enumerate(config.realms):
         role = realm.role(realm.anonymous_role) if realm.anonymous_role else None
@@ -411,10 +410,23 @@ def _check_exposure(config: Config) -> None:
         if exposed and writes:
             raise ConfigError(
                 config.source, f"realms[{i}].anonymous_role",
-                f"{exposed[0]} is reachable from the network and role "
+                f"{_reachable(exposed[0])} and role "
                 f"{realm.anonymous_role!r} lets anyone there {', '.join(writes)} on every URI "
                 f"of realm {realm.name!r} without logging in: narrow its permissions (e.g. "
                 f"subscribe to \"sensor.\") or listen on 127.0.0.1 only")
+
+
+def _reachable(endpoint: Endpoint) -> str:
+    if endpoint.is_host_name:
+        return (f"{endpoint} names a host, not an IP address: it binds whatever the name "
+                f"resolves to, so it is reachable from the network,")
+    return f"{endpoint} is reachable from the network"
+
+
+def _key_of(config: Config, endpoint: Endpoint) -> str:
+    if endpoint is config.router.listen:
+        return "router.listen"
+    return f"router.rawsocket[{config.router.rawsocket.index(endpoint)}]"
 
 
 def covers_everything(permission: Permission) -> bool:

@@ -7,6 +7,12 @@ has, does not reach them. The router validates a new text but cannot write ``/et
 (its sandbox): it leaves a request in its data directory, which ``cairn config apply
 --pending`` (root) carries out with the same checks, reload or restart, and rollback as
 ``cairn config apply FILE``; the outcome shows in ``get``'s ``changes``.
+
+``get`` shows every inline secret as ``"<redacted>"`` (base.config_secrets), and ``apply``
+takes that marker at a secret's key as "keep the value the file has": a role allowed to read
+the configuration does not learn the credentials in it, and get, edit, apply round-trips.
+(Rather than granting ``get`` only with ``apply``: the file still never crosses a ``ws://``
+link with its secrets in it.)
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cairn.base.config_secrets import Unredactable, redact, restore
 from cairn.gateway.core.config import (
     Check,
     Config,
@@ -86,10 +93,13 @@ class ConfigAdmin:
     def get(self) -> dict[str, Any]:
         file, running = self.file, self.state.running
         try:
-            text = file.read_text(encoding="utf-8")
+            text = redact(file.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as e:
             text = None
             problem = f"{file}: cannot read it: {e}"
+        except Unredactable as e:  # never shown with a secret in it
+            text = None
+            problem = f"{file}: not shown: {e}"
         else:
             problem = running.problem
         data_dir = self.state.config.router.data_dir
@@ -106,6 +116,7 @@ class ConfigAdmin:
                             "cairn.admin.config.apply takes one argument: the TOML text")
         file = self.file
         try:
+            text = restore(text, _current_text(file), str(file))
             new = validate(text, str(file), self.state.check)
         except ConfigError as e:
             raise invalid(e) from None
@@ -113,6 +124,15 @@ class ConfigAdmin:
         request = write_request(self.state.config.router.data_dir, text,
                                 f"{caller.authid}@{realm.name} over WAMP", action)
         return {"request": request.id, "state": "pending", "action": action}
+
+
+def _current_text(file: Path) -> str:
+    """The file whose secrets a ``"<redacted>"`` keeps ("" when it cannot be read: then
+    the marker names no secret, and apply says so)."""
+    try:
+        return file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def admin_procedures(state: ShellState) -> dict[str, Callable[[Realm], Any]]:

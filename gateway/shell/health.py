@@ -68,7 +68,8 @@ class HealthReporter:
         update = update_state.summary()
         sync = read_sync_status(web.state.config.router.data_dir) or {}
         wear = web.stores.wear.report() if web.stores.wear is not None else {}
-        devices = {name: device.get("status") for name, device in self.devices().items()}
+        named = record_format.listed(self.devices())[0]
+        devices = {name: device.get("status") for name, device in named.items()}
         return (clock.clock_synchronized(), web.router.clock.steps, web.stores.error,
                 update["slot"], update["trial"], (update["last"] or {}).get("at"),
                 sorted(devices.items()), sync.get("state") == "retrying",
@@ -92,6 +93,7 @@ class HealthReporter:
         oldest = figures.get("oldest_unsynced_ms")
         now_ms = clock.wall_ns() // 1_000_000
         update = status["update"]
+        devices, unlisted = record_format.listed(self.devices())
         return record_format.build({
             "interval_s": self.interval,  # the central report expects one this often
             "version": installed_version(),
@@ -117,7 +119,8 @@ class HealthReporter:
                      "life_years": wear.get("life_years"),
                      "measuring": wear.get("measuring"), "window_s": wear.get("measured_s"),
                      "endurance_tb": wear.get("endurance_tb")},
-            "devices": self.devices(),
+            "devices": devices,
+            "devices_unlisted": unlisted,
             "limit_hits": status["limit_hits"],
             "config": self._config(),
         })
@@ -125,7 +128,7 @@ class HealthReporter:
     def devices(self) -> dict[str, dict[str, Any]]:
         """Per device (its status topic or its readings), what its driver said last and
         how long ago its last reading came; devices of realms after the first are named
-        ``realm/device``."""
+        ``realm/device``. All of them: the record names some (formats.health.listed)."""
         found: dict[str, dict[str, Any]] = {}
         for i, realm in enumerate(self.web.router.realms.values()):
             prefix = "" if i == 0 else f"{realm.name}/"

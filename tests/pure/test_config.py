@@ -279,6 +279,13 @@ MISTAKES = [
     ("network-listener-without-users",
      _replace('listen = "127.0.0.1:8080"', 'listen = "0.0.0.0:8080"'), "router.listen",
      [r"reachable from the network", r"users"]),
+    ("listener-on-a-name-that-looks-like-loopback",
+     _replace('listen = "127.0.0.1:8080"', 'listen = "127.0.0.1.example.invalid:8080"'),
+     "router.listen", [r"names a host, not an IP address", r"reachable from the network",
+                       r"users"]),
+    ("rawsocket-on-a-name-that-looks-like-loopback",
+     _replace('[router]\n', '[router]\nrawsocket = ["unix:/s", "127.evil.lan:8081"]\n'),
+     "router.rawsocket[1]", [r"127.evil.lan:8081 names a host", r"reachable from the network"]),
     ("network-listener-with-anonymous-publish-everywhere",
      _replace('listen = "127.0.0.1:8080"', 'listen = "0.0.0.0:8080"')
      + '  [[realms.users]]\n  authid = "a"\n  role = "anonymous"\n  secret = "x"\n',
@@ -438,6 +445,18 @@ def test_bad_durations(text):
 def test_a_negative_duration_is_refused_as_negative():
     with pytest.raises(cfg.ConfigError, match=r"^f: k: must not be negative, not '-1d'"):
         cfg.parse_duration("-1d", "f", "k")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.4.5", "::1", "localhost", "LocalHost"])
+def test_localhost_and_loopback_addresses_are_loopback(host):
+    assert cfg.Endpoint(host, 8080).is_loopback
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1.example.invalid", "127.evil.lan",
+                                  "localhost.example", "0.0.0.0", "::", "10.0.0.7",
+                                  "::ffff:10.0.0.7"])
+def test_names_and_addresses_that_only_look_like_loopback_are_not(host):
+    assert not cfg.Endpoint(host, 8080).is_loopback
 
 
 def test_an_empty_status_token_file_is_refused(tmp_path):

@@ -104,6 +104,11 @@ def test_a_device_not_ok_or_without_a_reading_for_a_day_is_silent(device, why):
     assert (r["devices"], r["silent_devices"], r["silent_names"]) == (2, 1, why)
 
 
+def test_devices_a_record_only_counts_are_in_the_gateways_devices():
+    r = row_of(facts(health=record(devices_unlisted=4800)))
+    assert (r["devices"], r["silent_devices"], r["flags"]) == (4801, 0, None)
+
+
 def test_a_device_that_read_an_hour_ago_is_not_silent():
     assert flags(facts(health=record(devices__t1__last_reading_age_s=HOUR))) == {}
 

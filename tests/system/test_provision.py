@@ -270,6 +270,78 @@ def test_an_authorized_keys_without_keys_is_refused(device):
     assert "authorized_keys: -: holds no key" in report(device)
 
 
+def junk_keys(lines: int) -> str:
+    """What a broken card or a hostile one may hold: lines like keys that are none."""
+    return "".join(f"ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{i:032d} junk{i}\n"
+                   for i in range(lines))
+
+
+@pytest.fixture
+def keygen_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A log with a line for each ssh-keygen run (a stand-in first on PATH runs the real one)."""
+    log, shim = tmp_path / "ssh-keygen.runs", tmp_path / "shim"
+    shim.mkdir()
+    real = shutil.which("ssh-keygen")
+    (shim / "ssh-keygen").write_text(f'#!/bin/sh\necho run >> {log}\nexec {real} "$@"\n')
+    (shim / "ssh-keygen").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}{os.pathsep}{os.environ['PATH']}")
+    log.touch()
+    return log
+
+
+def runs(log: Path) -> int:
+    return len(log.read_text().splitlines())
+
+
+def test_keys_are_checked_in_one_ssh_keygen_run(device, tmp_path, keygen_runs):
+    other = tmp_path / "id_other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", other], check=True)
+    before = runs(keygen_runs)
+    keys = Path(f"{device['key']}.pub").read_text() + Path(f"{other}.pub").read_text()
+    write(device["folder"], "authorized_keys", keys * 20)
+    assert provision(device) == 0
+    assert runs(keygen_runs) - before == 1
+    assert "40 key(s): SHA256:" in report(device)
+
+
+def test_more_key_lines_than_a_device_takes_are_refused_unchecked(device, keygen_runs):
+    write(device["folder"], "authorized_keys", junk_keys(2000))
+    assert provision(device) == 2
+    assert runs(keygen_runs) == 0
+    assert "authorized_keys: -: 2000 lines of keys, more than the 100 a device takes" in \
+        report(device)
+
+
+def test_a_junk_file_costs_two_ssh_keygen_runs_and_names_its_first_bad_line(device,
+                                                                            keygen_runs):
+    write(device["folder"], "authorized_keys", junk_keys(100))
+    assert provision(device) == 2
+    assert runs(keygen_runs) == 2
+    text = report(device)
+    assert "authorized_keys: line 1: not an SSH public key" in text
+    assert "the lines after it were not checked" in text and "line 2:" not in text
+
+
+def test_the_first_bad_line_after_good_keys_is_the_one_named(device):
+    good = Path(f"{device['key']}.pub").read_text()
+    write(device["folder"], "authorized_keys", good * 3 + junk_keys(2) + good)
+    assert provision(device) == 2
+    assert "authorized_keys: line 4: not an SSH public key" in report(device)
+
+
+def test_key_options_are_named_in_the_report(device):
+    key = Path(f"{device['key']}.pub").read_text()
+    fingerprint = subprocess.run(["ssh-keygen", "-l", "-f", f"{device['key']}.pub"],
+                                 capture_output=True, text=True, check=True).stdout.split()[1]
+    write(device["folder"], "authorized_keys",
+          key + 'command="/usr/bin/backup --to x, y",from="10.0.0.0/8",environment="TZ=UTC",'
+                f"no-pty {key}")
+    assert provision(device) == 0
+    text = report(device)
+    assert f"line 2 ({fingerprint}): command, from, environment, no-pty" in text
+    assert "line 1 (" not in text and "/usr/bin/backup" not in text
+
+
 def openssl(*args: str | Path) -> None:
     subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
 
