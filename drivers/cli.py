@@ -42,6 +42,15 @@ def add_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPar
                     "entry that reads it (TOML to paste into a config).")
     scan.add_argument("--sysfs", default=None, metavar="DIR",
                       help="where sysfs is (default /sys; a copy or a test tree)")
+    chips = commands.add_parser(
+        "chips", help="create the I2C chips that the [[sensors]] of a config name (as root)",
+        description="For each [[sensors]] entry of FILE with chip = ..., write the chip's name "
+                    "and address to its bus's new_device unless the device is there already, "
+                    "and say what happened, one line each. Creating a chip needs root: the "
+                    "image runs this before each sensor driver, which may not write sysfs. A "
+                    "chip that cannot be made is not an error here: its driver reports why "
+                    "as the device's status.")
+    chips.add_argument("--config", metavar="FILE", required=True, help="TOML config file")
     sim = commands.add_parser(
         "sim", help="simulate serial sensors on pseudo-terminals",
         description="Create pseudo-terminals that behave like Modbus RTU temperature/humidity "
@@ -95,7 +104,9 @@ def main(args: argparse.Namespace) -> int:
         return run_simulator(args)
     if command == "scan":
         return run_scan(args.sysfs)
-    print("usage: cairn sensor {run,scan,sim} ... (see cairn sensor --help)", file=sys.stderr)
+    if command == "chips":
+        return run_chips(args.config)
+    print("usage: cairn sensor {run,scan,chips,sim} ... (see cairn sensor --help)", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -154,6 +165,24 @@ def run_scan(root: str | None) -> int:
         print("# none: load the chip's driver (an overlay in config.txt, such as "
               "dtoverlay=i2c-sensor,bme280 or dtoverlay=w1-gpio), or create it with "
               "chip = ... in its [[sensors]] entry")
+    return EXIT_OK
+
+
+def run_chips(config_path: str) -> int:
+    from cairn.drivers import serial_config
+    from cairn.drivers.kinds.kernel import chips
+
+    try:
+        config = serial_config.load(config_path)
+    except ConfigError as e:
+        print(f"cairn: bad config: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for sensor_id, device in chips(config.sensors):
+        made = device.stats.created
+        fault = device.create_chip()
+        what = f"cannot create {device.chip}: {fault.reason}" if fault else \
+            f"created {device.chip}" if device.stats.created > made else "already there"
+        print(f"cairn: sensor {sensor_id}: {device.device}: {what}")
     return EXIT_OK
 
 

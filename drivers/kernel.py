@@ -8,10 +8,13 @@ or a 1-Wire thermometer's id (``/sys/bus/w1/devices/28-<serial>`` holds them its
 are the kernel's to hand out again (a chip that is removed and probed again may come back
 under another), so the directory is looked up once and again after every failed reading.
 
-**Creating a chip.** With ``chip = "bme280"`` and no device ``1-0076``, the driver writes
-``bme280 0x76`` to ``/sys/bus/i2c/devices/i2c-1/new_device``, as the kernel's I2C
-documentation (``instantiating-devices``) describes; a device tree overlay in ``config.txt``
-does the same at boot without root.
+**Creating a chip.** With ``chip = "bme280"`` and no device ``1-0076``, ``bme280 0x76`` is
+written to ``/sys/bus/i2c/devices/i2c-1/new_device``, as the kernel's I2C documentation
+(``instantiating-devices``) describes. That needs root: on the image ``cairn sensor chips``
+does it as root before the driver starts (``cairn-sensor@.service``), and the driver, which
+may not write sysfs there, finds the device made; run by hand as root, the driver makes it
+itself. A device tree overlay does the same at boot where the card carries the overlay
+(Raspberry Pi OS does; Cairn's card, with Debian's kernel and device trees, does not).
 
 **Reading.** A read of a sysfs attribute blocks while the kernel driver measures: an SHT3x
 ~15 ms, a BME280 in forced mode up to ~40 ms, a DHT11 up to a second when its line is bad, a
@@ -195,6 +198,13 @@ class KernelDevice:
                 return Located(child, found)
             first_fault = first_fault or found
         return first_fault or self._without_files(device_dir)
+
+    def create_chip(self) -> Fault | None:
+        """Make the configured chip unless its device is there already (or none is
+        configured): None when the device is there afterwards, else why not."""
+        if self.chip is None or self.sysfs.device_dir(self.family, self.device) is not None:
+            return None
+        return self._create()
 
     def _create(self) -> Fault | None:
         """Write ``<chip> <address>`` to the bus's new_device; the kernel probes at once."""

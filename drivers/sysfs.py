@@ -312,10 +312,11 @@ def sensor_id(chip: str, device: str) -> str:
 
 
 _NEW_DEVICE_HINTS = {
-    errno.EACCES: "creating a chip needs root; or let the boot create it: "
-                  "dtoverlay=i2c-sensor,<chip> in config.txt",
-    errno.EROFS: "sysfs is read-only for this process (systemd's ProtectKernelTunables=); "
-                 "let the boot create it: dtoverlay=i2c-sensor,<chip> in config.txt",
+    errno.EACCES: "creating a chip needs root: run cairn sensor chips as root first (the "
+                  "image's cairn-sensor@ unit does), or on Raspberry Pi OS let the boot "
+                  "create it (dtoverlay=i2c-sensor,<chip> in config.txt)",
+    errno.EROFS: "sysfs is read-only for this process (systemd's ProtectKernelTunables=): "
+                 "run cairn sensor chips as root first (the image's cairn-sensor@ unit does)",
     errno.EBUSY: "another device has that address on the bus",
     errno.EINVAL: "the kernel refused the chip name or address",
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Iterable
 from typing import Any
 
 from cairn.base.config_tools import ConfigError, Validator, describe
@@ -19,7 +20,7 @@ from cairn.drivers.kernel import (
 )
 from cairn.drivers.kernel_sim import SimSysfs
 from cairn.drivers.kinds.kind import OnError, OnReading, SensorKind, int_in, number
-from cairn.drivers.sysfs import W1, Family
+from cairn.drivers.sysfs import HWMON, IIO, W1, Family
 
 COMMON = frozenset({"device", "sysfs", "timeout", "retries"})
 I2C_KEYS = frozenset({"chip", "channels"})  # hwmon and iio: chips a driver may create
@@ -127,10 +128,22 @@ def phase_of(sensor_id: str) -> float:
     return zlib.crc32(sensor_id.encode()) / 2**32
 
 
+def kernel_device(family: Family, sensor: Any) -> KernelDevice:
+    return KernelDevice(Sysfs(sensor.sysfs), family, sensor.device, sensor.channels,
+                        sensor.chip)
+
+
+def chips(sensors: Iterable[Any]) -> list[tuple[str, KernelDevice]]:
+    """The (id, device) of each entry that creates an I2C chip (``chip = ...``)."""
+    families = {f.name: f for f in (HWMON, IIO)}
+    return [(s.id, kernel_device(families[s.kind], s)) for s in sensors
+            if s.kind in families and s.chip is not None]
+
+
 def tasker(family: Family):
     def task(sensors: list[Any], on_reading: OnReading, on_error: OnError) -> KernelSensor:
         (s,) = sensors  # check_shared refuses two entries naming one device
-        device = KernelDevice(Sysfs(s.sysfs), family, s.device, s.channels, s.chip)
+        device = kernel_device(family, s)
         return KernelSensor(s.id, device, on_reading, on_error, interval=s.interval,
                             timeout=s.timeout, retries=s.retries, phase=phase_of(s.id))
     return task

@@ -215,6 +215,13 @@ def test_sensor_driver_reaches_serial_ports_and_nothing_else():
         "/opt/cairn/bin/cairn sensor run --config /etc/cairn/sensors/%i.toml"]
 
 
+def test_sensor_driver_s_i2c_chips_are_made_as_root_before_it_and_may_fail():
+    service = unit_file("cairn-sensor@.service")["Service"]
+    assert service["ProtectKernelTunables"] == ["yes"]  # the driver itself cannot write /sys
+    assert service["ExecStartPre"] == [
+        "-+/opt/cairn/bin/cairn sensor chips --config /etc/cairn/sensors/%i.toml"]
+
+
 def test_sync_waits_for_the_network():
     unit = unit_file("cairn-sync.service")
     assert "network-online.target" in words(unit, "Unit", "After")

@@ -372,6 +372,47 @@ def test_scan_of_a_directory_that_is_not_there_exits_1(tmp_path):
     assert done.returncode == 1 and "no sysfs at" in done.stderr
 
 
+# --- cairn sensor chips (root, before the driver: cairn-sensor@.service) ----------------------
+
+def chips_config(tmp_path: Path, sim: SimSysfs, *entries: str) -> Path:
+    path = tmp_path / "sensors.toml"
+    path.write_text('[driver]\nrouter = "ws://127.0.0.1:1/ws"\n' + "".join(
+        f'[[sensors]]\nsysfs = "{sim.root}"\n{entry}\n' for entry in entries))
+    return path
+
+
+def test_chips_creates_each_configured_chip_whose_device_is_not_there(sim, tmp_path):
+    sim.adapter(1)
+    sim.sht3x()  # 1-0044, there already
+    config = chips_config(tmp_path, sim,
+                          'id = "a"\nkind = "iio"\ndevice = "1-0076"\nchip = "bme280"',
+                          'id = "b"\nkind = "hwmon"\ndevice = "1-0044"\nchip = "sht3x"',
+                          'id = "c"\nkind = "hwmon"\ndevice = "1-0048"')
+    done = subprocess_run("sensor", "chips", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert sim.new_device_lines(1) == ["bme280 0x76"]
+    # this tree's "kernel" is the test, so the device made does not appear
+    assert done.stdout.splitlines() == [
+        "cairn: sensor a: 1-0076: cannot create bme280: wrote 'bme280 0x76' to "
+        f"{sim.root}/bus/i2c/devices/i2c-1/new_device but 1-0076 did not appear",
+        "cairn: sensor b: 1-0044: already there"]
+
+
+def test_chips_on_a_bus_that_is_not_there_says_so_and_exits_0(sim, tmp_path):
+    config = chips_config(tmp_path, sim,
+                          'id = "a"\nkind = "hwmon"\ndevice = "3-0048"\nchip = "lm75"')
+    done = subprocess_run("sensor", "chips", "--config", str(config))
+    assert done.returncode == 0, done.stderr
+    assert "cairn: sensor a: 3-0048: cannot create lm75: no I2C bus i2c-3" in done.stdout
+
+
+def test_chips_with_a_bad_config_exits_2_naming_the_key(sim, tmp_path):
+    config = chips_config(tmp_path, sim,
+                          'id = "a"\nkind = "hwmon"\ndevice = "1-0048"\nchip = "lm 75"')
+    done = subprocess_run("sensor", "chips", "--config", str(config))
+    assert done.returncode == 2 and "sensors[0].chip" in done.stderr, done.stderr
+
+
 def subprocess_run(*args: str):
     import subprocess
 
