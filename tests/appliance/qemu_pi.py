@@ -199,9 +199,11 @@ class PiCard:
             _read_to_prompt(sock)  # the banner
             sock.sendall(command.encode() + b"\n")
             answer = _read_to_prompt(sock)
-        # HMP echoes the command (with terminal escapes) before its answer
-        lines = ANSI.sub("", answer).replace("\r", "").splitlines()
-        return "\n".join(line for line in lines[1:] if line.strip())
+        # the command echoed as typed (a line redrawn key by key), the answer, the next prompt
+        _, _, rest = answer.partition("\n")
+        rest = rest.removesuffix("(qemu) ").replace("\r", "").strip()
+        assert not rest.startswith("Error"), f"{command}: {rest}"
+        return rest
 
     def snapshot(self, number: int, dest: Path) -> Path:
         """Partition ``number`` as a power cut now would leave it: the machine paused (QEMU
