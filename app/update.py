@@ -44,6 +44,7 @@ from cairn.gateway.ops.update_state import (
     UPDATE_DIR,
     Trial,
     booted_slot,
+    last_pull,
     last_result,
     record,
     running_slot,
@@ -322,10 +323,11 @@ def status() -> dict[str, Any]:
 
 
 def _records() -> dict[str, Any]:
-    """The install under way, the update on trial and the last update's result."""
+    """The install under way, the update on trial, the last update's result and the last
+    pull's."""
     return {"installing": vars(i) if (i := Trial.read(UPDATE_DIR, INSTALLING)) else None,
             "trial": vars(t) if (t := Trial.read(UPDATE_DIR)) else None,
-            "last": last_result(UPDATE_DIR)}
+            "last": last_result(UPDATE_DIR), "pull": last_pull(UPDATE_DIR)}
 
 
 def render_status(s: dict[str, Any]) -> str:
@@ -345,6 +347,8 @@ def render_status(s: dict[str, Any]) -> str:
     last = s["last"]
     lines.append("last update: " + (f"{last['result']} at {last['at']}: {last['reason']}"
                                     if last else "none"))
+    if pull := s.get("pull"):
+        lines.append(f"last pull: {pull['result']} since {pull['since']}: {pull['reason']}")
     return "\n".join(lines)
 
 

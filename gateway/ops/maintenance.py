@@ -223,12 +223,16 @@ def _check_data_dir(report: Report, config: Config) -> None:
 
 
 def check_update(report: Report) -> None:
-    """The A/B system (nothing off an A/B image): the slot running, an update on trial and
-    the last update's result. A failed update is a warning: the device runs the slot it
-    came from, as it should."""
+    """The A/B system (nothing off an A/B image): the slot running, an update on trial, the
+    last update's result and the last pull's. A failed update is a warning: the device runs
+    the slot it came from, as it should; so is a pull that failed (a source that sent more
+    than it offered, a partition too full to take the bundle)."""
     state = update_state.summary()
     if state["slot"] is None:
         return
+    pull = state["pull"]
+    if pull and pull.get("result") == "failed":
+        report.add("warn", "update pull", f"failing since {pull['since']}: {pull['reason']}")
     detail = f"running slot {state['slot']}"
     if state["trial"]:
         detail += f"; {state['trial']['version']} in slot {state['trial']['slot']} on trial"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import http.client
 import os
+import shutil
 import ssl
 import threading
 import urllib.parse
@@ -204,8 +205,12 @@ class HttpSource(HttpEndpoint):
             raise SinkError(f"GET {name}: larger than {limit} bytes")
         return data
 
-    def download(self, name: str, target: Path, chunk: int = 1 << 16) -> None:
-        """Into ``target``, appending to what an earlier download left there."""
+    def download(self, name: str, target: Path, size: int, spare: int = 0,
+                 chunk: int = 1 << 16) -> None:
+        """Into ``target``, appending to what an earlier download left there, until it holds
+        ``size`` bytes: a body that goes on past them raises :class:`TooLong` (curl's
+        ``--max-filesize``), and one that would leave less than ``spare`` bytes free on the
+        target's filesystem stops with :class:`NoRoom` before the write that would."""
         have = target.stat().st_size if target.exists() else 0
         reply, connection = self._get(name, {"Range": f"bytes={have}-"} if have else {})
         try:
@@ -213,12 +218,11 @@ class HttpSource(HttpEndpoint):
                 return
             if have and reply.status != 206:   # the server sends the whole file again
                 have = 0
+            if reply.length is not None and have + reply.length > size:
+                raise TooLong(f"GET {name}: {have + reply.length} bytes, more than {size}")
             with open(target, "r+b" if have else "wb") as out:
                 out.seek(have)
-                while block := reply.read(chunk):
-                    out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
+                self._copy(name, reply, out, target.parent, size - have, spare, chunk)
             if reply.length:   # the body ended before its Content-Length: the link went
                 raise SinkError(f"GET {name}: the connection closed {reply.length} bytes "
                                 f"before the end")
@@ -226,6 +230,24 @@ class HttpSource(HttpEndpoint):
             raise SinkError(f"GET {name}: {type(e).__name__} {e}".strip()) from e
         finally:
             connection.close()
+
+    @staticmethod
+    def _copy(name: str, reply: http.client.HTTPResponse, out: Any, where: Path, left: int,
+              spare: int, chunk: int) -> None:
+        """At most ``left`` bytes of ``reply`` into ``out`` (then fsynced), keeping ``spare``
+        bytes free on the filesystem of ``where``; one byte more is :class:`TooLong`."""
+        try:
+            while left > 0 and (block := reply.read(min(chunk, left))):
+                free = shutil.disk_usage(where).free
+                if free - len(block) < spare:
+                    raise NoRoom(f"GET {name}: {free} bytes free, {spare} kept free")
+                out.write(block)
+                left -= len(block)
+            if left == 0 and reply.read(1):
+                raise TooLong(f"GET {name}: more bytes than expected")
+        finally:
+            out.flush()
+            os.fsync(out.fileno())
 
     def _get(self, name: str, headers: dict[str, str]
              ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
@@ -250,6 +272,14 @@ class HttpSource(HttpEndpoint):
             connection.close()
             raise SinkError(f"GET {name}: HTTP {reply.status} {reply.reason}")
         raise SinkError(f"GET {name}: too many redirects")
+
+
+class TooLong(SinkError):
+    """The server sent more than the download may hold."""
+
+
+class NoRoom(SinkError):
+    """The download stopped where the space kept free beside it begins."""
 
 
 class TornHead(http.client.HTTPException):
