@@ -167,19 +167,27 @@ class Uploader:
             after = window[-1].seq  # a whole window of damage: look past it
 
     def _put(self, batch: Batch) -> None:
-        """Data first, manifest last; its bytes counted (and against the budget): a sink
-        that counts what it puts on the wire (sync.sinks.s3: request heads, a re-signed try)
-        says how many, the others' are the two bodies."""
-        before = getattr(self.sink, "sent", None)
+        """Data first, manifest last, each counted as sent (and against the budget) whether
+        or not the sink took it: a sink that took the data and refused every manifest was
+        once sent 6 MB in a minute against a 1 MB day, none of it counted."""
         try:
-            self.sink.put(batch.name, batch.data)
-            self.sink.put(manifest_name(batch.name), batch.manifest_bytes)
+            self._send(batch.name, batch.data)
+            self._send(manifest_name(batch.name), batch.manifest_bytes)
         finally:
             if hasattr(self.sink, "uplink_clock"):
                 self.status.uplink_clock = self.sink.uplink_clock.view()
-        size = batch.size if before is None else self.sink.sent - before
-        self.status.bytes_sent += size
-        self.status.budget_used += size if self.status.budget_bytes else 0
+
+    def _send(self, name: str, data: bytes) -> None:
+        """One file: a sink that counts what it puts on the wire (sync.sinks.http and s3:
+        request heads, a redirect, a re-signed try) says how many bytes, the others' are
+        the body."""
+        before = getattr(self.sink, "sent", None)
+        try:
+            self.sink.put(name, data)
+        finally:
+            size = len(data) if before is None else self.sink.sent - before
+            self.status.bytes_sent += size
+            self.status.budget_used += size if self.status.budget_bytes else 0
 
     def ship_health(self) -> int:
         """The budget is spent: ship the health records not shipped yet, each as a batch of

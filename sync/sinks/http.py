@@ -120,6 +120,7 @@ class HttpSink(HttpEndpoint):
     server that answers a byte at a time cannot hold a PUT longer."""
 
     bandwidth: int = 0
+    sent: int = 0  # bytes put on the wire: every PUT's head and body, every try and redirect
     pacer: Pacer | None = field(default=None, init=False, repr=False)
     section: ClassVar[str] = "sync"
     role: ClassVar[str] = "sink"
@@ -157,6 +158,7 @@ class HttpSink(HttpEndpoint):
         64 KiB of its body (an S3 error document: sync.sinks.s3 sends its signed PUTs here)."""
         parts = urllib.parse.urlsplit(url)
         connection = self._connection(parts)
+        self._count_sends(connection)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         body = data if self.pacer is None else _PacedBody(data, self.pacer)
         limit = self.timeout + (len(data) / self.bandwidth if self.bandwidth else 0.0)
@@ -178,6 +180,18 @@ class HttpSink(HttpEndpoint):
             deadline.cancel()
             connection.close()
         return reply, answer
+
+    def _count_sends(self, connection: http.client.HTTPConnection) -> None:
+        """Adds to ``sent`` what ``http.client`` hands the socket (the head it made, then the
+        body), before it goes: a send the link cuts short counts whole, as it may have
+        gone out (the data budget must not be spent past its end uncounted)."""
+        send = connection.send
+
+        def counted(data: Any) -> None:
+            self.sent += len(data)
+            send(data)
+
+        connection.send = counted
 
 
 @dataclass

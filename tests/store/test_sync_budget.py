@@ -22,6 +22,7 @@ from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from cairn.sync import budget as sync_budget
 from cairn.sync.budget import DAY_NS
 from cairn.sync.cli import parse_sync
+from cairn.sync.sinks import SinkError
 from harness.landing import landed
 from tests.system.test_sync import BOOT, T0_MS, RecordingSink, status_of, uploader_for
 
@@ -116,6 +117,23 @@ def test_past_the_budget_only_health_records_go_and_the_backlog_drains_the_next_
     assert status["budget_used"] < budget  # a new window
     _, rows = landed(landing)
     assert {r["seq"] for r in rows} == set(readings + health)
+
+
+def test_a_try_the_sink_did_not_finish_counts_against_the_budget(tmp_path):
+    """The attack: a sink that took the data and refused the manifest was sent 6 MB in a
+    minute against a 1 MB day, none of it counted (bytes counted once both files landed)."""
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    fill(data_dir, 300)
+    uploader = uploader_for(data_dir, RecordingSink(landing), batch_events=100,
+                            daily_bytes=10**6)
+    batch = uploader.next_batch()
+    (landing / manifest_name(batch.name)).mkdir(parents=True)   # no manifest can land there
+    with pytest.raises(SinkError, match="cannot write"):
+        uploader.once()
+    uploader.reader.close()
+    status = status_of(data_dir)
+    assert status["synced_seq"] == 0 and (landing / batch.name).exists()
+    assert status["bytes_sent"] == status["budget_used"] == batch.size
 
 
 def test_a_budget_of_one_byte_sends_health_records_only(tmp_path):
