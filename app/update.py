@@ -305,7 +305,7 @@ def status() -> dict[str, Any]:
         if RAUC_BUSY not in str(e).lower():
             raise
         return {"rauc": "busy: installing", "booted": running_slot(), "primary": None,
-                "compatible": None, "slots": {}, **_records()}
+                "compatible": None, "slots": {}, **records()}
     slots = {}
     for entry in rauc.get("slots", []):
         for name, slot in entry.items():
@@ -319,10 +319,10 @@ def status() -> dict[str, Any]:
         from importlib import metadata
         booted["version"] = metadata.version("cairn")
     return {"rauc": "ok", "booted": rauc.get("booted"), "primary": rauc.get("boot_primary"),
-            "compatible": rauc.get("compatible"), "slots": slots, **_records()}
+            "compatible": rauc.get("compatible"), "slots": slots, **records()}
 
 
-def _records() -> dict[str, Any]:
+def records() -> dict[str, Any]:
     """The install under way, the update on trial, the last update's result and the last
     pull's."""
     return {"installing": vars(i) if (i := Trial.read(UPDATE_DIR, INSTALLING)) else None,

@@ -230,7 +230,7 @@ def test_a_refused_download_says_why_in_the_journal_the_update_status_and_doctor
     why = "more than the 1000 bytes latest.json offers"
     assert why in caplog.text
     shown = update.render_status({"booted": "A", "primary": "A", "slots": {},
-                                  **update._records()})
+                                  **update.records()})
     assert "last pull: failed since " in shown and why in shown
     report = ops.Report()
     ops.check_update(report)
