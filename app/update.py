@@ -44,6 +44,7 @@ from cairn.gateway.ops.update_state import (
     UPDATE_DIR,
     Trial,
     booted_slot,
+    last_pull,
     last_result,
     record,
     running_slot,
@@ -304,7 +305,7 @@ def status() -> dict[str, Any]:
         if RAUC_BUSY not in str(e).lower():
             raise
         return {"rauc": "busy: installing", "booted": running_slot(), "primary": None,
-                "compatible": None, "slots": {}, **_records()}
+                "compatible": None, "slots": {}, **records()}
     slots = {}
     for entry in rauc.get("slots", []):
         for name, slot in entry.items():
@@ -318,14 +319,15 @@ def status() -> dict[str, Any]:
         from importlib import metadata
         booted["version"] = metadata.version("cairn")
     return {"rauc": "ok", "booted": rauc.get("booted"), "primary": rauc.get("boot_primary"),
-            "compatible": rauc.get("compatible"), "slots": slots, **_records()}
+            "compatible": rauc.get("compatible"), "slots": slots, **records()}
 
 
-def _records() -> dict[str, Any]:
-    """The install under way, the update on trial and the last update's result."""
+def records() -> dict[str, Any]:
+    """The install under way, the update on trial, the last update's result and the last
+    pull's."""
     return {"installing": vars(i) if (i := Trial.read(UPDATE_DIR, INSTALLING)) else None,
             "trial": vars(t) if (t := Trial.read(UPDATE_DIR)) else None,
-            "last": last_result(UPDATE_DIR)}
+            "last": last_result(UPDATE_DIR), "pull": last_pull(UPDATE_DIR)}
 
 
 def render_status(s: dict[str, Any]) -> str:
@@ -345,6 +347,8 @@ def render_status(s: dict[str, Any]) -> str:
     last = s["last"]
     lines.append("last update: " + (f"{last['result']} at {last['at']}: {last['reason']}"
                                     if last else "none"))
+    if pull := s.get("pull"):
+        lines.append(f"last pull: {pull['result']} since {pull['since']}: {pull['reason']}")
     return "\n".join(lines)
 
 

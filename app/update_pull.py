@@ -19,7 +19,10 @@ on_metered = "send"               # or "wait": no download on a metered link (ce
 "cairn-0.3.0-debian-trixie-arm64.raucb", "size": 268435456, "sha256": "..."}``. A device
 already on that version, or whose last try of it was not kept, leaves it; otherwise it
 downloads the bundle to the data partition (a download cut off resumes where it stopped),
-checks its size and sha256, and installs it with RAUC, which checks its signature. HTTP
+checks its size and sha256, and installs it with RAUC, which checks its signature. The
+download holds at most the size offered (a source that sends more is refused and its bytes
+deleted) and stops before it would take the SPARE_BYTES the store keeps free on the
+partition; why a check did not install is the last pull of ``cairn update status``. HTTP
 follows ``[sync]``'s rules: TLS verified, credentials for the source's own host only,
 redirects within it or to ``redirect_hosts``, never from https to http."""
 
@@ -39,10 +42,11 @@ from typing import Any
 
 from cairn.base.config_tools import ConfigError, Validator, optional_secret
 from cairn.gateway.core.config import read_document
-from cairn.gateway.ops.update_state import UPDATE_DIR, Trial, last_result
+from cairn.gateway.ops import update_state
+from cairn.gateway.ops.update_state import Trial, last_result
 from cairn.sync import metered
 from cairn.sync.cli import GATEWAY_ID
-from cairn.sync.sinks import HttpSource, SinkError
+from cairn.sync.sinks import HttpSource, NoRoom, SinkError, TooLong
 
 log = logging.getLogger("cairn.update")
 INDEX = "latest.json"
@@ -138,8 +142,21 @@ def _sha256(path: Path) -> str:
 
 
 def check(source: HttpSource, running: str, install: Callable[[Path, str], None],
-          directory: Path = UPDATE_DIR) -> str:
-    """One check: what it did, as a sentence; PullError when it could not."""
+          directory: Path | None = None) -> str:
+    """One check: what it did, as a sentence; PullError when it could not. Either is kept
+    as the last pull (update_state.record_pull) for ``cairn update status`` and doctor."""
+    directory = directory or update_state.UPDATE_DIR
+    try:
+        done = _check(source, running, install, directory)
+    except PullError as e:
+        update_state.record_pull(directory, "failed", str(e))
+        raise
+    update_state.record_pull(directory, "ok", done)
+    return done
+
+
+def _check(source: HttpSource, running: str, install: Callable[[Path, str], None],
+           directory: Path) -> str:
     try:
         offer = Offer.parse(source.fetch(INDEX))
     except SinkError as e:
@@ -159,7 +176,13 @@ def check(source: HttpSource, running: str, install: Callable[[Path, str], None]
     return f"installed {offer.version} from {source.describe()}"
 
 
-def _download(source: HttpSource, offer: Offer, directory: Path) -> Path:
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _part(offer: Offer, directory: Path) -> Path:
+    """download.raucb as far as an earlier try of this offer got: another bundle's bytes, or
+    more bytes than offered (a source that sent too much), are no start for this one."""
     directory.mkdir(parents=True, exist_ok=True)
     part, about = directory / "download.raucb", directory / "download.json"
     wanted = {"bundle": offer.bundle, "sha256": offer.sha256, "size": offer.size}
@@ -167,22 +190,36 @@ def _download(source: HttpSource, offer: Offer, directory: Path) -> Path:
         same = json.loads(about.read_text()) == wanted
     except (OSError, ValueError):
         same = False
-    if not same:   # another bundle's bytes are no start for this one
+    if not same or _size(part) > offer.size:
         part.unlink(missing_ok=True)
+    if not same:
         about.write_text(json.dumps(wanted) + "\n")
-    have = part.stat().st_size if part.exists() else 0
-    free = shutil.disk_usage(directory).free
+    return part
+
+
+def _download(source: HttpSource, offer: Offer, directory: Path) -> Path:
+    """The bundle, checked; never more than the offer's size on the data partition, and
+    never into the SPARE_BYTES the store keeps there (it shares the partition)."""
+    part = _part(offer, directory)
+    have, free = _size(part), shutil.disk_usage(directory).free
     if offer.size - have + SPARE_BYTES > free:
         raise PullError(f"not enough space on the data partition for {offer.bundle}: "
                         f"{(offer.size - have) / 2**20:.0f} MiB to go, "
                         f"{free / 2**20:.0f} MiB free")
     try:
-        source.download(offer.bundle, part)
+        source.download(offer.bundle, part, offer.size, SPARE_BYTES)
+    except TooLong:
+        part.unlink(missing_ok=True)
+        raise PullError(f"{offer.bundle}: the source sent more than the {offer.size} bytes "
+                        f"{INDEX} offers: refused, the part deleted") from None
+    except NoRoom:
+        raise PullError(f"{offer.bundle}: stopped at {_size(part)} of {offer.size} bytes: the "
+                        f"data partition is down to the {SPARE_BYTES / 2**20:.0f} MiB kept "
+                        f"free for the store (the next check resumes)") from None
     except SinkError as e:
-        got = part.stat().st_size if part.exists() else 0
-        raise PullError(f"{e} ({got} of {offer.size} bytes here: the next check resumes)"
-                        ) from None
-    got = part.stat().st_size
+        raise PullError(f"{e} ({_size(part)} of {offer.size} bytes here: the next check "
+                        f"resumes)") from None
+    got = _size(part)
     if got != offer.size or _sha256(part) != offer.sha256:
         part.unlink()
         raise PullError(f"{offer.bundle}: {got} bytes, not the {offer.size} with the sha256 "

@@ -60,7 +60,10 @@ class SyncStatus:
     events: int = 0
     damaged_rows: int = 0  # history rows that could not be read, shipped as gaps
     last_damaged: dict[str, Any] | None = None
-    bytes_sent: int = 0  # batch and manifest bodies the sink confirmed, since the first run
+    # history rows larger than a whole day's budget, shipped as gaps ("over budget: ...")
+    over_budget_rows: int = 0
+    last_over_budget: dict[str, Any] | None = None  # first_seq, last_seq, reason
+    bytes_sent: int = 0  # every try's bytes, taken or not (sync.uploader), since the first run
     budget_bytes: int = 0  # [sync] daily_bytes; 0: no limit
     budget_used: int = 0  # sent in the budget's current window (a day of CLOCK_BOOTTIME)
     budget_since: str | None = None  # when that window began (wall clock, to read)

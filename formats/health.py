@@ -80,6 +80,10 @@ FIELDS = (
           "measured one: `offset_s` (the server's lead on the wall clock), `measured` (the "
           "server's time then); see [Landing in S3](sync-and-spark.md#landing-in-s3)"),
     Field("sync.damaged_rows_shipped", int, "rows shipped as damage records"),
+    Field("sync.over_budget_rows", int, "history rows larger than a whole day's budget, "
+          "shipped as gaps (`over budget: ...`) so that the rest goes on"),
+    Field("sync.last_over_budget", dict, "the last of them: `first_seq`, `last_seq`, "
+          "`reason`"),
     Field("card", dict, "the card's wear"),
     Field("card.bytes_per_day", NUMBER, "bytes written a day"),
     Field("card.life_years", NUMBER, "years of card life at that rate"),
@@ -166,7 +170,7 @@ def _check(path: str, value: Any) -> None:
         raise KeyError(f"{path} is not a field of the health record (formats.health.FIELDS)")
     if not isinstance(value, dict) or path in ("limit_hits", "update_on_trial",
                                                "clock.last_step", "last_update",
-                                               "sync.uplink_clock"):
+                                               "sync.uplink_clock", "sync.last_over_budget"):
         return
     for key, inner in value.items():
         if path == "devices":  # {device id: {field: value}}

@@ -123,11 +123,13 @@ class FaultProxy(TcpProxy):
     ``cut`` reads the head and half the body and forwards them, then closes both sides (a
     server gone mid-PUT); ``etag`` forwards it and changes the ETag of the answer;
     ``denied`` answers 403 AccessDenied as AWS does for a key whose policy does not allow
-    the PUT (rclone has no policies). ``sent`` and ``received`` count the bytes from and to
-    the client, heads included."""
+    the PUT (rclone has no policies); ``matching``: only requests whose request line holds
+    it (a manifest's name) meet the mode. ``sent`` and ``received`` count the bytes from and
+    to the client, heads included."""
 
     mode: str = "pass"
     times: int = 0
+    matching: str = ""
     sent: int = 0
     received: int = 0
     seen: list[Seen] = field(default_factory=list)
@@ -136,14 +138,14 @@ class FaultProxy(TcpProxy):
         self._lock = threading.Lock()
         super().__post_init__()
 
-    def fail(self, mode: str, times: int = 1) -> None:
+    def fail(self, mode: str, times: int = 1, matching: str = "") -> None:
         assert mode in MODES
         with self._lock:
-            self.mode, self.times = mode, times
+            self.mode, self.times, self.matching = mode, times, matching
 
-    def _next_mode(self) -> str:
+    def _next_mode(self, line: str) -> str:
         with self._lock:
-            if self.times <= 0:
+            if self.times <= 0 or self.matching not in line:
                 return "pass"
             self.times -= 1
             return self.mode
@@ -153,8 +155,9 @@ class FaultProxy(TcpProxy):
             head, rest = read_head(client)
             if not head:
                 return
-            mode = self._next_mode()
-            self.seen.append(Seen(mode, head.split(b"\r\n", 1)[0].decode(), time.monotonic()))
+            line = head.split(b"\r\n", 1)[0].decode()
+            mode = self._next_mode(line)
+            self.seen.append(Seen(mode, line, time.monotonic()))
             length = content_length(head)
             wanted = length // 2 if mode == "cut" else length
             body = rest[:wanted] + _read_exactly(client, wanted - len(rest))

@@ -83,6 +83,19 @@ def _damaged_gap(row: Damaged) -> dict[str, Any]:
             "wall_ms": row.wall_ms}
 
 
+OVER_BUDGET = "over budget"  # the reason of a gap of a row too large for any day's budget
+
+
+def _over_budget_gap(row: dict[str, Any], size: int, daily: int) -> dict[str, Any]:
+    """A history row whose batch alone is larger than a whole day's budget, as a gap record
+    of the batch after it (ids as :func:`_damaged_gap`'s: a row is damaged or readable)."""
+    return {"id": -row["seq"], "realm": row["realm"], "rule": None,
+            "first_seq": row["seq"], "last_seq": row["seq"], "count": 1,
+            "reason": f"{OVER_BUDGET}: {size} bytes alone, more than a day's {daily} bytes "
+                      f"([sync] daily_bytes): kept in the store, not shipped",
+            "wall_ms": row["wall_ms"]}
+
+
 def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
                 anchors: list[dict[str, Any]], gaps: list[dict[str, Any]],
                 data: bytes | None = None, key: bytes | None = None,
@@ -125,6 +138,9 @@ class Uploader:
         self._written: tuple[dict[str, Any], float] | None = None
         if hasattr(self.sink, "uplink_clock"):  # sync.sinks.s3: what this boot measured before
             self.sink.uplink_clock.resume(self.status.uplink_clock)
+        # rows no day's budget carries, by seq: their gap records, until shipped (each run
+        # finds them again: the same row against the same budget)
+        self._left_out: dict[int, dict[str, Any]] = {}
         self._said_over_budget = False  # logged once per spell, not every interval
         self._said_health_held = False  # so is the floor of health records reached
 
@@ -133,22 +149,51 @@ class Uploader:
     def next_batch(self) -> Batch | None:
         """The next batch of the backlog within ``batch_bytes`` and what the day's budget
         has left; None when nothing waits, or when the budget cannot carry even one row
-        (``status.health_only``: then only health records go, see :meth:`ship_health`)."""
-        rows, damaged = self._readable_rows()
+        (``status.health_only``: then only health records go, see :meth:`ship_health`).
+        A row no day's budget can carry is left out as a gap (:meth:`_leave_out`)."""
         self.status.health_only = False
-        if not rows:
-            return None
-        room = budget.room(self.status)
-        limit = min(self.batch_bytes, room)
+        while True:
+            rows, damaged = self._readable_rows()
+            if not rows:
+                return None
+            room = budget.room(self.status)
+            batch = self._fitted(rows, damaged, min(self.batch_bytes, room))
+            if batch.size <= room:
+                return batch
+            if not self._larger_than_a_day(batch):
+                self.status.health_only = True
+                return None
+            self._leave_out(rows[0], batch.size)
+
+    def _fitted(self, rows: list[dict[str, Any]], damaged: list[Damaged], limit: float
+                ) -> Batch:
+        """The batch of the first of ``rows`` that fit in ``limit`` bytes (one at least)."""
         batch = self._batch(rows, damaged)
         while batch.size > limit and len(rows) > 1:
             rows = rows[: max(1, int(len(rows) * limit // batch.size * 9 // 10))]
             batch = self._batch(rows, damaged)
-        self.status.health_only = batch.size > room
-        return None if self.status.health_only else batch
+        return batch
+
+    def _larger_than_a_day(self, batch: Batch) -> bool:
+        """One row whose batch is larger than a whole day's budget, though a batch's
+        manifest fits in one: the row itself is too large (a budget smaller than a manifest
+        carries no row at all: health records only, as documented for daily_bytes = 1)."""
+        daily = self.status.budget_bytes
+        return batch.count == 1 and batch.size > daily >= len(batch.manifest_bytes)
+
+    def _leave_out(self, row: dict[str, Any], size: int) -> None:
+        """Records ``row`` (``size`` bytes as a batch of its own) as an "over budget" gap,
+        which ships in the manifest of the batch after it, so that the watermark moves on.
+        Not shipped alone on a fresh window instead: the budget is the operator's bound on a
+        metered link, and anyone who may publish to a history topic could then spend days'
+        worth with one row, every day, and hold later readings back a day per such row.
+        The row stays in the store (get_events reads it) until retention drops it."""
+        self._left_out[row["seq"]] = _over_budget_gap(row, size, self.status.budget_bytes)
 
     def _batch(self, rows: list[dict[str, Any]], damaged: list[Damaged]) -> Batch:
-        lost = [_damaged_gap(r) for r in damaged if r.seq < rows[-1]["seq"]]
+        last = rows[-1]["seq"]
+        lost = [_damaged_gap(r) for r in damaged if r.seq < last] + \
+            [gap for seq, gap in self._left_out.items() if self.status.synced_seq < seq < last]
         return build_batch(self.gateway_id, rows, self.status.synced_seq,
                            self.reader.anchors(), self.reader.gaps() + lost,
                            key=self.reader.publication_key())
@@ -156,30 +201,40 @@ class Uploader:
     def _readable_rows(self) -> tuple[list[dict[str, Any]], list[Damaged]]:
         """The next rows that can be shipped, and the damaged ones before and among them.
         Damaged rows go in a batch's manifest as gaps (reason "damaged: ..."), so they ride
-        with the next good row: a backlog that ends in them waits for one."""
+        with the next good row: a backlog that ends in them waits for one. So do the rows
+        left out over budget (:meth:`_leave_out`), which are not among these."""
         after, damaged = self.status.synced_seq, []
         while True:
             window = self.reader.publications_after(after, self.batch_events)
-            good = [row_of(r) for r in window if not isinstance(r, Damaged)]
+            good = [row_of(r) for r in window
+                    if not isinstance(r, Damaged) and r.seq not in self._left_out]
             damaged += [r for r in window if isinstance(r, Damaged)]
             if good or len(window) < self.batch_events:
                 return good, damaged
             after = window[-1].seq  # a whole window of damage: look past it
 
     def _put(self, batch: Batch) -> None:
-        """Data first, manifest last; its bytes counted (and against the budget): a sink
-        that counts what it puts on the wire (sync.sinks.s3: request heads, a re-signed try)
-        says how many, the others' are the two bodies."""
-        before = getattr(self.sink, "sent", None)
+        """Data first, manifest last, each counted as sent (and against the budget) whether
+        or not the sink took it: a sink that took the data and refused every manifest was
+        once sent 6 MB in a minute against a 1 MB day, none of it counted."""
         try:
-            self.sink.put(batch.name, batch.data)
-            self.sink.put(manifest_name(batch.name), batch.manifest_bytes)
+            self._send(batch.name, batch.data)
+            self._send(manifest_name(batch.name), batch.manifest_bytes)
         finally:
             if hasattr(self.sink, "uplink_clock"):
                 self.status.uplink_clock = self.sink.uplink_clock.view()
-        size = batch.size if before is None else self.sink.sent - before
-        self.status.bytes_sent += size
-        self.status.budget_used += size if self.status.budget_bytes else 0
+
+    def _send(self, name: str, data: bytes) -> None:
+        """One file: a sink that counts what it puts on the wire (sync.sinks.http and s3:
+        request heads, a redirect, a re-signed try) says how many bytes, the others' are
+        the body."""
+        before = getattr(self.sink, "sent", None)
+        try:
+            self.sink.put(name, data)
+        finally:
+            size = len(data) if before is None else self.sink.sent - before
+            self.status.bytes_sent += size
+            self.status.budget_used += size if self.status.budget_bytes else 0
 
     def ship_health(self) -> int:
         """The budget is spent: ship the health records not shipped yet, each as a batch of
@@ -219,10 +274,23 @@ class Uploader:
         self.status.events += batch.count
         for gap in batch.manifest["gaps"]:
             if gap["id"] < 0 and gap["first_seq"] > batch.manifest["after_seq"]:
-                self.status.damaged_rows += 1
-                self.status.last_damaged = {k: gap[k] for k in ("first_seq", "reason")}
-                log.warning("history row seq %d could not be read (%s): shipped as a gap",
-                            gap["first_seq"], gap["reason"])
+                self._count_left_out(gap)
+        self._left_out = {seq: gap for seq, gap in self._left_out.items()
+                          if seq > batch.last_seq}
+
+    def _count_left_out(self, gap: dict[str, Any]) -> None:
+        """A row this uploader left out of a batch it shipped, in the status and the log."""
+        if gap["reason"].startswith(OVER_BUDGET):
+            self.status.over_budget_rows += 1
+            self.status.last_over_budget = {k: gap[k] for k in ("first_seq", "last_seq",
+                                                                "reason")}
+            log.warning("history row seq %d is larger than any day's budget (%s): shipped as "
+                        "a gap", gap["first_seq"], gap["reason"])
+            return
+        self.status.damaged_rows += 1
+        self.status.last_damaged = {k: gap[k] for k in ("first_seq", "reason")}
+        log.warning("history row seq %d could not be read (%s): shipped as a gap",
+                    gap["first_seq"], gap["reason"])
 
     # -- loops ---------------------------------------------------------------------------
 

@@ -181,7 +181,10 @@ def doctor(config_path: str | None) -> Report:
     _check_serial(report, data.get("sensors", []))
     _check_clock(report)
     _check_sink(report, data.get("sync"))
-    _check_sync_wait(report, config.router.data_dir, data.get("sync"))
+    sync = data.get("sync")
+    status = read_sync_status(config.router.data_dir) if isinstance(sync, dict) and sync else None
+    _check_sync_wait(report, status)
+    _check_sync_budget(report, status)
     _check_wear(report, config)
     check_update(report)
     return report
@@ -223,12 +226,16 @@ def _check_data_dir(report: Report, config: Config) -> None:
 
 
 def check_update(report: Report) -> None:
-    """The A/B system (nothing off an A/B image): the slot running, an update on trial and
-    the last update's result. A failed update is a warning: the device runs the slot it
-    came from, as it should."""
+    """The A/B system (nothing off an A/B image): the slot running, an update on trial, the
+    last update's result and the last pull's. A failed update is a warning: the device runs
+    the slot it came from, as it should; so is a pull that failed (a source that sent more
+    than it offered, a partition too full to take the bundle)."""
     state = update_state.summary()
     if state["slot"] is None:
         return
+    pull = state["pull"]
+    if pull and pull.get("result") == "failed":
+        report.add("warn", "update pull", f"failing since {pull['since']}: {pull['reason']}")
     detail = f"running slot {state['slot']}"
     if state["trial"]:
         detail += f"; {state['trial']['version']} in slot {state['trial']['slot']} on trial"
@@ -361,10 +368,9 @@ def _probe_sink(url: str) -> tuple[str, str]:
     return "ok", f"answers (HTTP {reply.status})"
 
 
-def _check_sync_wait(report: Report, data_dir: Path, sync: Any) -> None:
+def _check_sync_wait(report: Report, status: dict[str, Any] | None) -> None:
     """An uploader told to wait for an unmetered link (``on_metered = "wait"``) that waits:
     nothing is broken, but nothing leaves the device either (a warning)."""
-    status = read_sync_status(data_dir) if isinstance(sync, dict) and sync else None
     if status is None or status.get("state") != "waiting":
         return
     since = f" since {status['waiting_since']}" if status.get("waiting_since") else ""
@@ -372,6 +378,18 @@ def _check_sync_wait(report: Report, data_dir: Path, sync: Any) -> None:
     left = f"; {backlog:,} events not yet shipped" if isinstance(backlog, int) else ""
     report.add("warn", "sync", f"waiting for {status.get('waiting_for') or 'an unmetered link'}"
                                f"{since}{left}")
+
+
+def _check_sync_budget(report: Report, status: dict[str, Any] | None) -> None:
+    """History rows larger than a whole day's ``[sync] daily_bytes``, shipped as gaps: the
+    rest ships, but these never reach the central side (a warning)."""
+    rows = (status or {}).get("over_budget_rows")
+    if not isinstance(rows, int) or rows <= 0:
+        return
+    last = status.get("last_over_budget") if isinstance(status.get("last_over_budget"),
+                                                        dict) else {}
+    report.add("warn", "sync budget", f"{rows:,} history row(s) shipped as gaps, the last "
+                                      f"seq {last.get('first_seq')}: {last.get('reason')}")
 
 
 def _check_wear(report: Report, config: Config) -> None:

@@ -1,9 +1,10 @@
 """What the device's A/B system updates left behind, for whoever reports on the device (the
 router's status and /metrics, ``cairn doctor``, ``cairn update status``): the slot this boot
-runs, the install under way, the update on trial and the last update's result. Written by
-RAUC's pre- and post-install handlers (images/update/cairn-update-installing, -installed) and
-by the health gate (cairn.app.update), in UPDATE_DIR on the data partition, outside either
-root slot."""
+runs, the install under way, the update on trial, the last update's result and the last
+check of ``cairn update pull``. Written by RAUC's pre- and post-install handlers
+(images/update/cairn-update-installing, -installed), by the health gate (cairn.app.update)
+and by the puller (cairn.app.update_pull), in UPDATE_DIR on the data partition, outside
+either root slot."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from cairn.base.files import write_atomically
 UPDATE_DIR = Path(os.environ.get("CAIRN_UPDATE_DIR", "/data/update"))
 CMDLINE = Path("/proc/cmdline")
 INSTALLING, TRIAL = "installing", "trial"   # an install begun; its slot written and switched to
+PULL = "pull.json"   # the last check of ``cairn update pull``
 
 
 def booted_slot(cmdline: str) -> str | None:
@@ -72,10 +74,32 @@ def record(directory: Path, result: str, reason: str, trial: Trial | None,
 
 
 def last_result(directory: Path) -> dict[str, Any] | None:
+    return _read(directory / "last.json")
+
+
+def record_pull(directory: Path, result: str, reason: str) -> None:
+    """The outcome of ``cairn update pull``'s last check (``ok`` or ``failed``, and what it
+    did or why not) in pull.json, with ``since``: when checks began to end so. Rewritten
+    only when the outcome changes (an hourly check that finds nothing new writes nothing)."""
+    path = directory / PULL
+    last = _read(path)
+    if last and (last.get("result"), last.get("reason")) == (result, reason):
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    pull = {"result": result, "reason": reason, "since": now_utc()}
+    write_atomically(path, json.dumps(pull, indent=1) + "\n", mode=None, durable=False)
+
+
+def last_pull(directory: Path) -> dict[str, Any] | None:
+    return _read(directory / PULL)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
     try:
-        return json.loads((directory / "last.json").read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
 
 
 @functools.cache
@@ -94,8 +118,9 @@ def running_slot() -> str | None:
 
 
 def summary(directory: Path | None = None) -> dict[str, Any]:
-    """The slot running now, the update on trial and the last update's result."""
+    """The slot running now, the update on trial, the last update's result and the last
+    pull's."""
     directory = directory or UPDATE_DIR
     trial = Trial.read(directory)
     return {"slot": running_slot(), "trial": vars(trial) if trial else None,
-            "last": last_result(directory)}
+            "last": last_result(directory), "pull": last_pull(directory)}

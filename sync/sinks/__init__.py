@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from cairn.base.config_tools import Validator
 from cairn.sync.sinks import directory, http, s3
 from cairn.sync.sinks.directory import DirectorySink
-from cairn.sync.sinks.http import HttpEndpoint, HttpSink, HttpSource
+from cairn.sync.sinks.http import HttpEndpoint, HttpSink, HttpSource, NoRoom, TooLong
 from cairn.sync.sinks.sink import Pacer, Sink, SinkError
 
 
@@ -52,5 +52,6 @@ def open_sink(url: str, config: Any) -> Sink:
     return scheme.open(url, config)
 
 
-__all__ = ["SCHEMES", "DirectorySink", "HttpEndpoint", "HttpSink", "HttpSource", "Pacer",
-           "Scheme", "Sink", "SinkError", "open_sink", "prefixes", "scheme_of"]
+__all__ = ["SCHEMES", "DirectorySink", "HttpEndpoint", "HttpSink", "HttpSource", "NoRoom",
+           "Pacer", "Scheme", "Sink", "SinkError", "TooLong", "open_sink", "prefixes",
+           "scheme_of"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import http.client
 import os
+import shutil
 import ssl
 import threading
 import urllib.parse
@@ -119,6 +120,7 @@ class HttpSink(HttpEndpoint):
     server that answers a byte at a time cannot hold a PUT longer."""
 
     bandwidth: int = 0
+    sent: int = 0  # bytes put on the wire: every PUT's head and body, every try and redirect
     pacer: Pacer | None = field(default=None, init=False, repr=False)
     section: ClassVar[str] = "sync"
     role: ClassVar[str] = "sink"
@@ -156,6 +158,7 @@ class HttpSink(HttpEndpoint):
         64 KiB of its body (an S3 error document: sync.sinks.s3 sends its signed PUTs here)."""
         parts = urllib.parse.urlsplit(url)
         connection = self._connection(parts)
+        self._count_sends(connection)
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         body = data if self.pacer is None else _PacedBody(data, self.pacer)
         limit = self.timeout + (len(data) / self.bandwidth if self.bandwidth else 0.0)
@@ -177,6 +180,18 @@ class HttpSink(HttpEndpoint):
             deadline.cancel()
             connection.close()
         return reply, answer
+
+    def _count_sends(self, connection: http.client.HTTPConnection) -> None:
+        """Adds to ``sent`` what ``http.client`` hands the socket (the head it made, then the
+        body), before it goes: a send the link cuts short counts whole, as it may have
+        gone out (the data budget must not be spent past its end uncounted)."""
+        send = connection.send
+
+        def counted(data: Any) -> None:
+            self.sent += len(data)
+            send(data)
+
+        connection.send = counted
 
 
 @dataclass
@@ -204,8 +219,12 @@ class HttpSource(HttpEndpoint):
             raise SinkError(f"GET {name}: larger than {limit} bytes")
         return data
 
-    def download(self, name: str, target: Path, chunk: int = 1 << 16) -> None:
-        """Into ``target``, appending to what an earlier download left there."""
+    def download(self, name: str, target: Path, size: int, spare: int = 0,
+                 chunk: int = 1 << 16) -> None:
+        """Into ``target``, appending to what an earlier download left there, until it holds
+        ``size`` bytes: a body that goes on past them raises :class:`TooLong` (curl's
+        ``--max-filesize``), and one that would leave less than ``spare`` bytes free on the
+        target's filesystem stops with :class:`NoRoom` before the write that would."""
         have = target.stat().st_size if target.exists() else 0
         reply, connection = self._get(name, {"Range": f"bytes={have}-"} if have else {})
         try:
@@ -213,12 +232,11 @@ class HttpSource(HttpEndpoint):
                 return
             if have and reply.status != 206:   # the server sends the whole file again
                 have = 0
+            if reply.length is not None and have + reply.length > size:
+                raise TooLong(f"GET {name}: {have + reply.length} bytes, more than {size}")
             with open(target, "r+b" if have else "wb") as out:
                 out.seek(have)
-                while block := reply.read(chunk):
-                    out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
+                self._copy(name, reply, out, target.parent, size - have, spare, chunk)
             if reply.length:   # the body ended before its Content-Length: the link went
                 raise SinkError(f"GET {name}: the connection closed {reply.length} bytes "
                                 f"before the end")
@@ -226,6 +244,24 @@ class HttpSource(HttpEndpoint):
             raise SinkError(f"GET {name}: {type(e).__name__} {e}".strip()) from e
         finally:
             connection.close()
+
+    @staticmethod
+    def _copy(name: str, reply: http.client.HTTPResponse, out: Any, where: Path, left: int,
+              spare: int, chunk: int) -> None:
+        """At most ``left`` bytes of ``reply`` into ``out`` (then fsynced), keeping ``spare``
+        bytes free on the filesystem of ``where``; one byte more is :class:`TooLong`."""
+        try:
+            while left > 0 and (block := reply.read(min(chunk, left))):
+                free = shutil.disk_usage(where).free
+                if free - len(block) < spare:
+                    raise NoRoom(f"GET {name}: {free} bytes free, {spare} kept free")
+                out.write(block)
+                left -= len(block)
+            if left == 0 and reply.read(1):
+                raise TooLong(f"GET {name}: more bytes than expected")
+        finally:
+            out.flush()
+            os.fsync(out.fileno())
 
     def _get(self, name: str, headers: dict[str, str]
              ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
@@ -250,6 +286,14 @@ class HttpSource(HttpEndpoint):
             connection.close()
             raise SinkError(f"GET {name}: HTTP {reply.status} {reply.reason}")
         raise SinkError(f"GET {name}: too many redirects")
+
+
+class TooLong(SinkError):
+    """The server sent more than the download may hold."""
+
+
+class NoRoom(SinkError):
+    """The download stopped where the space kept free beside it begins."""
 
 
 class TornHead(http.client.HTTPException):

@@ -168,7 +168,6 @@ class S3Sink:
     timeout: float = 30.0
     verify_tls: bool = True
     bandwidth: int = 0
-    sent: int = 0  # bytes put on the wire (request heads and bodies, every try)
     uplink_clock: UplinkClock = field(default_factory=UplinkClock)
 
     def __post_init__(self) -> None:
@@ -179,6 +178,11 @@ class S3Sink:
         e = urllib.parse.urlsplit(self.config.endpoint)
         self._host = e.netloc if self.config.addressing == "path" else \
             f"{self.config.bucket}.{e.netloc}"
+
+    @property
+    def sent(self) -> int:
+        """Bytes put on the wire: request heads and bodies, every try (its transport's)."""
+        return self._http.sent
 
     def describe(self) -> str:
         c = self.config
@@ -200,11 +204,8 @@ class S3Sink:
             headers = {"Host": self._host, "Content-Type": "application/octet-stream"}
             headers.update(authorize(self.config.credentials, self.config.region, "PUT", path,
                                      "", headers, sha256, when))
-            # unsigned, and named here so that http.client adds no header of its own: the
-            # head is exactly these lines (counted below)
+            # unsigned, and named here so that http.client adds no header of its own
             headers.update({"Content-Length": str(len(data)), "Accept-Encoding": "identity"})
-            self.sent += len(f"PUT {path} HTTP/1.1\r\n") + 2 + len(data) + \
-                sum(len(f"{k}: {v}\r\n") for k, v in headers.items())
             reply, answer = self._http.send_put(url, self._where(key), data, headers)
             if 200 <= reply.status < 300:
                 return self._check_etag(name, key, reply.getheader("ETag"), data)

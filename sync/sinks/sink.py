@@ -7,10 +7,11 @@ manifest is written last, so a reader that sees a manifest can trust the data fi
 speed.
 
 Two attributes a sink may have, which the uploader (sync.uploader) then uses: ``sent``, the
-bytes it put on the wire so far (request heads and retries included), which the status and
-the data budget count instead of the two bodies; and ``uplink_clock``, its view of the
-server's clock (:class:`.s3.UplinkClock`), kept in the status and taken over by the next
-run of the same boot. The S3 sink has both.
+bytes it put on the wire so far (request heads, redirects and retries included, whether or
+not the server took them), which the status and the data budget count instead of the bodies
+(the HTTP and S3 sinks have it); and ``uplink_clock``, its view of the server's clock
+(:class:`.s3.UplinkClock`), kept in the status and taken over by the next run of the same
+boot (the S3 sink's).
 """
 
 from __future__ import annotations

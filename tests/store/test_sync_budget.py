@@ -7,28 +7,35 @@ uploader, a directory sink; a day passes by stepping the boot-time clock sync.bu
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 
 import pytest
 
 from cairn.base import clock
 from cairn.base.config_tools import ConfigError
+from cairn.formats import health as record_format
 from cairn.formats.batch import manifest_name
 from cairn.gateway.core.config import HEALTH_TOPIC
 from cairn.gateway.core.session import Sequence
+from cairn.gateway.shell.health import sync_section
 from cairn.gateway.shell.metrics import MessageCounters
 from cairn.gateway.shell.metrics import render as render_metrics
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
 from cairn.sync import budget as sync_budget
 from cairn.sync.budget import DAY_NS
 from cairn.sync.cli import parse_sync
+from cairn.sync.sinks import SinkError
 from harness.landing import landed
+from tests.system.test_ops import cairn, doctor_lines, write_config
 from tests.system.test_sync import BOOT, T0_MS, RecordingSink, status_of, uploader_for
 
 HEALTH_EVERY = 50  # a health record after every 50 readings
+LARGE = random.Random(45).randbytes(500_000)  # a 500 KB reading that does not compress
 
 
-async def _fill(path: Path, readings: int) -> tuple[list[int], list[int]]:
+async def _fill(path: Path, readings: int, large_at: int | None
+                ) -> tuple[list[int], list[int]]:
     store = await Store.open(path)
     sequence = Sequence(store.next_seq, store.publication_ids)
     seqs: tuple[list[int], list[int]] = ([], [])
@@ -37,6 +44,8 @@ async def _fill(path: Path, readings: int) -> tuple[list[int], list[int]]:
             health = i % HEALTH_EVERY == HEALTH_EVERY - 1
             topic, kwargs = ((HEALTH_TOPIC, {"schema": 1, "uptime_s": i}) if health else
                              (f"sensor.dev{i % 4}", {"temperature": 20 + i % 10 / 10}))
+            if i == large_at:
+                kwargs["image"] = LARGE
             seq, publication = sequence.assign()
             seqs[health].append(seq)
             store.append(StoredPublication(
@@ -50,9 +59,11 @@ async def _fill(path: Path, readings: int) -> tuple[list[int], list[int]]:
     return seqs
 
 
-def fill(data_dir: Path, events: int) -> tuple[list[int], list[int]]:
-    """(reading seqs, health record seqs) of a store holding ``events`` rows."""
-    return asyncio.run(_fill(data_dir / "cairn.db", events))
+def fill(data_dir: Path, events: int, large_at: int | None = None
+         ) -> tuple[list[int], list[int]]:
+    """(reading seqs, health record seqs) of a store holding ``events`` rows (seqs from 1,
+    one a row); the row ``large_at`` carries LARGE."""
+    return asyncio.run(_fill(data_dir / "cairn.db", events, large_at))
 
 
 def a_day_later(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,6 +129,23 @@ def test_past_the_budget_only_health_records_go_and_the_backlog_drains_the_next_
     assert {r["seq"] for r in rows} == set(readings + health)
 
 
+def test_a_try_the_sink_did_not_finish_counts_against_the_budget(tmp_path):
+    """The attack: a sink that took the data and refused the manifest was sent 6 MB in a
+    minute against a 1 MB day, none of it counted (bytes counted once both files landed)."""
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    fill(data_dir, 300)
+    uploader = uploader_for(data_dir, RecordingSink(landing), batch_events=100,
+                            daily_bytes=10**6)
+    batch = uploader.next_batch()
+    (landing / manifest_name(batch.name)).mkdir(parents=True)   # no manifest can land there
+    with pytest.raises(SinkError, match="cannot write"):
+        uploader.once()
+    uploader.reader.close()
+    status = status_of(data_dir)
+    assert status["synced_seq"] == 0 and (landing / batch.name).exists()
+    assert status["bytes_sent"] == status["budget_used"] == batch.size
+
+
 def test_a_budget_of_one_byte_sends_health_records_only(tmp_path):
     data_dir, landing = tmp_path / "data", tmp_path / "landing"
     readings, health = fill(data_dir, 200)
@@ -149,6 +177,49 @@ def test_health_records_past_the_budgets_floor_wait_for_the_next_day(tmp_path, m
     _, rows = landed(landing)
     assert [r["seq"] for r in rows][len(shipped):] == \
         health[len(shipped):2 * len(shipped)]  # the next window's floor
+
+
+def left_out_over_budget(tmp_path: Path) -> tuple[Path, Path, list[int], int]:
+    """300 rows, the 61st of them 500 KB, synced once with daily_bytes = 200000: (data dir,
+    landing, every seq, the large row's seq)."""
+    data_dir, landing = tmp_path / "data", tmp_path / "landing"
+    readings, health = fill(data_dir, 300, large_at=60)
+    run_once(data_dir, landing, daily_bytes=200_000)
+    return data_dir, landing, sorted(readings + health), 61
+
+
+def test_a_row_larger_than_a_days_budget_ships_as_a_gap_and_the_watermark_moves_on(tmp_path):
+    """The attack: one 500 KB reading among small ones, daily_bytes = 200000: synced_seq
+    stopped at 51 for good, every new day logged "daily budget spent (0 of 200000 bytes)"."""
+    data_dir, landing, seqs, large = left_out_over_budget(tmp_path)
+    status = status_of(data_dir)
+    assert (status["synced_seq"], status["health_only"]) == (seqs[-1], False)
+    manifests, rows = landed(landing)
+    assert sorted(r["seq"] for r in rows) == [s for s in seqs if s != large]
+    gaps = [g for m in manifests for g in m["gaps"]]
+    assert [(g["first_seq"], g["last_seq"], g["count"]) for g in gaps] == [(large, large, 1)]
+    assert gaps[0]["reason"].startswith("over budget: ")
+    assert "more than a day's 200000 bytes" in gaps[0]["reason"]
+    assert status["over_budget_rows"] == 1
+    assert status["last_over_budget"] == {k: gaps[0][k] for k in ("first_seq", "last_seq",
+                                                                  "reason")}
+
+
+def test_the_health_record_counts_the_rows_left_out_over_budget(tmp_path):
+    data_dir, _, _, large = left_out_over_budget(tmp_path)
+    sync = record_format.build({"sync": sync_section(status_of(data_dir))})["sync"]
+    assert sync["over_budget_rows"] == 1
+    assert sync["last_over_budget"]["first_seq"] == large
+
+
+def test_doctor_warns_of_rows_left_out_over_budget(tmp_path):
+    data_dir, landing, _, large = left_out_over_budget(tmp_path)
+    config = write_config(tmp_path / "cairn.toml", data_dir,
+                          f'[sync]\nsink = "dir:{landing}"\ndaily_bytes = 200000\n')
+    result = cairn("doctor", "--config", str(config))
+    assert result.returncode == 0, result.stdout  # a warning: the rest of the data ships
+    (level, detail), = doctor_lines(result.stdout)["sync budget"]
+    assert level == "warn" and f"seq {large}" in detail and "daily_bytes" in detail
 
 
 def test_without_a_budget_nothing_is_held_back(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions
 
+from harness.tmpfs import tmpfs
 from harness.wamp_client import connect
 from tests.conftest import RunningRouter, start_router
 from tests.system.test_durability import REALM
@@ -24,14 +25,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def small_disk(tmp_path: Path):
     """A 2 MiB tmpfs, the data directory of the router under test."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "disk", "2m") as mount:
+        yield mount
 
 
 def fill(path: Path) -> None:

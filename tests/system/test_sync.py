@@ -31,7 +31,8 @@ import pytest
 from autobahn.wamp.types import PublishOptions
 
 from cairn.base.clock_readings import Anchor, rfc3339
-from cairn.formats.batch import ROW_FIELDS, row_of
+from cairn.base.data_dir import read_sync_status
+from cairn.formats.batch import MANIFEST_SUFFIX, ROW_FIELDS, row_of
 from cairn.gateway.core.config import HEALTH_TOPIC
 from cairn.gateway.core.session import Sequence
 from cairn.gateway.store import HistoryReader, Store, StoredPublication
@@ -39,7 +40,8 @@ from cairn.sync.sinks import DirectorySink, HttpSink, SinkError
 from cairn.sync.uploader import Uploader
 from harness.config import history_rule, open_realm, router_table
 from harness.landing import landed
-from harness.waiting import until
+from harness.s3_server import FaultProxy
+from harness.waiting import blocking_until, until
 from harness.wamp_client import connect
 from tests.conftest import RunningRouter, start_router
 
@@ -423,13 +425,13 @@ class FlakyServer:
 
 @contextlib.contextmanager
 def uploading(data_dir: Path, sink: Any, interval: float, max_backoff: float = 600.0,
-              batch_events: int = 200) -> Iterator[threading.Thread]:
+              batch_events: int = 200, **kwargs: Any) -> Iterator[threading.Thread]:
     """The uploader's long-running mode, as the systemd unit runs it, in a thread (its
-    SQLite connection stays there); stopped on leaving."""
+    SQLite connection stays there); stopped on leaving. ``kwargs``: the Uploader's."""
     stop = threading.Event()
 
     def upload() -> None:
-        uploader = uploader_for(data_dir, sink, batch_events=batch_events)
+        uploader = uploader_for(data_dir, sink, batch_events=batch_events, **kwargs)
         try:
             uploader.run(interval=interval, max_backoff=max_backoff, stop=stop)
         finally:
@@ -646,6 +648,38 @@ def redirect_to(url: str):
         handler.send_header("Content-Length", "0")
         handler.end_headers()
     return answer
+
+
+def manifests_refused(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """Takes every data file, answers 503 to every manifest."""
+    if handler.path.endswith(MANIFEST_SUFFIX):
+        handler.send_error(503, "manifests are not taken today")
+    else:
+        stored(handler)
+
+
+def test_a_sink_that_refuses_every_manifest_gets_no_more_than_the_days_budget(tmp_path):
+    """The attack: 200 to the data PUT, 503 to the manifest's: 6,083,344 bytes in 60 s
+    against a 1,000,000-byte day, budget_used 0 (issue 45, B1). Every PUT counts as it is
+    sent, its head too; past the budget nothing but health records goes."""
+    data_dir = tmp_path / "data"
+    fill_store(data_dir, 3000)
+    server = ScriptedServer(manifests_refused)
+    proxy = FaultProxy(server.httpd.server_address[1])   # counts what reaches the sink
+    daily = 20_000
+    sink = HttpSink(proxy.endpoint + "/landing", timeout=5)
+    try:
+        with uploading(data_dir, sink, interval=0.05, max_backoff=0.05,
+                       daily_bytes=daily) as worker:
+            blocking_until(lambda: worker.is_alive() and (read_sync_status(data_dir) or {}).get(
+                "health_only"), timeout=30, what="the budget to be spent")
+    finally:
+        proxy.close()
+        server.close()
+    status = status_of(data_dir)
+    assert status["synced_seq"] == 0 and status["budget_bytes"] == daily
+    assert status["bytes_sent"] == status["budget_used"] == proxy.sent
+    assert daily * 0.9 < proxy.sent < daily + 1000   # bodies within it; the last heads over
 
 
 def test_a_redirect_to_another_host_gets_neither_the_token_nor_the_batch(tmp_path):

@@ -200,6 +200,23 @@ def test_the_data_budget_counts_what_s3_is_sent(server, bucket, proxy, tmp_path)
     assert status["budget_used"] == status["bytes_sent"] == proxy.sent
 
 
+def test_a_manifest_s3_refused_still_counts_against_the_budget(server, bucket, proxy,
+                                                               tmp_path):
+    """The data PUT landed, the manifest's got a 503: both were sent (issue 45, B1)."""
+    name, _ = bucket
+    data_dir = tmp_path / "data"
+    fill_store(data_dir, 300)
+    proxy.fail("slowdown", 1, matching=".manifest.json")
+    uploader = uploader_for(data_dir, sink_for(proxy.endpoint, name), batch_events=100,
+                            daily_bytes=10**9)
+    with pytest.raises(SinkError, match="SlowDown"):
+        uploader.once()
+    status = status_of(data_dir)
+    assert [seen.mode for seen in proxy.seen] == ["pass", "slowdown"]
+    assert status["synced_seq"] == 0
+    assert status["budget_used"] == status["bytes_sent"] == proxy.sent > 0
+
+
 # -- refusals and faults: a clear reason, the watermark stays ------------------------------
 
 def failed_once(data_dir: Path, sink: s3.S3Sink, match: str) -> dict[str, Any]:

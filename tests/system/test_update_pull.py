@@ -6,17 +6,22 @@ real bundles)."""
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import pytest
 
-from cairn.app import update_pull
+from cairn.app import update, update_pull
 from cairn.base.config_tools import ConfigError
+from cairn.gateway.ops import maintenance as ops
 from cairn.gateway.ops import update_state
 from cairn.sync.sinks import HttpSource
 from harness.central import Central
+from harness.tmpfs import tmpfs
 
 BUNDLE = bytes(range(256)) * 4096          # 1 MiB standing in for a .raucb
+MiB = 2**20
 
 
 class Offering(Central):
@@ -141,3 +146,93 @@ def test_the_config_names_the_source_per_gateway(tmp_path):
 def test_a_source_that_is_not_http_is_a_config_error():
     with pytest.raises(ConfigError, match="update.source"):
         update_pull.parse_update({"update": {"source": "ftp://x/"}}, "cairn.toml")
+
+
+# -- what comes in is bounded (issue 45, U1) -------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["endless", "content-length"])
+def test_a_body_longer_than_the_offer_is_refused_and_the_part_deleted(central, tmp_path,
+                                                                      shape):
+    """The attack: latest.json offered 1000 bytes and the source sent without end; 200 MiB
+    were written to download.raucb before the size check."""
+    name = central.offer("0.3.0", BUNDLE[:1000])
+    if shape == "endless":
+        central.endless.add(name)
+    else:
+        central.files[name] = BUNDLE[:2000]    # its Content-Length says 2000
+    install = Installer()
+    with pytest.raises(update_pull.PullError,
+                       match="more than the 1000 bytes latest.json offers: refused"):
+        update_pull.check(HttpSource(central.url, timeout=5), "0.2.0", install, tmp_path)
+    assert install.installed == [] and not (tmp_path / "download.raucb").exists()
+
+
+def test_a_part_larger_than_the_offer_is_deleted_before_it_is_resumed(central, tmp_path):
+    central.offer("0.3.0")
+    index = json.loads(central.files["latest.json"])
+    (tmp_path / "download.json").write_text(json.dumps(
+        {k: index[k] for k in ("bundle", "sha256", "size")}) + "\n")
+    (tmp_path / "download.raucb").write_bytes(BUNDLE + b"x" * 4096)   # kept from a bad source
+    install = Installer()
+    update_pull.check(HttpSource(central.url, timeout=5), "0.2.0", install, tmp_path)
+    assert install.installed == [BUNDLE]
+    assert [r for name, r, _ in central.requests if name.endswith(".raucb")] == [None]
+
+
+@pytest.fixture
+def partition(tmp_path):
+    """A 64 MiB data partition of its own: the update directory, beside a growing store."""
+    with tmpfs(tmp_path / "data", "64m") as mount:
+        yield mount
+
+
+def test_the_download_stops_where_the_stores_reserve_begins(central, partition):
+    """There was room when the download began; then the store grew: the bundle may not take
+    the space the store keeps for itself."""
+    central.offer("0.3.0", BUNDLE * 16)
+
+    def store_grows(sent: int) -> None:
+        if sent >= 4 * MiB and not (partition / "cairn.db").exists():
+            free = shutil.disk_usage(partition).free
+            (partition / "cairn.db").write_bytes(
+                bytes(free - update_pull.SPARE_BYTES - 6 * MiB))
+
+    central.while_sending = store_grows
+    install = Installer()
+    with pytest.raises(update_pull.PullError, match="kept free for the store.*the next check "
+                                                    "resumes"):
+        update_pull.check(HttpSource(central.url, timeout=5), "0.2.0", install,
+                          partition / "update")
+    # the download ended before the reserve (the record of this check took a page since)
+    assert shutil.disk_usage(partition).free >= update_pull.SPARE_BYTES - 4096
+    assert install.installed == []
+    assert 0 < (partition / "update" / "download.raucb").stat().st_size < 16 * MiB
+
+
+@pytest.fixture
+def ab_device(tmp_path, monkeypatch):
+    """This process seen as running slot A of an A/B image, with its update records."""
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_text("root=PARTUUID=ca11ab1e-02 ro rauc.slot=A\n")
+    monkeypatch.setattr(update_state, "CMDLINE", cmdline)
+    monkeypatch.setattr(update_state, "UPDATE_DIR", tmp_path / "update")
+    monkeypatch.setattr(update, "UPDATE_DIR", tmp_path / "update")
+    return tmp_path / "update"
+
+
+def test_a_refused_download_says_why_in_the_journal_the_update_status_and_doctor(
+        central, ab_device, caplog):
+    central.endless.add(central.offer("0.3.0", BUNDLE[:1000]))
+    source = update_pull.UpdateSource(HttpSource(central.url, timeout=5))
+    with caplog.at_level(logging.WARNING, "cairn.update"):
+        assert update_pull.run(source, "0.2.0", Installer(), once=True) == 1
+    why = "more than the 1000 bytes latest.json offers"
+    assert why in caplog.text
+    shown = update.render_status({"booted": "A", "primary": "A", "slots": {},
+                                  **update.records()})
+    assert "last pull: failed since " in shown and why in shown
+    report = ops.Report()
+    ops.check_update(report)
+    assert [(level, what) for level, what, detail in report.lines if why in detail] == \
+        [("warn", "update pull")]
