@@ -10,8 +10,9 @@ Per case, on fresh processes:
 
 1. ``cairn router`` (its own process) with the image's history rules (``sensor`` prefix,
    ``commit_window = "5s"``; ``gateway.device``) and a Unix socket the driver joins over, as on
-   the device; budget ``image`` keeps the default per-connection read budget (1,000 messages
-   a second), ``lifted`` lifts it, to show what the driver itself carries.
+   the device; budget ``image`` keeps the default config (fair shares, no per-connection cap
+   on reads; the cap was 1,000 messages a second by default before), ``lifted`` sets the cap
+   far above anything, to show what the driver itself carries.
 2. The driver in this process, so its own counters are read: ``serial`` is ``SerialDriver``
    with ``--sensors`` line sensors (``$THS`` sentences, deadband 0: every sentence is a
    reading) on one pty, which a feeder process writes at ``--rate`` sentences a second;
@@ -298,8 +299,9 @@ def markdown(run: dict[str, Any], before: dict[str, Any] | None) -> str:
         f"driver, "
         f"counted for {o['duration']} s after {o['warm_up']} s: `serial` line sensors on a "
         f"pty, `mqtt` the bridge on Mosquitto; the router on the image's history rules "
-        f"(`commit_window = \"5s\"` on `sensor`); budget `image` is the default read budget "
-        f"per connection (1,000 messages a second), `lifted` none. Lone ack: one reading "
+        f"(`commit_window = \"5s\"` on `sensor`); budget `image` is the default config (no "
+        f"cap on a connection's reads since fair shares; before, 1,000 messages a second), "
+        f"`lifted` a cap far above anything. Lone ack: one reading "
         f"alone, queued to PUBLISHED (the window plus the commit).",
         "",
     ]
@@ -320,7 +322,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 description=__doc__.split("\n")[0])
     p.add_argument("--paths", default="serial,mqtt", help="serial, mqtt or both")
     p.add_argument("--budgets", default="image,lifted",
-                   help="image (the default read budget per connection), lifted, or both")
+                   help="image (the default config: fair shares, no read cap), lifted (a "
+                        "cap far above anything), or both")
     p.add_argument("--rate", type=float, default=2000, help="readings offered a second")
     p.add_argument("--sensors", type=int, default=10, help="devices the readings spread over")
     p.add_argument("--warm-up", type=float, default=10.0, help="s before counting")

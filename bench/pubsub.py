@@ -86,13 +86,14 @@ def machine_busy_seconds() -> tuple[float, float]:
 
 class RouterProcess(HarnessRouterProcess):
     """``cairn router`` as benchmarked: the installed entry point (or ``command``), warnings
-    only in its log, no read budget per connection, optionally a history rule or a traced
-    garbage collector."""
+    only in its log, the per-connection read limits lifted (or the embedded defaults, with
+    ``limits="default"``), optionally a history rule or a traced garbage collector."""
 
     name = "cairn"
 
     def __init__(self, workdir: Path, command: str | None = None,
-                 trace_gc: bool = False, history: tuple[str, str] | None = None) -> None:
+                 trace_gc: bool = False, history: tuple[str, str] | None = None,
+                 limits: str = "lifted") -> None:
         """``history``: (uri, match) of a history rule, so those topics are stored."""
         realm = open_realm(allow=("publish", "subscribe"),
                            history=[history_rule(*history)] if history is not None else [])
@@ -106,8 +107,9 @@ class RouterProcess(HarnessRouterProcess):
             env["BENCH_GC_LOG"] = str(self.gc_log)
         if command:
             cmd = shlex.split(command)
+        lifted = f"[router.limits]\n{NO_READ_BUDGET}" if limits == "lifted" else ""
         super().__init__(workdir, realm, env=env, log_level="warning", command=cmd,
-                         router_toml=f"[router.limits]\n{NO_READ_BUDGET}")
+                         router_toml=lifted)
         self.start()
         self.ws_port, self.rs_port = self.port, self.rawsocket_port
 
@@ -756,6 +758,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--router-cmd", metavar="CMD",
                    help="command that runs the router, before 'router --config FILE' "
                         "(default: the venv's cairn), e.g. to run it under a tracer")
+    p.add_argument("--limits", choices=("lifted", "default"), default="lifted",
+                   help="the router's per-connection read limits: lifted, or the embedded "
+                        "default config's (default: lifted)")
     p.add_argument("--output", type=Path, default=RESULTS_DIR / "pubsub.json")
     return p.parse_args(argv)
 
@@ -785,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     check_results: list[dict[str, Any]] = []
     router_problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
-        router = RouterProcess(Path(tmp), opts.router_cmd, opts.trace_gc)
+        router = RouterProcess(Path(tmp), opts.router_cmd, opts.trace_gc, limits=opts.limits)
         try:
             for case in [c for c in ROUTER_CASES if selected(c)]:
                 print(f"  cairn {case.label} {case.transport}/{case.serializer} ...",

@@ -148,8 +148,11 @@ class Limits:
                                             # max_payload sets it per rule)
     max_store_queue_bytes: int = 4 * 2**20   # publications waiting for their commit: past
                                             # it, publishers that add to it are paused
-    max_messages_per_second: int = 1000     # what one connection may send (a second's worth
-    max_bytes_per_second: int = 2**20       # at once); past it, it is not read for a while
+    # a hard cap on what one connection may send (a second's worth at once; past it, it is
+    # not read for a while), off: connections are read in turn, a quantum each
+    # (gateway.shell.flow_control.FairShare), so one is held back only while others wait
+    max_messages_per_second: int | None = None
+    max_bytes_per_second: int | None = None
     get_events_timeout: float = 5.0         # s one get_events query may run
 
 
@@ -369,7 +372,8 @@ def _limits(v: Validator, t: dict[str, Any], at: str) -> Limits:
     counts = [f.name for f in fields(Limits) if f.name.startswith("max_")]
     durations = [f.name for f in fields(Limits) if not f.name.startswith("max_")]
     v.keys(t, at, {*counts, *durations})
-    values: dict[str, Any] = {name: v.positive(t, at, name, getattr(d, name)) for name in counts}
+    values: dict[str, Any] = {name: v.positive(t, at, name, getattr(d, name))
+                              for name in counts if name in t or getattr(d, name) is not None}
     for name in durations:
         if name in t:
             text = v.get(t, at, name, str, None)

@@ -26,7 +26,7 @@ from cairn.gateway.core.retention import RetainedStream
 from cairn.gateway.core.session import Session
 from cairn.gateway.core.wire import CborWire, JsonWire, MsgPackWire, decode
 from cairn.gateway.shell.admission import Admission, Ticket
-from cairn.gateway.shell.flow_control import Pacer, ReadBudget, WriteBatcher
+from cairn.gateway.shell.flow_control import FairShare, Pacer, ReadBudget, WriteBatcher
 
 if TYPE_CHECKING:
     from cairn.gateway.shell.shell_state import Callbacks, ShellState
@@ -43,7 +43,8 @@ AUTOBAHN_WEBSOCKET_INTERNALS = (
     "autoPingTimeoutCall", "current_frame", "data", "inside_message", "message_data",
     "message_is_binary", "failedByMe")
 AUTOBAHN_RAWSOCKET_INTERNALS = (
-    "_on_connection_lost", "_session", "_serializer", "max_length_send", "prefix_format")
+    "_on_connection_lost", "_session", "_serializer", "max_length_send", "prefix_format",
+    "_handshake_done", "_buffer", "max_length")
 AUTOBAHN_FACTORY_INTERNALS = ("_serializers",)
 
 
@@ -75,9 +76,14 @@ class Connection:
         self._ticket: Ticket | None = None  # until the session is established
         self._pacer: Pacer | None = None  # once open: retained streams, what waits behind
         self._waiting: Any = ()  # once open: its pacer's deque (empty: nothing is paced)
-        self._budget: ReadBudget | None = None  # once open
+        self._share = FairShare()
+        self._budget: ReadBudget | None = None  # once open, when a hard cap is configured
         self._paused: set[str] = set()  # why it is not read (flow_control.Readable)
         self._resume: asyncio.TimerHandle | None = None  # when its read budget is back
+        # what it sent beyond its share of a turn, and the call that reads on in the next one
+        self._later: bytes | None = None
+        self._turn: asyncio.Handle | None = None
+        self._held = False  # whether its transport is paused
 
     # autobahn's ITransportHandler
     def onOpen(self, transport: Any) -> None:
@@ -105,13 +111,17 @@ class Connection:
         self._serializer = transport._serializer.objects
         self._binary = self._serializer.BINARY
         limits = self.state.config.router.limits
-        self._budget = ReadBudget(limits.max_messages_per_second, limits.max_bytes_per_second,
-                                  asyncio.get_running_loop().time())
+        if limits.max_messages_per_second or limits.max_bytes_per_second:
+            self._budget = ReadBudget(limits.max_messages_per_second,
+                                      limits.max_bytes_per_second,
+                                      asyncio.get_running_loop().time())
 
     def onClose(self, was_clean: bool) -> None:
         self._open = False
-        if self._resume is not None:
-            self._resume.cancel()
+        for call in (self._resume, self._turn):
+            if call is not None:
+                call.cancel()
+        self._later = None
         self.state.connections.discard(self)
         self.callbacks.lost(self.session)
 
@@ -119,6 +129,57 @@ class Connection:
         self.callbacks.receive(self.session, msg, None)
 
     # called by our protocol subclasses
+    def read(self, data: bytes) -> None:
+        """What the socket brought: as much as its share of this turn allows is handled
+        now, the rest in its next turns (flow_control.FairShare)."""
+        if self._later is not None or self._paused:  # (TLS may hand over more once paused)
+            self.later((self._later or b"") + data)
+            return
+        self._share.turn()
+        self._take(data)
+
+    def may_read(self) -> bool:
+        """Whether the protocol may hand over one more message in this turn."""
+        return not self._open or self._share.left and not self._paused
+
+    def later(self, rest: bytes) -> None:
+        """``rest`` (and what the socket brings after it) waits for the connection's next
+        turn, the socket not read meanwhile."""
+        if not self._open:
+            return
+        self._later = rest
+        self._hold()
+        if not self._paused and self._turn is None:
+            self._turn = asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _take(self, data: bytes) -> None:
+        rest = self.transport.take(data)
+        if rest or not self._share.left:  # in debt: it sits out turns until it is not
+            self.later(rest)
+
+    def _next_turn(self) -> None:
+        self._turn = None
+        if self._paused or self._later is None:
+            return  # (resume_reading calls it again)
+        self._share.turn()
+        if not self._share.left and self._open:  # still paying off a large message
+            self._turn = asyncio.get_running_loop().call_soon(self._next_turn)
+            return
+        data, self._later = self._later, None
+        self.state.writes.read(self._take, data)
+        self._hold()
+
+    def _hold(self) -> None:
+        """Pauses or resumes reading the socket: paused while any reason or a rest waits."""
+        held = bool(self._paused) or self._later is not None
+        transport = self.transport.transport
+        if held != self._held and transport is not None:
+            self._held = held
+            if held:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
     def receive(self, payload: bytes) -> None:
         if not self._open:
             return
@@ -129,9 +190,12 @@ class Connection:
             return
         for msg, extra in messages:  # (Node.receive charges what they queue in the store)
             self.callbacks.receive(self.session, msg, extra)
-        over = self._budget.spend(len(messages), len(payload), asyncio.get_running_loop().time())
-        if over is not None and self._open:
-            self._wait_for_budget(*over)
+        self._share.spend(len(messages), len(payload))
+        if self._budget is not None:
+            over = self._budget.spend(len(messages), len(payload),
+                                      asyncio.get_running_loop().time())
+            if over is not None and self._open:
+                self._wait_for_budget(*over)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None
@@ -152,15 +216,16 @@ class Connection:
 
     def pause_reading(self, reason: str) -> None:
         if self._open:
-            if not self._paused:
-                self.transport.transport.pause_reading()
             self._paused.add(reason)
+            self._hold()
 
     def resume_reading(self, reason: str) -> None:
         if self._open and reason in self._paused:
             self._paused.discard(reason)
-            if not self._paused:
-                self.transport.transport.resume_reading()
+            if self._later is not None:
+                self.later(self._later)  # what waits goes first, in a turn of its own
+            else:
+                self._hold()
 
     def send(self, msg: m.Message | RetainedStream) -> None:
         """Write ``msg``; a retained stream's events as the peer reads them, and what comes
@@ -229,9 +294,22 @@ class Connection:
                 self._pacer.finish()
             self._open = False
             self.transport.close_transport()
+            self._read_to_the_end()
+
+    def _read_to_the_end(self) -> None:
+        """Closing: the socket is read again, what waited for a turn first, so that the
+        closing handshake gets through (and the messages are dropped: may_read())."""
+        self._paused.clear()
+        if self._later is not None and self._turn is None:
+            self._turn = asyncio.get_running_loop().call_soon(self._next_turn)
+        elif self._later is None:
+            self._hold()
 
     def abort(self) -> None:
         self._open = False
+        self._later = None
+        if self._turn is not None:
+            self._turn.cancel()
         if self._waiting:
             self._pacer.clear()
         if self.transport.transport is not None:
@@ -246,7 +324,30 @@ _WEBSOCKET_SLICE = 4096
 _TEXT, _BINARY = 0x81, 0x82  # first octet of an unfragmented text/binary frame, no RSV bits
 
 
-class WebSocketProtocol(WampWebSocketServerProtocol):
+class TakesTurns:
+    """What both protocols share: the bytes of each read go to the session, which hands
+    back to ``take`` (the protocol's parser) what its share of the turn allows
+    (Connection.read); before there is a session (the handshakes), all goes at once."""
+
+    _session: Connection | None
+
+    def _read(self, data: bytes) -> None:
+        session = getattr(self, "_session", None)
+        if session is not None:
+            session.read(data)
+        elif (rest := self.take(data)) and self._session is not None:
+            self._session.later(rest)  # the session opened in this read and took its share
+
+    def _may_read(self) -> bool:
+        session = getattr(self, "_session", None)
+        return session is None or session.may_read()
+
+    def take(self, data: bytes) -> bytes:
+        """Hands over the messages of ``data`` while the session may read; the rest."""
+        raise NotImplementedError
+
+
+class WebSocketProtocol(TakesTurns, WampWebSocketServerProtocol):
     _ticket: Ticket | None = None  # handed over by the HttpFront that read the upgrade
     _partial = b""  # the start of a frame the fast path waits to see whole
 
@@ -263,20 +364,21 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
         # Parsed right away, not queued for the next loop pass as autobahn's asyncio adapter
         # does: one pass less between a PUBLISH and its EVENTs. (An exception here makes
         # asyncio log it and close the connection, as the adapter would.)
-        self.factory.writes.read(self._receive, data)
+        self.factory.writes.read(self._read, data)
 
-    def _receive(self, data: bytes) -> None:
+    def take(self, data: bytes) -> bytes:
         if (self.state == self.STATE_OPEN and self.current_frame is None and not self.data
                 and not self.inside_message and self._perMessageCompress is None):
             if self._partial:
                 data, self._partial = self._partial + data, b""
             data = self._receive_whole_frames(data)
+            if data and not self._may_read():
+                return data  # the rest waits for the next turn
             if self._frame_pending(data):  # its rest comes with the next read
                 self._partial, data = data, b""
         elif self._partial:  # closing meanwhile: autobahn's parser takes it from here
             data, self._partial = self._partial + data, b""
-        if data:
-            self._receive_in_slices(data)
+        return self._receive_in_slices(data) if data else b""
 
     def _receive_whole_frames(self, data: bytes) -> bytes:
         """Delivers the frames WAMP clients send all the time (whole, unfragmented, masked
@@ -312,8 +414,8 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
             if self.autoPingTimeoutCall and self.autoPingRestartOnAnyTraffic:
                 self._cancelAutoPingTimeoutCall()  # data counts as a sign of life, as in autobahn
             self.onMessage(payload, first == _BINARY)
-            if self.state != self.STATE_OPEN:  # the message closed the connection
-                break
+            if self.state != self.STATE_OPEN or not self._may_read():  # (closed, or its turn
+                break                                                  # is over)
         return data[pos:]
 
     def _frame_pending(self, data: bytes) -> bool:
@@ -336,13 +438,16 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
         head = 8 if (data[1] & 0x7F) == 126 else 6
         return not 0 < limit < length and len(data) < head + length
 
-    def _receive_in_slices(self, data: bytes) -> None:
+    def _receive_in_slices(self, data: bytes) -> bytes:
         # autobahn's frame parser copies the rest of its buffer after each frame, which is
         # quadratic in the size of a read: a router that falls behind reads up to 256 KiB.
         for start in range(0, len(data), _WEBSOCKET_SLICE):
             if self.transport is None:  # closed by what came before
-                return
+                return b""
+            if not self._may_read():
+                return data[start:]
             self._dataReceived(data[start:start + _WEBSOCKET_SLICE])
+        return b""
 
     def onMessageEnd(self) -> None:
         # Without autobahn's "message" observer event, which costs a future, a loop-time
@@ -374,12 +479,13 @@ class WebSocketProtocol(WampWebSocketServerProtocol):
             super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
 
 
-_PONG = 2  # RawSocket frame type
+_DATA, _PING, _PONG = 0, 1, 2  # RawSocket frame types
 
 
-class RawSocketProtocol(WampRawSocketServerProtocol):
+class RawSocketProtocol(TakesTurns, WampRawSocketServerProtocol):
     _closing = False
     _ticket: Ticket | None = None
+    _pending = b""  # the start of a frame whose rest comes with a later read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -400,7 +506,45 @@ class RawSocketProtocol(WampRawSocketServerProtocol):
 
     def data_received(self, data: bytes) -> None:
         if not self._closing:  # what a peer sends after our ABORT or GOODBYE is dropped
-            self.factory.writes.read(super().data_received, data)
+            self.factory.writes.read(self._read, data)
+
+    def take(self, data: bytes) -> bytes:
+        if not self._handshake_done:  # autobahn's handshake: its 4 bytes, not one more
+            need = 4 - len(self._buffer)
+            super().data_received(data[:need])
+            if not self._handshake_done:
+                return b""
+            data = data[need:]
+        return self._receive_frames(self._pending + data if self._pending else data)
+
+    def _receive_frames(self, data: bytes) -> bytes:
+        """The frames of ``data`` as autobahn's parser delivers them, while the session may
+        read (autobahn's reads every frame of its buffer at once); the rest once it may not."""
+        self._pending, pos, end = b"", 0, len(data)
+        while end - pos >= 4:
+            if self._closing:
+                return b""
+            if not self._may_read():
+                return data[pos:]
+            kind, length = data[pos] & 0x07, int.from_bytes(data[pos + 1:pos + 4], "big")
+            if kind > _PONG:
+                self.protocol_error("Invalid frame type")
+                return b""
+            if length > self.max_length:
+                self.protocol_error("Frame too big")
+                return b""
+            stop = pos + 4 + length
+            if stop > end:
+                break
+            payload, pos = data[pos + 4:stop], stop
+            if kind == _DATA:
+                self.stringReceived(payload)
+            elif kind == _PING:
+                self.ping(payload)
+            else:
+                self.pong(payload)
+        self._pending = data[pos:]
+        return b""
 
     def supports_serializer(self, ser_id: int) -> bool:
         # autobahn's own "aborts" a transport not yet open, which raises TransportLost out

@@ -28,7 +28,7 @@ from cairn.gateway.ops import maintenance as ops
 from cairn.gateway.shell.metrics import MessageCounters
 from cairn.gateway.shell.metrics import render as render_metrics
 from cairn.gateway.store import SCHEMA_VERSION, Store, StoredPublication
-from harness.config import NO_READ_BUDGET, history_rule, open_realm
+from harness.config import history_rule, open_realm
 from harness.process import ROOT, RouterProcess, free_port
 from harness.wamp_client import connect
 from tests.system.test_sync import ScriptedServer
@@ -281,9 +281,8 @@ async def _preload(router: RouterProcess, events: int) -> None:
 
 @pytest.mark.slow
 async def test_backup_under_write_load_restores_to_a_consistent_store(tmp_path):
-    # 20,000 publications preloaded from one session: its read budget lifted (20 s otherwise)
-    router = RouterProcess(workdir(tmp_path, "live"), REALM,
-                           router_toml=f"[router.limits]\n{NO_READ_BUDGET}").start()
+    # 20,000 publications preloaded from one session
+    router = RouterProcess(workdir(tmp_path, "live"), REALM).start()
     acked: list[int] = []
     stop = asyncio.Event()
 

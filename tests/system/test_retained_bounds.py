@@ -33,7 +33,7 @@ from autobahn.wamp.types import PublishOptions, SubscribeOptions
 
 from cairn.gateway.core.config import HEALTH_TOPIC
 from cairn.gateway.shell.flow_control import Pacer
-from harness.config import NO_READ_BUDGET, permission, realm, role, router_table, user
+from harness.config import permission, realm, role, router_table, user
 from harness.wamp import EVENT, HELLO, SUBSCRIBE, SUBSCRIBED, WELCOME
 from harness.wamp_client import Client, RawSocketPeer, connect
 from tests.conftest import RunningRouter, start_router
@@ -163,9 +163,8 @@ async def publish_big(session: Client, count: int, size: int = MB) -> list[str]:
 
 # -- N3: large retained readings --------------------------------------------------------------
 
-# 1 MB messages; 20 MB from one session in a test (its read budget lifted: 20 s otherwise)
-BIG_MESSAGES = ("max_message_size = 2097152\nsend_buffer_limit = 1048576\n[router.limits]\n"
-                + NO_READ_BUDGET)
+# 1 MB messages; 20 MB from one session in a test
+BIG_MESSAGES = "max_message_size = 2097152\nsend_buffer_limit = 1048576\n[router.limits]\n"
 
 
 async def test_a_retained_payload_over_its_rules_bound_is_refused_at_publish(tmp_path):
@@ -341,9 +340,8 @@ async def test_the_router_holds_for_retained_events_what_it_counts(tmp_path):
 
 async def test_one_session_cannot_take_the_realms_retained_slots(tmp_path):
     """One anonymous session publishes retained to 10,000 junk topics: it holds its share
-    (max_retained_per_session, 2,500), and a new real sensor is still retained. (Its read
-    budget is lifted: 10,000 publishes would otherwise take 10 s.)"""
-    async with running(tmp_path, f"[router.limits]\n{NO_READ_BUDGET}") as router:
+    (max_retained_per_session, 2,500), and a new real sensor is still retained."""
+    async with running(tmp_path) as router:
         junk = await router.connect("rawsocket-tcp", "msgpack")
         for start in range(0, 10_000, 500):
             for i in range(start, start + 500):

@@ -75,8 +75,8 @@ class Recording(WebSocketProtocol):
 class AutobahnOnly(Recording):
     """The same, every byte through autobahn's own frame parser."""
 
-    def _receive(self, data: bytes) -> None:
-        self._receive_in_slices(data)
+    def take(self, data: bytes) -> bytes:
+        return self._receive_in_slices(data)
 
 
 def client_frame(opcode: int, payload: bytes, mask: bytes, fin: bool = True, rsv: int = 0,
