@@ -732,9 +732,10 @@ def test_a_read_budget_caps_only_what_is_configured():
 
 async def test_a_lone_client_is_not_held_to_a_fixed_rate(tmp_path):
     """Out of the box one connection was read at 1,000 messages a second (a second's worth
-    at once) however idle the router: 10,000 pipelined publishes took at least 9 s. Read in
-    turns, a client alone takes the router's whole time, every publish acknowledged and
-    delivered in order."""
+    at once) however idle the router: 10,000 pipelined publishes took at least 9 s, each
+    pause counted as a hit of max_messages_per_second. Read in turns, a client alone takes
+    the router's whole time: no cap holds it back, every publish is acknowledged and
+    delivered in order. (How fast is a benchmark's question: bench.pubsub --limits.)"""
     router = RouterProcess(tmp_path, REALM).start()  # the embedded default limits
     try:
         subscriber, publisher = await connect(router), await connect(router)
@@ -748,11 +749,13 @@ async def test_a_lone_client_is_not_held_to_a_fixed_rate(tmp_path):
         took = time.monotonic() - started
         await publisher.leave()
         await subscriber.leave()
+        held = {limit: hits(router, limit)
+                for limit in ("max_messages_per_second", "max_bytes_per_second")}
     finally:
         router.stop()
     print(f"10,000 pipelined publishes acknowledged and delivered in {took:.2f} s")
     assert received == list(range(10_000))
-    assert took < (10_000 - 1000) / 1000  # what the cap of 1,000 a second allowed at best
+    assert held == {"max_messages_per_second": 0, "max_bytes_per_second": 0}
 
 
 RESULT = 50  # WAMP message type
