@@ -272,8 +272,9 @@ def _cryptosign_ok(pending: _Pending, signature_hex: str) -> bool:
 # Failed logins (refused answers and challenges left unanswered) are counted over a window
 # and penalise where they come from, never the account, as fail2ban bans addresses and not
 # users: whoever holds the right secret and has not failed logs in, however many others
-# guessed. A source is a network address, one loopback address, or the Unix socket (whose
-# peers are never penalised for what was tried elsewhere, loopback included). Three counts:
+# guessed. A source is a network address, one loopback address, or one caller on the Unix
+# socket (its uid and cgroup: each systemd unit apart; never penalised for what was tried
+# elsewhere, loopback included). Three counts:
 THROTTLE_WINDOW = 60.0  # seconds
 # per source and authid: someone mistyping a password, or one guesser against one account
 FAILURES_PER_LOGIN = 5
@@ -299,12 +300,14 @@ class Peer:
 
 def login_peer(peer: str | None) -> Peer:
     """'tcp4:10.0.0.7:53211' -> 'tcp4:10.0.0.7', not local: failed logins are counted per
-    address, and the device's own peers (Unix socket, loopback) apart."""
+    address, and the device's own peers (Unix socket, loopback) apart. A Unix socket peer
+    is its uid and cgroup, as the shell names it (``unix:uid=987:/system.slice/...``), so
+    that each local unit is a source of its own."""
     if not peer:
         return Peer("unknown", False)
     kind, _, rest = peer.partition(":")
     if kind == "unix":
-        return Peer("unix", True)
+        return Peer(peer if rest.startswith("uid=") else "unix", True)
     if kind.startswith("tcp") and ":" in rest:
         host = rest.rpartition(":")[0]
         return Peer(f"{kind}:{host}", _is_loopback(host))

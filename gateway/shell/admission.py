@@ -20,8 +20,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import random
+import socket
+import struct
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from cairn.gateway.core.config import Limits
@@ -43,6 +46,32 @@ def peer_of(transport: Any) -> tuple[str, bool]:
         return peer[0], ipaddress.ip_address(peer[0].split("%")[0]).is_loopback
     except ValueError:
         return str(peer[0]), False
+
+
+def local_caller(transport: Any) -> str:
+    """Who is on the other end of a Unix socket connection, as the login throttle tells local
+    callers apart: ``unix:uid=987:/system.slice/cairn-sensor@porch.service``, the peer's uid
+    (SO_PEERCRED) and the cgroup its process is in, which a process cannot leave by forking
+    or reconnecting: each systemd unit is one caller, so one driver's failed logins do not
+    lock the others out. ``unix`` when the kernel does not say."""
+    sock = transport.get_extra_info("socket")
+    try:
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (AttributeError, OSError):
+        return "unix"
+    return f"unix:uid={uid}:{cgroup_of(pid)}"
+
+
+def cgroup_of(pid: int) -> str:
+    """The cgroup systemd put the process in (the ``name=systemd`` hierarchy of a v1 or
+    hybrid host, else the unified one), or ``?`` once it has gone."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return "?"
+    paths = dict(line.split(":", 2)[1:] for line in lines if line.count(":") >= 2)
+    return paths.get("name=systemd") or paths.get("") or "?"
 
 
 class Ticket:

@@ -25,7 +25,7 @@ from autobahn.wamp.exception import ProtocolError
 from cairn.gateway.core.retention import RetainedStream
 from cairn.gateway.core.session import Session
 from cairn.gateway.core.wire import CborWire, JsonWire, MsgPackWire, decode
-from cairn.gateway.shell.admission import Admission, Ticket
+from cairn.gateway.shell.admission import Admission, Ticket, local_caller
 from cairn.gateway.shell.flow_control import FairShare, Pacer, ReadBudget, WriteBatcher
 
 if TYPE_CHECKING:
@@ -92,9 +92,11 @@ class Connection:
         self._open = True
         self.state.connections.add(self)
         details = transport.transport_details
+        unix = not isinstance(transport.transport.get_extra_info("peername"), tuple)
         self.session.transport = {
             "type": self.kind,
-            "peer": details.peer if details else None,
+            "peer": local_caller(transport.transport) if unix else
+            details.peer if details else None,
             "serializer": transport._serializer.SERIALIZER_ID,
         }
         limit = self.state.config.router.send_buffer_limit

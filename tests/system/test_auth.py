@@ -712,6 +712,42 @@ async def test_failed_logins_on_loopback_do_not_lock_a_driver_out_of_the_unix_so
     assert driver.welcome_details.authid == TINA.authid
 
 
+@contextlib.contextmanager
+def in_a_cgroup_of_its_own(name: str):
+    """This process in a new cgroup of the hierarchy the router reads a Unix socket caller's
+    from (gateway.shell.admission.cgroup_of), as a systemd unit of its own is; then back."""
+    mine = dict(line.split(":", 2)[1:] for line in
+                Path("/proc/self/cgroup").read_text().splitlines())
+    hierarchy = "name=systemd" if "name=systemd" in mine else ""
+    root = Path("/sys/fs/cgroup/systemd" if hierarchy else "/sys/fs/cgroup")
+    home, own = root / mine[hierarchy].lstrip("/"), root / f"cairn-test-{name}-{os.getpid()}"
+    try:
+        own.mkdir()
+        (own / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            own.rmdir()
+        pytest.skip(f"cannot make a cgroup here (root, a writable {root}): {e}")
+    try:
+        yield
+    finally:
+        (home / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        own.rmdir()
+
+
+async def test_failed_logins_of_one_local_unit_do_not_lock_another_out_of_the_unix_socket(
+        secure, login):
+    """The attack (N7): 5 wrong guesses over the Unix socket locked that authid out of the
+    socket for a minute, for every driver on the device: the socket was one source. Its
+    callers are told apart by uid and cgroup, so by systemd unit."""
+    with in_a_cgroup_of_its_own("guesser"):
+        await fail_logins(secure, 5, transport="rawsocket-unix")
+        _, message = await refusal(secure, transport="rawsocket-unix", **TINA.client_kwargs())
+        assert "try again" in message  # the guessing unit itself is held back
+    driver = await login(transport="rawsocket-unix", **TINA.client_kwargs())
+    assert driver.welcome_details.authid == TINA.authid
+
+
 async def test_once_a_user_has_20_failures_an_address_that_failed_for_it_gets_no_more_guesses(
         secure, login):
     for last in range(2, 7):  # 4 each (under the per-address limit) from 5 loopback addresses
