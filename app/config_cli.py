@@ -29,8 +29,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from cairn.app import config_gate
 from cairn.app.sections import check_whole
 from cairn.base.console import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from cairn.drivers.config import DriverConfig
 from cairn.gateway.core.config import Config, ConfigError, load, restart_needed
 from cairn.gateway.ops.config_history import (
     Change,
@@ -251,6 +253,8 @@ class Applier:
     service: Service
     timeout: float = READY_TIMEOUT
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
+    # the drivers beside the file that joined before the change: they must after it
+    must_join: list[tuple[str, DriverConfig]] = field(default_factory=list)
 
     @property
     def history(self) -> History:
@@ -308,7 +312,9 @@ class Applier:
             return False, f"its /metrics did not answer: {getattr(e, 'reason', e)}"
         if metrics.get("cairn_store_available") != 1:
             return False, "the router runs without its store (cairn_store_available 0)"
-        return True, None
+        # undecided until the deadline: a driver's socket may take a moment to come back
+        drivers_out = config_gate.locked_out(self.must_join)
+        return (False, drivers_out) if drivers_out else (True, None)
 
     def wait_ready(self, config: Config, sha: str, before: tuple[Any, ...] | None) -> str | None:
         deadline = time.monotonic() + self.timeout
@@ -338,6 +344,7 @@ class Applier:
             state = self.running(new)
             old = self.running_config(state)
             action = "restart" if old is None or restart_needed(old, new) else "reload"
+            self.must_join = config_gate.joining(config_gate.driver_configs(self.file.parent))
             change = history.record(text, by, source, action, request=request)
             previous = self._text(self.file)
             atomic_write(self.file, text, like=self.file)

@@ -292,6 +292,21 @@ def parse(data: dict[str, Any], source: str) -> Config:
     return config
 
 
+# No client joins when its HELLO does not fit (autobahn's, with its roles and features, is
+# about 1 KiB; a driver's reading a few hundred bytes): below this no one could log in to
+# put the limit back (issue 45, C3: max_message_size = 1 was applied and marked good).
+MIN_MESSAGE_SIZE = 4096
+
+
+def _max_message_size(v: Validator, t: dict[str, Any], at: str, default: int) -> int:
+    size = v.positive(t, at, "max_message_size", default)
+    if size < MIN_MESSAGE_SIZE:
+        raise ConfigError(v.source, f"{at}.max_message_size",
+                          f"must be at least {MIN_MESSAGE_SIZE} bytes, not {size}: a client's "
+                          f"HELLO must fit, or no one can log in")
+    return size
+
+
 def parse_router(v: Validator, t: dict[str, Any], at: str) -> RouterConfig:
     """The [router] section; public because ``cairn sync`` reads its data_dir the same way."""
     v.keys(t, at, {"listen", "rawsocket", "data_dir", "max_message_size", "send_buffer_limit",
@@ -318,7 +333,7 @@ def parse_router(v: Validator, t: dict[str, Any], at: str) -> RouterConfig:
         listen=listen or d.listen,
         rawsocket=rawsocket,
         data_dir=Path(v.get(t, at, "data_dir", str, str(d.data_dir))),
-        max_message_size=v.positive(t, at, "max_message_size", d.max_message_size),
+        max_message_size=_max_message_size(v, t, at, d.max_message_size),
         send_buffer_limit=v.positive(t, at, "send_buffer_limit", d.send_buffer_limit),
         history_page_cap=v.positive(t, at, "history_page_cap", d.history_page_cap),
         max_store_bytes=v.positive(t, at, "max_store_bytes", d.max_store_bytes),

@@ -367,6 +367,10 @@ MISTAKES = [
      "router.status_token_file", [r"cannot read", r"/nonexistent/status.token"]),
     ("allowed-hosts-not-strings", _replace('[router]\n', '[router]\nallowed_hosts = [1]\n'),
      "router.allowed_hosts[0]", [r"non-empty string"]),
+    # issue 45, C3: applied and marked good, it let no client log in again
+    ("max-message-size-no-hello-fits-in",
+     _replace('[router]\n', '[router]\nmax_message_size = 1\n'),
+     "router.max_message_size", [r"at least 4096 bytes, not 1", r"no one can log in"]),
 ]
 
 

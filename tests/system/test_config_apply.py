@@ -329,6 +329,54 @@ async def test_rollback_puts_the_last_good_back_and_restarts(good, tmp_path):
     assert (change.state, change.source) == ("good", "cairn config rollback")
 
 
+def driver_beside(file: Path, name: str, router: str, realm: str = "realm1") -> None:
+    """sensors/NAME.toml beside the config file, as the image keeps the drivers' configs."""
+    (file.parent / "sensors").mkdir(exist_ok=True)
+    (file.parent / "sensors" / f"{name}.toml").write_text(
+        f'[driver]\nrouter = "{router}"\nrealm = "{realm}"\n')
+
+
+LOCKOUTS = {  # (issue 45, C3) what each does to a driver joining anonymously on the socket
+    "the anonymous role dropped": lambda text: text.replace('anonymous_role = "local"\n', ""),
+    "the realm renamed": lambda text: text.replace('name = "realm1"', 'name = "realm2"'),
+    "the socket listener dropped": lambda text: text.replace('rawsocket = ["unix:', '# ["'),
+}
+
+
+@pytest.mark.parametrize("lockout", LOCKOUTS)
+async def test_a_change_a_driver_can_no_longer_join_on_is_rolled_back_naming_it(tmp_path,
+                                                                               lockout):
+    port, sock = free_port(), tmp_path / "wamp.sock"
+    file = tmp_path / "cairn.toml"
+    text = config_text(tmp_path, port, rawsocket=(f"unix:{sock}",))
+    assert 'rawsocket = ["unix:' in text
+    file.write_text(text)
+    History(file).mark_good(text)
+    driver_beside(file, "porch", f"rawsocket+unix:{sock}")
+    new = tmp_path / "new.toml"
+    new.write_text(LOCKOUTS[lockout](text))
+    async with Supervised(file, port):
+        result = await asyncio.to_thread(config_cmd, file, "apply", str(new))
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert file.read_text() == text
+    [change] = History(file).changes()
+    assert change.state == "rolled_back", change
+    assert f"sensors/porch.toml cannot join (rawsocket+unix:{sock}, realm realm1)" in \
+        change.reason, change.reason
+
+
+async def test_a_driver_that_could_not_join_before_the_change_does_not_hold_it_back(good,
+                                                                                   tmp_path):
+    driver_beside(good.file, "broken", f"ws://127.0.0.1:{good.port}/ws", realm="nowhere")
+    new = tmp_path / "new.toml"
+    new.write_text(good.text + role("operator", permission("app.", ["call"])))
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stdout + result.stderr
+    [change] = History(good.file).changes()
+    assert change.state == "good", change
+
+
 async def test_restart_change_that_fails_is_rolled_back_with_the_reason(good, tmp_path):
     with held_port() as taken:
         port = taken.getsockname()[1]
