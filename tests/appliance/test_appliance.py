@@ -218,8 +218,24 @@ def test_sensor_driver_reaches_serial_ports_and_nothing_else():
 def test_sensor_driver_s_i2c_chips_are_made_as_root_before_it_and_may_fail():
     service = unit_file("cairn-sensor@.service")["Service"]
     assert service["ProtectKernelTunables"] == ["yes"]  # the driver itself cannot write /sys
-    assert service["ExecStartPre"] == [
-        "-+/opt/cairn/bin/cairn sensor chips --config /etc/cairn/sensors/%i.toml"]
+    (pre,) = service["ExecStartPre"]
+    assert pre.startswith("-+/bin/sh -c "), pre
+    assert "exec /opt/cairn/bin/cairn sensor chips --config /etc/cairn/sensors/%i.toml" in pre
+
+
+def test_sensor_driver_s_chip_step_runs_cairn_only_for_a_file_that_names_a_chip(tmp_path):
+    """The unit's own shell line, run here with its paths pointed at a temporary tree."""
+    (pre,) = unit_file("cairn-sensor@.service")["Service"]["ExecStartPre"]
+    script = pre.removeprefix("-+/bin/sh -c ").strip("'")
+    script = script.replace("/etc/cairn/sensors/%i.toml", str(tmp_path / "x.toml"))
+    script = script.replace("exec /opt/cairn/bin/cairn", "echo cairn")
+    for text, ran in (('[[sensors]]\nid = "a"\nkind = "modbus"\n', ""),
+                      ('# chip = "bme280" (a comment)\n', ""),
+                      ('[[sensors]]\nid = "b"\nkind = "iio"\n  chip = "bme280"\n',
+                       f"cairn sensor chips --config {tmp_path / 'x.toml'}\n")):
+        (tmp_path / "x.toml").write_text(text)
+        done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
+        assert (done.returncode, done.stdout) == (0, ran), (text, done)
 
 
 def test_sync_waits_for_the_network():

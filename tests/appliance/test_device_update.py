@@ -454,7 +454,12 @@ def test_a_good_update_pulled_from_the_central_side_resumes_after_the_link_drops
         assert device.ssh("cat /etc/cairn-build-marker").stdout == "the newer build\n"
         assert device.ssh("cat /etc/cairn/site-note").stdout == "kept\n"
         # the sensor configured before the update runs in the new slot: its config is kept
-        assert device.ssh("systemctl is-active cairn-sensor@uart").stdout.strip() == "active"
+        # (it may still be starting: the health gate waits for the router, not for it)
+        started = device.ssh("timeout 120 sh -c 'until systemctl is-active -q "
+                             "cairn-sensor@uart; do sleep 1; done'", check=False)
+        assert started.returncode == 0, device.ssh(
+            "systemctl status --no-pager cairn-sensor@uart; journalctl --no-pager -b "
+            "-u cairn-sensor@uart | tail -n 30", check=False).stdout
         with device.tunnel() as port:
             assert asyncio.run(_publish_and_read_retained(port, None)) == 1  # the data came
             assert asyncio.run(_publish_and_read_retained(port, 2)) == 2
