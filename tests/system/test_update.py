@@ -164,16 +164,6 @@ def test_the_last_result_is_written_whole(tmp_path, result):
     assert os.listdir(tmp_path) == ["last.json"]   # no temporary file left
 
 
-@pytest.fixture
-def ab_device(tmp_path, monkeypatch):
-    """This process seen as running slot A of an A/B image, with its update records."""
-    cmdline = tmp_path / "cmdline"
-    cmdline.write_text("root=PARTUUID=ca11ab1e-02 ro rauc.slot=A\n")
-    monkeypatch.setattr(update_state, "CMDLINE", cmdline)
-    monkeypatch.setattr(update_state, "UPDATE_DIR", tmp_path / "update")
-    return tmp_path / "update"
-
-
 def _update_line(report: ops.Report) -> tuple[str, str]:
     (line,) = [(level, detail) for level, what, detail in report.lines
                if what == "system update"]

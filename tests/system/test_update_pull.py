@@ -210,17 +210,6 @@ def test_the_download_stops_where_the_stores_reserve_begins(central, partition):
     assert 0 < (partition / "update" / "download.raucb").stat().st_size < 16 * MiB
 
 
-@pytest.fixture
-def ab_device(tmp_path, monkeypatch):
-    """This process seen as running slot A of an A/B image, with its update records."""
-    cmdline = tmp_path / "cmdline"
-    cmdline.write_text("root=PARTUUID=ca11ab1e-02 ro rauc.slot=A\n")
-    monkeypatch.setattr(update_state, "CMDLINE", cmdline)
-    monkeypatch.setattr(update_state, "UPDATE_DIR", tmp_path / "update")
-    monkeypatch.setattr(update, "UPDATE_DIR", tmp_path / "update")
-    return tmp_path / "update"
-
-
 def test_a_refused_download_says_why_in_the_journal_the_update_status_and_doctor(
         central, ab_device, caplog):
     central.endless.add(central.offer("0.3.0", BUNDLE[:1000]))
