@@ -105,4 +105,4 @@ if [ "$PROFILE" = test ]; then
     # the dashboard tests drive Debian's chromium through Playwright (they skip without it)
     apt_install chromium || echo "setup: without chromium the dashboard tests are skipped" >&2
 fi
-.venv/bin/python -c "import cairn.gateway.server" # fails loudly if the install did not work
+.venv/bin/python -c "import cairn.gateway.shell.server" # fails loudly if the install did not work

@@ -201,9 +201,11 @@ class Node:
         cfg = self.config.router
         listen = cfg.listen
         self.guard = BrowserGuard(cfg.allowed_hosts, cfg.allowed_origins)
+        # Every listener is bound before any accepts: a file the router cannot start on (the
+        # last one fails) is given up without having taken, and then reset, a connection.
         server = await loop.create_server(  # (self.guard: the one of the latest SIGHUP)
             lambda: HttpFront(self._ws, self.web.route, self.state.admission, self.guard),
-            listen.host, listen.port, ssl=self._tls(listen))
+            listen.host, listen.port, ssl=self._tls(listen), start_serving=False)
         self.port = server.sockets[0].getsockname()[1]  # the real one when port 0 was asked
         ws_url = f"{'wss' if listen.tls else 'ws'}://{_host_port(listen.host, self.port)}/ws"
         self._ws = websocket_factory(self.state, self.callbacks, ws_url)
@@ -219,6 +221,8 @@ class Node:
                 self.rawsocket_ports.append(port)
                 scheme = "rawsocket+tls" if endpoint.tls else "rawsocket+tcp"
                 self.state.urls.append(f"{scheme}://{_host_port(endpoint.host, port)}")
+        for bound in self._servers:
+            await bound.start_serving()
         log.info("listening: %s", "  ".join(self.state.urls))
 
     async def _listen_rawsocket(self, loop: asyncio.AbstractEventLoop,
@@ -229,11 +233,11 @@ class Node:
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()  # a stale socket from an unclean stop
-            server = await loop.create_unix_server(factory, str(path))
-            os.chmod(path, 0o660)
+            server = await loop.create_unix_server(factory, str(path), start_serving=False)
+            os.chmod(path, 0o660)  # before it accepts anyone
             return server
         return await loop.create_server(factory, endpoint.host, endpoint.port,
-                                        ssl=self._tls(endpoint))
+                                        ssl=self._tls(endpoint), start_serving=False)
 
     def _tls(self, endpoint: Endpoint) -> ssl.SSLContext | None:
         tls = self.config.router.tls
