@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` and `make test`.
 .PHONY: run test lint bench soak docs setup setup-test setup-image setup-docs payload image \
-	bundle image-pi-gen appliance-test appliance-soak s3-test
+	bundle image-pi-gen appliance-test appliance-soak
 
 run: setup
 	.venv/bin/cairn demo
@@ -19,9 +19,6 @@ bench: setup-test  # Cairn vs Crossbar.io and Mosquitto, ~5 min; writes docs/ben
 
 docs: setup-docs  # the documentation site from docs/ (MkDocs): open site/index.html, offline
 	.venv/bin/mkdocs build --strict
-
-s3-test: setup-test  # the S3 sink and the Spark jobs against rclone serve s3, ~5 min idle
-	.venv/bin/pytest -m s3server -v tests/system/test_sync_s3.py tests/spark/test_spark_s3.py
 
 soak: setup-test  # the soak and fault suite (soak/), ~20 min; not part of `make test`
 	.venv/bin/pytest soak -v -s

@@ -53,11 +53,14 @@ class S3Server:
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self._log = open(root.parent / f"rclone-{self.port}.log", "wb")  # noqa: SIM115
+        # rclone's default directory cache (5 min): what tests land goes through put(). With
+        # --dir-cache-time 0s a directory holding a just-PUT object re-arms its cache-cleanup
+        # timer at 2 x 0 s from inside that timer (rclone vfs/dir.go, Dir.cacheCleanup), one
+        # goroutine at 100 % of a core for as long as the server runs: PUTs took over 30 s on
+        # a loaded machine
         self.process = subprocess.Popen(
             [binary, "serve", "s3", "--auth-key", f"{key},{secret}",
-             "--addr", f"127.0.0.1:{self.port}", "--config", "/dev/null",
-             # files written into the folder beside it are seen at once (tests do)
-             "--dir-cache-time", "0s", str(root)],
+             "--addr", f"127.0.0.1:{self.port}", "--config", "/dev/null", str(root)],
             stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_for_ports([self.port], lambda: self.process.poll() is None)
@@ -71,22 +74,35 @@ class S3Server:
 
     def bucket(self, name: str = BUCKET) -> Path:
         """Make a bucket (S3's CreateBucket: rclone caches its listing of the root, so a
-        folder made beside it is not seen at once); its folder."""
-        empty = hashlib.sha256(b"").hexdigest()
+        folder made beside it is not seen); its folder."""
+        self._put(f"/{name}", b"", f"CreateBucket {name}")
+        return self.root / name
+
+    def put(self, bucket: str, key: str, body: bytes) -> None:
+        """Put an object as a client would (rclone caches its directory listings: a file
+        written into the folder beside it is not seen for minutes)."""
+        self._put(f"/{bucket}/{key}", body, f"PUT {bucket}/{key}")
+
+    def put_tree(self, bucket: str, folder: Path, prefix: str) -> None:
+        """Put every file under ``folder`` as ``prefix/<its path below folder>``."""
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            self.put(bucket, f"{prefix}/{path.relative_to(folder)}", path.read_bytes())
+
+    def _put(self, path: str, body: bytes, what: str) -> None:
         host = f"127.0.0.1:{self.port}"
+        sha256 = hashlib.sha256(body).hexdigest()
         headers = {"Host": host, **authorize(Credentials(self.key, self.secret), "us-east-1",
-                                             "PUT", f"/{name}", "", {"Host": host}, empty,
+                                             "PUT", path, "", {"Host": host}, sha256,
                                              time.time_ns())}
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         try:
-            connection.request("PUT", f"/{name}", body=b"", headers=headers)
+            connection.request("PUT", path, body=body, headers=headers)
             reply = connection.getresponse()
             answer = reply.read()
         finally:
             connection.close()
         if reply.status != 200:
-            raise RuntimeError(f"CreateBucket {name}: {reply.status} {answer[:300]!r}")
-        return self.root / name
+            raise RuntimeError(f"{what}: {reply.status} {answer[:300]!r}")
 
     def bucket_for(self, test: str, prefix: str = "b-") -> tuple[str, Path]:
         """A fresh bucket of its own for the test named ``test`` (a bucket per test, named

@@ -52,7 +52,7 @@ from harness.s3_server import KEY, SECRET, S3Server  # noqa: E402
 from tests.spark.test_spark import events, keys, land  # noqa: E402
 from tests.system.test_sync import GATEWAY, fill_store, uploader_for  # noqa: E402
 
-pytestmark = [pytest.mark.spark, pytest.mark.s3server]  # make s3-test
+pytestmark = pytest.mark.spark
 
 PREFIX = "landing"
 
@@ -112,11 +112,13 @@ def test_archive_and_quarantine_in_s3_and_a_move_cut_between_copy_and_delete(
         spark, s3, bucket, tmp_path, cairn_cli, capsys):
     name, folder = bucket
     landing, archive = folder / PREFIX, folder / "archive"  # where rclone keeps them
-    good = land(landing, "g", events(range(1, 11)), 0)
-    bad = land(landing, "g", events(range(11, 21)), 10)
-    (landing / bad.name).write_bytes(bad.data[:-10])
-    waiting = land(landing, "g", events(range(21, 31)), 20, manifest=False)
-    good_files = {f: (landing / f).read_bytes() for f in (good.name, manifest_name(good.name))}
+    staged = tmp_path / "staged"  # made here, then put in the bucket
+    good = land(staged, "g", events(range(1, 11)), 0)
+    bad = land(staged, "g", events(range(11, 21)), 10)
+    (staged / bad.name).write_bytes(bad.data[:-10])
+    waiting = land(staged, "g", events(range(21, 31)), 20, manifest=False)
+    s3.put_tree(name, staged, PREFIX)
+    good_files = {f: (staged / f).read_bytes() for f in (good.name, manifest_name(good.name))}
     table = str(tmp_path / "table")
     ingest = ["spark", "ingest", "--landing", f"s3a://{name}/{PREFIX}", "--table", table,
               "--archive", f"s3a://{name}/archive", "--quarantine", f"s3a://{name}/quarantine"]
@@ -135,8 +137,8 @@ def test_archive_and_quarantine_in_s3_and_a_move_cut_between_copy_and_delete(
 
     # a run that died between the COPY and the DELETE of good's move left it in both places
     for f, data in good_files.items():
-        (landing / f).write_bytes(data)
-    (landing / manifest_name(waiting.name)).write_text(json.dumps(waiting.manifest))
+        s3.put(name, f"{PREFIX}/{f}", data)
+    s3.put(name, f"{PREFIX}/{manifest_name(waiting.name)}", json.dumps(waiting.manifest).encode())
     assert cairn_cli(ingest) == 0
     assert "2 manifests: 1 batches ingested (1 in one pass), 1 already in the table" in (
         capsys.readouterr().out)

@@ -41,7 +41,6 @@ from tests.system.test_sync import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.s3server  # make s3-test (pyproject.toml says why not make test)
 YEAR_S = 365 * 86400
 PREFIX = "fleet/landing"
 # s: a PUT's bound, never what a test waits to see happen (every fault here answers or closes
