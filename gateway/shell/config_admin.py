@@ -13,6 +13,11 @@ takes that marker at a secret's key as "keep the value the file has": a role all
 the configuration does not learn the credentials in it, and get, edit, apply round-trips.
 (Rather than granting ``get`` only with ``apply``: the file still never crosses a ``ws://``
 link with its secrets in it.)
+
+``apply`` refuses a text after which its caller could not apply another: its realm gone, its
+user gone or without the credential it logged in with, its role no longer granted ``apply``
+(``cairn.error.would_lock_out``). Such a change is still made on the device, as root, with
+``cairn config apply FILE``; the drivers' own joins are checked there (app.config_gate).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cairn.base.config_secrets import Unredactable, redact, restore
+from cairn.gateway.core.auth import Authorizer
 from cairn.gateway.core.config import (
     Check,
     Config,
@@ -51,6 +57,9 @@ ADMIN = "cairn.admin"
 GET = "cairn.admin.config.get"
 APPLY = "cairn.admin.config.apply"
 INVALID = "cairn.error.invalid_config"
+WOULD_LOCK_OUT = "cairn.error.would_lock_out"
+# the key of a user that each authentication method needs (gateway.core.auth.Authenticator)
+CREDENTIALS = {"ticket": "secret", "wampcra": "secret", "cryptosign": "pubkeys"}
 
 
 def names_admin(permission: Permission) -> bool:
@@ -72,6 +81,26 @@ def validate(text: str, source: str, check: Check = parse) -> Config:
     sections, or every section's: app.sections.check_whole): ConfigError naming the key if
     bad."""
     return check(read_text(text, source), source)
+
+
+def lockout(new: Config, caller: Session, realm: str) -> str | None:
+    """Why ``caller``, in ``realm``, could not log in as it did and call ``apply`` again once
+    ``new`` is running (None: it could)."""
+    config = next((r for r in new.realms if r.name == realm), None)
+    if config is None:
+        return f"realm {realm!r}, the one you are in, is not in it"
+    user = next((u for u in config.users if u.authid == caller.authid), None)
+    if user is None:
+        return f"it has no user {caller.authid!r} in realm {realm!r}"
+    credential = CREDENTIALS.get(caller.authmethod or "")
+    if credential is not None and not getattr(user, credential):
+        return (f"user {caller.authid!r} has no {credential} in it, which {caller.authmethod} "
+                f"logs in with")
+    rule = Authorizer(config).allowed(user.role, APPLY, "call")
+    if rule is None or not names_admin(rule):
+        return (f"role {user.role!r} of user {caller.authid!r} is not granted call on {APPLY} "
+                f"in it by a permission naming {ADMIN!r}")
+    return None
 
 
 def invalid(e: ConfigError) -> WampError:
@@ -120,6 +149,9 @@ class ConfigAdmin:
             new = validate(text, str(file), self.state.check)
         except ConfigError as e:
             raise invalid(e) from None
+        if (why := lockout(new, caller, realm.name)) is not None:
+            raise WampError(WOULD_LOCK_OUT, f"not applied: you could not apply another change "
+                            f"after it: {why} (apply it on the device: cairn config apply FILE)")
         action = "restart" if restart_needed(self.state.config, new) else "reload"
         request = write_request(self.state.config.router.data_dir, text,
                                 f"{caller.authid}@{realm.name} over WAMP", action)

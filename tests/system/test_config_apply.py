@@ -622,6 +622,32 @@ async def test_a_redacted_secret_the_file_does_not_have_is_refused_naming_its_ke
     assert not (good.file.parent / "data" / "config-requests").exists()
 
 
+ADMIN_USER = user("admin", "admin", secret=ADMIN_SECRET)
+ADMIN_ROLE = role("admin", permission("cairn.admin", ["call"]), permission("", EVERYTHING))
+# a change after which the admin could not apply another, and what the error names
+REQUESTER_LOCKOUTS = {
+    "realm renamed": ('name = "realm1"', 'name = "realm2"', "realm 'realm1'"),
+    "user removed": (ADMIN_USER, "", "no user 'admin'"),
+    "ticket removed": (ADMIN_USER, user("admin", "admin", pubkeys=["ab" * 32]), "no secret"),
+    "role without apply": (ADMIN_ROLE, role("admin", permission(GET, ["call"], match="exact"),
+                                            permission("", EVERYTHING)), "role 'admin'"),
+}
+
+
+@pytest.mark.parametrize("change", REQUESTER_LOCKOUTS)
+async def test_a_change_that_locks_its_requester_out_is_refused_naming_why(good, change):
+    old, new, named = REQUESTER_LOCKOUTS[change]
+    assert old in good.text
+    async with Supervised(good.file, good.port) as router:
+        session = await admin(router.address)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", good.text.replace(old, new))
+        await session.leave()
+    assert refused.value.error == "cairn.error.would_lock_out"
+    assert named in refused.value.args[0] and "cairn config apply FILE" in refused.value.args[0]
+    assert not (good.file.parent / "data" / "config-requests").exists()
+
+
 @pytest.mark.parametrize("who", ["anonymous", "viewer"])
 async def test_sessions_without_an_admin_permission_are_refused(good, who):
     async with Supervised(good.file, good.port) as router:
