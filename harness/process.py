@@ -37,6 +37,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def lan_address() -> str:
+    """An address of this machine that is not loopback, to connect from as another machine
+    on the LAN would (skips the test without one)."""
+    import pytest
+
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        address = line.split()[3].split("/")[0]
+        try:
+            with socket.socket() as s:
+                s.bind((address, 0))
+        except OSError:
+            continue
+        return address
+    pytest.skip("this machine has no non-loopback address to connect from")
+
+
 def wait_for_ports(ports: Sequence[int], alive: Callable[[], bool],
                    timeout: float = STARTUP_TIMEOUT,
                    host: str = "127.0.0.1") -> None:

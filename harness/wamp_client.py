@@ -88,10 +88,10 @@ JOIN_TIMEOUT = 60.0
 
 async def connect(router: Any, transport: str = "websocket", serializer: str = "json",
                   realm: str = "realm1", local_addr: tuple[str, int] | None = None,
-                  **kwargs: Any) -> Client:
-    """Open a transport to ``router`` (the RunningRouter of conftest) and join ``realm``.
-    ``local_addr`` binds the client's TCP socket, e.g. ``("127.0.0.2", 0)`` to come from
-    another loopback address."""
+                  host: str = "127.0.0.1", **kwargs: Any) -> Client:
+    """Open a transport to ``router`` (the RunningRouter of conftest) on ``host`` and join
+    ``realm``. ``local_addr`` binds the client's TCP socket, e.g. ``("127.0.0.2", 0)`` to come
+    from another loopback address."""
     loop = asyncio.get_running_loop()
     session = Client(types.ComponentConfig(realm=realm), **kwargs)
     ser = SERIALIZERS[serializer]()
@@ -99,10 +99,10 @@ async def connect(router: Any, transport: str = "websocket", serializer: str = "
         factory = WampWebSocketClientFactory(lambda: session, url=router.ws_url,
                                              serializers=[ser])
         factory.setProtocolOptions(openHandshakeTimeout=JOIN_TIMEOUT)
-        await loop.create_connection(factory, "127.0.0.1", router.port, local_addr=local_addr)
+        await loop.create_connection(factory, host, router.port, local_addr=local_addr)
     elif transport == "rawsocket-tcp":
         factory = WampRawSocketClientFactory(lambda: session, serializer=ser)
-        await loop.create_connection(factory, "127.0.0.1", router.rawsocket_port,
+        await loop.create_connection(factory, host, router.rawsocket_port,
                                      local_addr=local_addr)
     elif transport == "rawsocket-unix":
         factory = WampRawSocketClientFactory(lambda: session, serializer=ser)

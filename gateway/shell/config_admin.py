@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cairn.base.config_secrets import Unredactable, redact, restore
-from cairn.gateway.core.auth import Authorizer
+from cairn.gateway.core.auth import Authorizer, login_peer
 from cairn.gateway.core.config import (
     Check,
     Config,
@@ -100,7 +100,21 @@ def lockout(new: Config, caller: Session, realm: str) -> str | None:
     if rule is None or not names_admin(rule):
         return (f"role {user.role!r} of user {caller.authid!r} is not granted call on {APPLY} "
                 f"in it by a permission naming {ADMIN!r}")
-    return None
+    return unreachable(new, caller)
+
+
+def unreachable(new: Config, caller: Session) -> str | None:
+    """Why ``caller``, which came from another machine, could no longer reach a listener of
+    its transport under ``new`` (one that listens only on loopback or a Unix socket)."""
+    kind, peer = caller.transport.get("type"), caller.transport.get("peer")
+    if login_peer(peer).local:
+        return None
+    router = new.router
+    listeners = [router.listen] if kind == "websocket" else list(router.rawsocket)
+    if any(not listener.is_loopback for listener in listeners):
+        return None
+    return (f"you came from {peer} over {kind}, and it has no {kind} listener other "
+            f"machines reach (only loopback or a Unix socket)")
 
 
 def invalid(e: ConfigError) -> WampError:

@@ -34,7 +34,7 @@ from cairn.gateway.ops.config_history import (
     write_request,
 )
 from harness.config import EVERYTHING, permission, role, router_table, user
-from harness.process import RouterProcess, free_port
+from harness.process import RouterProcess, free_port, lan_address
 from harness.wamp_client import connect
 
 COMMAND = [sys.executable, "-m", "cairn.app.cli"]
@@ -646,6 +646,25 @@ async def test_a_change_that_locks_its_requester_out_is_refused_naming_why(good,
     assert refused.value.error == "cairn.error.would_lock_out"
     assert named in refused.value.args[0] and "cairn config apply FILE" in refused.value.args[0]
     assert not (good.file.parent / "data" / "config-requests").exists()
+
+
+async def test_a_change_that_leaves_no_listener_its_requester_reaches_is_refused(tmp_path):
+    lan, port, file = lan_address(), free_port(), tmp_path / "cairn.toml"
+    text = config_text(tmp_path, port, anonymous=False)
+    everywhere = text.replace(f'"127.0.0.1:{port}"', f'"0.0.0.0:{port}"')
+    assert everywhere != text
+    file.write_text(everywhere)
+    History(file).mark_good(everywhere)
+    async with Supervised(file, port):
+        session = await connect(SimpleNamespace(port=port, ws_url=f"ws://{lan}:{port}/ws"),
+                                host=lan, authmethods=["ticket"], authid="admin",
+                                secret=ADMIN_SECRET)
+        with pytest.raises(ApplicationError) as refused:
+            await session.call("cairn.admin.config.apply", text)  # loopback only
+        await session.leave()
+    assert refused.value.error == "cairn.error.would_lock_out"
+    assert f"you came from tcp4:{lan}:" in refused.value.args[0]
+    assert not (tmp_path / "data" / "config-requests").exists()
 
 
 @pytest.mark.parametrize("who", ["anonymous", "viewer"])

@@ -26,7 +26,7 @@ from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOption
 from cairn.gateway.core.config import HEALTH_TOPIC
 from cairn.gateway.shell.flow_control import FairShare, ReadBudget
 from harness.config import history_rule, permission, realm, role, user
-from harness.process import RouterProcess
+from harness.process import RouterProcess, lan_address
 from harness.waiting import until
 from harness.wamp_client import Client, RawSocketPeer, connect
 from tests.system.test_bad_input import stalled_subscriber
@@ -44,18 +44,6 @@ REALM = realm(
     user("alice", "anonymous", secret="secret-a"),
     history_rule("sensor"),
     anonymous_role="anonymous")
-
-
-def lan_address() -> str:
-    """An address of this machine that is not loopback (skips the test without one)."""
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        address = line.split()[3].split("/")[0]
-        with contextlib.suppress(OSError), socket.socket() as s:
-            s.bind((address, 0))
-            return address
-    pytest.skip("this machine has no non-loopback address to connect from")
 
 
 async def open_from(address: str, port: int, first: bytes = b"") -> tuple:
