@@ -40,7 +40,7 @@ def free_port() -> int:
 def lan_address() -> str:
     """An address of this machine that is not loopback, to connect from as another machine
     on the LAN would (skips the test without one)."""
-    import pytest
+    import pytest  # here: the benches import this module without pytest's plugins
 
     out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
                          capture_output=True, text=True).stdout

@@ -15,7 +15,8 @@ the configuration does not learn the credentials in it, and get, edit, apply rou
 link with its secrets in it.)
 
 ``apply`` refuses a text after which its caller could not apply another: its realm gone, its
-user gone or without the credential it logged in with, its role no longer granted ``apply``
+user gone or without the credential it logged in with, its role no longer granted ``apply``,
+or (a caller on another machine) no listener of its transport that machine reaches
 (``cairn.error.would_lock_out``). Such a change is still made on the device, as root, with
 ``cairn config apply FILE``; the drivers' own joins are checked there (app.config_gate).
 """

@@ -42,6 +42,8 @@ ADMIN_SECRET = "admin-ticket-0123456789"
 VIEWER_SECRET = "viewer-ticket-0123456789"
 READER_SECRET = "reader-ticket-0123456789"
 GET = "cairn.admin.config.get"
+ADMIN_USER = user("admin", "admin", secret=ADMIN_SECRET)
+ADMIN_ROLE = role("admin", permission("cairn.admin", ["call"]), permission("", EVERYTHING))
 
 
 def realm(extra_roles: str = "", anonymous: bool = True) -> str:
@@ -50,10 +52,10 @@ def realm(extra_roles: str = "", anonymous: bool = True) -> str:
     return ('\n[[realms]]\nname = "realm1"\n'
             + ('anonymous_role = "local"\n' if anonymous else "")
             + role("local", permission("", EVERYTHING))
-            + role("admin", permission("cairn.admin", ["call"]), permission("", EVERYTHING))
+            + ADMIN_ROLE
             + role("viewer", permission("", ["call", "subscribe"]))
             + extra_roles
-            + user("admin", "admin", secret=ADMIN_SECRET)
+            + ADMIN_USER
             + user("viewer", "viewer", secret=VIEWER_SECRET))
 
 
@@ -622,8 +624,6 @@ async def test_a_redacted_secret_the_file_does_not_have_is_refused_naming_its_ke
     assert not (good.file.parent / "data" / "config-requests").exists()
 
 
-ADMIN_USER = user("admin", "admin", secret=ADMIN_SECRET)
-ADMIN_ROLE = role("admin", permission("cairn.admin", ["call"]), permission("", EVERYTHING))
 # a change after which the admin could not apply another, and what the error names
 REQUESTER_LOCKOUTS = {
     "realm renamed": ('name = "realm1"', 'name = "realm2"', "realm 'realm1'"),
