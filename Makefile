@@ -1,6 +1,6 @@
 # The two commands of the README: `make run` and `make test`.
 .PHONY: run test lint bench soak docs setup setup-test setup-image setup-docs payload image \
-	bundle image-pi-gen appliance-test appliance-soak
+	bundle image-pi-gen test-image appliance-test appliance-soak
 
 run: setup
 	.venv/bin/cairn demo
@@ -39,6 +39,10 @@ bundle: setup setup-image
 
 image-pi-gen: payload  # the Raspberry Pi OS Lite variant (pi-gen; needs Docker, see images/)
 	images/build-image.sh
+
+# The test image that appliance-test boots, built (or found current) in build/image/ (as root)
+test-image: setup-test setup-image
+	.venv/bin/python -m tests.appliance.qemu_device
 
 # The image booted in qemu-system-aarch64 and tested from here, as root (.ci/run runs this):
 # the virt device (tests/appliance/test_device.py, then a pulled A/B update on the same

@@ -6,6 +6,10 @@
 #   scripts/setup.sh image      only the system packages that build the device image and
 #                               boot it in QEMU (make image, make appliance-test)
 set -euo pipefail
+# one set-up at a time: .ci/run starts the image build and `make test` together, and two
+# pip runs in one virtualenv (or two apt-gets) would trip over each other
+exec 9<"$0"
+flock 9
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 PROFILE=${1:-run}
@@ -83,12 +87,17 @@ fi
 if [ ! -s gateway/dashboard/autobahn.min.js ] && ! command -v npm >/dev/null; then
     apt_install nodejs npm
 fi
-pip_install --upgrade pip
+# pip runs again only when what it installs from changed: the install is editable, so a
+# change to the sources needs none, and a run beside tests must not reinstall under them
+stamp=.venv/.cairn-setup-$PROFILE
+wanted=$(cat pyproject.toml setup.py gateway/dashboard/package-lock.json | sha256sum)
+installed() { [ "$(cat "$stamp" 2>/dev/null)" = "$wanted" ] && [ -s gateway/dashboard/autobahn.min.js ]; }
+installed || pip_install --upgrade pip
 if [ "$PROFILE" = test ]; then
     # the Spark tests (tests/test_spark.py) need PySpark and a Java runtime (17 works)
     command -v java >/dev/null || apt_install default-jre-headless
     # docs: tests/system/test_docs.py builds the documentation site (mkdocs build --strict)
-    pip_install -e ".[test,spark,docs]"
+    installed || pip_install -e ".[test,spark,docs]"
     # the MQTT bridge tests run a real broker; the image tests partition and format card
     # images (sfdisk, mkfs.ext4); the A/B boot chooser runs in U-Boot under QEMU (u-boot-qemu
     # as the firmware, mkimage and mkenvimage from u-boot-tools, a FAT made with mtools)
@@ -96,10 +105,11 @@ if [ "$PROFILE" = test ]; then
         libubootenv-tool
     install_qemu
 elif [ "$PROFILE" = docs ]; then
-    pip_install -e ".[docs]"
+    installed || pip_install -e ".[docs]"
 else
-    pip_install -e .
+    installed || pip_install -e .
 fi
+echo "$wanted" > "$stamp"
 
 if [ "$PROFILE" = test ]; then
     # the dashboard tests drive Debian's chromium through Playwright (they skip without it)
