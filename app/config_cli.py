@@ -255,6 +255,8 @@ class Applier:
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
     # the drivers beside the file that joined before the change: they must after it
     must_join: list[tuple[str, DriverConfig]] = field(default_factory=list)
+    # the realms the dashboard's page got into before the change: one must take it after
+    dashboard_reached: list[str] = field(default_factory=list)
 
     @property
     def history(self) -> History:
@@ -313,8 +315,9 @@ class Applier:
         if metrics.get("cairn_store_available") != 1:
             return False, "the router runs without its store (cairn_store_available 0)"
         # undecided until the deadline: a driver's socket may take a moment to come back
-        drivers_out = config_gate.locked_out(self.must_join)
-        return (False, drivers_out) if drivers_out else (True, None)
+        shut_out = config_gate.locked_out(self.must_join) or (
+            config_gate.dashboard_shut_out(config) if self.dashboard_reached else None)
+        return (False, shut_out) if shut_out else (True, None)
 
     def wait_ready(self, config: Config, sha: str, before: tuple[Any, ...] | None) -> str | None:
         deadline = time.monotonic() + self.timeout
@@ -345,6 +348,7 @@ class Applier:
             old = self.running_config(state)
             action = "restart" if old is None or restart_needed(old, new) else "reload"
             self.must_join = config_gate.joining(config_gate.driver_configs(self.file.parent))
+            self.dashboard_reached = config_gate.dashboard_realms(old if state else None)
             change = history.record(text, by, source, action, request=request)
             previous = self._text(self.file)
             atomic_write(self.file, text, like=self.file)
@@ -368,6 +372,10 @@ class Applier:
             change = self.reach_components(change, previous, text)
             history.set_state(change, "good")
             self.say(f"cairn config: change {change.id} is running and marked good")
+            default = config_gate.DASHBOARD_REALM
+            if default in self.dashboard_reached and new.realm(default) is None:
+                self.say(f"cairn config: realm {default} is gone, which the dashboard opens "
+                         f"unless told otherwise: open it with ?realm={new.realms[0].name}")
             return EXIT_OK
         self.say(f"cairn config: change {change.id} failed: {problem}; rolling back")
         # the components never left ``previous``: they follow only what the rollback changes

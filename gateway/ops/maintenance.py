@@ -425,19 +425,28 @@ def _check_wear(report: Report, config: Config) -> None:
                                       f"{years:.0f} years at this rate")
 
 
+def local_authority(listen: Endpoint) -> str:
+    """``host:port`` of the router's HTTP listener as this machine reaches it."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen.host or "", listen.host)
+    return f"{_url_host(host)}:{listen.port}"
+
+
+def local_tls_context() -> ssl.SSLContext:
+    """For the router's own certificate, on this machine: no name or chain to check."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    return context
+
+
 def metrics_url(listen: Endpoint) -> str:
     """The router's /metrics as this machine reaches it."""
-    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen.host or "", listen.host)
-    return f"{'https' if listen.tls else 'http'}://{_url_host(host)}:{listen.port}/metrics"
+    return f"{'https' if listen.tls else 'http'}://{local_authority(listen)}/metrics"
 
 
 def read_metrics(listen: Endpoint, timeout: float = 5) -> dict[str, float]:
     """The unlabelled samples of the router's /metrics on ``listen`` (URLError, OSError or
     ValueError when it does not answer)."""
-    context = None
-    if listen.tls:  # its own certificate, on this machine
-        context = ssl.create_default_context()
-        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    context = local_tls_context() if listen.tls else None
     with urllib.request.urlopen(metrics_url(listen), timeout=timeout,
                                 context=context) as response:
         return _parse_metrics(response.read().decode())

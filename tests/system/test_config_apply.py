@@ -345,6 +345,20 @@ LOCKOUTS = {  # (issue 45, C3) what each does to a driver joining anonymously on
 }
 
 
+async def rolled_back(file: Path, port: int, new_text: str):
+    """The change of ``file`` to ``new_text``, applied, refused and rolled back."""
+    text = file.read_text()
+    new = file.with_name("new.toml")
+    new.write_text(new_text)
+    async with Supervised(file, port):
+        result = await asyncio.to_thread(config_cmd, file, "apply", str(new))
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert file.read_text() == text
+    [change] = History(file).changes()
+    assert change.state == "rolled_back", change
+    return change
+
+
 @pytest.mark.parametrize("lockout", LOCKOUTS)
 async def test_a_change_a_driver_can_no_longer_join_on_is_rolled_back_naming_it(tmp_path,
                                                                                lockout):
@@ -355,14 +369,7 @@ async def test_a_change_a_driver_can_no_longer_join_on_is_rolled_back_naming_it(
     file.write_text(text)
     History(file).mark_good(text)
     driver_beside(file, "porch", f"rawsocket+unix:{sock}")
-    new = tmp_path / "new.toml"
-    new.write_text(LOCKOUTS[lockout](text))
-    async with Supervised(file, port):
-        result = await asyncio.to_thread(config_cmd, file, "apply", str(new))
-        assert result.returncode == 1, result.stdout + result.stderr
-        assert file.read_text() == text
-    [change] = History(file).changes()
-    assert change.state == "rolled_back", change
+    change = await rolled_back(file, port, LOCKOUTS[lockout](text))
     assert f"sensors/porch.toml cannot join (rawsocket+unix:{sock}, realm realm1)" in \
         change.reason, change.reason
 
@@ -377,6 +384,47 @@ async def test_a_driver_that_could_not_join_before_the_change_does_not_hold_it_b
         assert result.returncode == 0, result.stdout + result.stderr
     [change] = History(good.file).changes()
     assert change.state == "good", change
+
+
+# the dashboard's page joins anonymously or signs in by ticket: an admin by key alone cannot
+KEY_ONLY_REALM = ('\n[[realms]]\nname = "realm1"\n' + ADMIN_ROLE
+                  + user("admin", "admin", pubkeys=["ab" * 32]))
+
+
+async def test_a_change_that_leaves_the_dashboard_no_way_in_is_rolled_back_naming_it(tmp_path):
+    port = free_port()
+    file = tmp_path / "cairn.toml"
+    table = router_table(tmp_path / "data", f"127.0.0.1:{port}")
+    text = table + KEY_ONLY_REALM.replace('name = "realm1"\n',
+                                          'name = "realm1"\nanonymous_role = "admin"\n')
+    file.write_text(text)
+    History(file).mark_good(text)
+    change = await rolled_back(file, port, table + KEY_ONLY_REALM)
+    assert f"the dashboard (ws://127.0.0.1:{port}/ws) gets into none of the realms: realm1: " \
+        "wamp.error.no_auth_method" in change.reason, change.reason
+    assert "no user of the realm has a secret to sign in with by ticket" in change.reason
+
+
+async def test_a_realm_without_anonymous_access_where_users_sign_in_keeps_the_dashboard(good,
+                                                                                         tmp_path):
+    new = tmp_path / "new.toml"
+    new.write_text(config_text(tmp_path, good.port, anonymous=False))
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stdout + result.stderr
+    [change] = History(good.file).changes()
+    assert change.state == "good", change
+
+
+async def test_renaming_the_dashboard_s_default_realm_is_kept_and_says_how_to_open_it(good,
+                                                                                      tmp_path):
+    new = tmp_path / "new.toml"
+    new.write_text(good.text.replace('name = "realm1"', 'name = "site"'))
+    async with Supervised(good.file, good.port):
+        result = await asyncio.to_thread(config_cmd, good.file, "apply", str(new))
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert "realm realm1 is gone, which the dashboard opens unless told otherwise: open it " \
+        "with ?realm=site" in result.stderr, result.stderr
 
 
 async def test_restart_change_that_fails_is_rolled_back_with_the_reason(good, tmp_path):
