@@ -8,6 +8,8 @@ commands (backup, restore, doctor) name these files only through here:
 - ``sync-status.json``: written by ``cairn sync`` (:class:`SyncStatus`), read by the router;
 - ``cra-decoy.key``: the key of the made-up WAMP-CRA salts of unknown authids
   (:func:`cra_decoy_key`), created once by the router.
+- ``signing.key``: the gateway's Ed25519 key that ``cairn sync`` signs each batch's manifest
+  with (formats.batch_signature), created once by it.
 - ``config-state.json`` and ``config-requests/`` (``queue/``, ``refused/``): what
   configuration the router runs, and the changes asked for over WAMP; their format is
   gateway.ops.config_history's, and root reads them by base.files.read_untrusted.
@@ -29,6 +31,7 @@ LOCK_NAME = "cairn.lock"
 SYNC_STATUS_NAME = "sync-status.json"
 CRA_DECOY_KEY_NAME = "cra-decoy.key"
 CRA_DECOY_KEY_BYTES = 32
+SIGNING_KEY_NAME = "signing.key"
 
 log = logging.getLogger("cairn.data_dir")
 
@@ -43,6 +46,10 @@ def lock_path(data_dir: Path) -> Path:
 
 def sync_status_path(data_dir: Path) -> Path:
     return data_dir / SYNC_STATUS_NAME
+
+
+def signing_key_path(data_dir: Path) -> Path:
+    return data_dir / SIGNING_KEY_NAME
 
 
 @dataclass

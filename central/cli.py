@@ -34,6 +34,10 @@ def add_commands(commands: Any) -> None:
                         help="move batches here once ingested (or found ingested before), "
                              "so that the landing holds only what is pending (default: "
                              "leave them; batch mode lists the whole landing each run)")
+    ingest.add_argument("--gateway-keys", metavar="FILE",
+                        help="ingest only batches signed by a key this file lists for their "
+                             "gateway (lines of GATEWAY_ID ed25519:KEY, as `cairn sync "
+                             "--show-key` prints them); the others are quarantined")
     ingest.add_argument("--streaming", action="store_true",
                         help="Structured Streaming (trigger availableNow) with --checkpoint: "
                              "only manifests that landed since the last run are read")

@@ -13,9 +13,12 @@ import zlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cairn.formats.batch import ROW_FIELDS, event_ranges
+
+if TYPE_CHECKING:  # formats.batch_signature needs cryptography, which executors need not have
+    from cairn.formats.batch_signature import GatewayKeys
 
 # -- files -----------------------------------------------------------------------------------
 
@@ -119,17 +122,19 @@ def lines_problem(manifest: dict[str, Any], batch: Any) -> str | None:
 
 
 def triage(parsed: list[Candidate], done: set[tuple[str, str]],
-            landed: Callable[[Candidate], bool],
+            landed: Callable[[Candidate], bool], keys: GatewayKeys | None = None,
             ) -> tuple[list[Candidate], list[Candidate], list[tuple[Candidate, str]]]:
     """(candidates, already, rejected with their reason) of the batches whose manifest
     parsed: ``done`` holds the (file, sha256) the table has; ``landed`` tells whether a batch's
-    data file is there."""
+    data file is there; ``keys``, when given, which keys may sign each gateway's batches."""
     candidates: list[Candidate] = []
     already: list[Candidate] = []
     rejected: list[tuple[Candidate, str]] = []
     for c in parsed:
         m = c.manifest
-        if (m["file"], m["sha256"]) in done:
+        if keys is not None and (unsigned := keys.problem(m)):
+            rejected.append((c, unsigned))
+        elif (m["file"], m["sha256"]) in done:
             already.append(c)
         elif m["file"] != c.name or not m["file"].startswith(m["gateway_id"] + "/"):
             # a manifest vouches only for the file beside it, in its own gateway's directory

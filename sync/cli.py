@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from cairn.base.config_tools import ConfigError, Validator, optional_secret
-from cairn.base.data_dir import db_path, sync_status_path
+from cairn.base.data_dir import db_path, signing_key_path, sync_status_path
+from cairn.formats import batch_signature
 from cairn.gateway.core import config as gateway_config
 from cairn.gateway.core.config import read_document
 from cairn.gateway.store import HistoryReader
@@ -143,6 +144,10 @@ def add_commands(commands: Any) -> None:
     sync.add_argument("--config", metavar="FILE", required=True, help="TOML config file")
     sync.add_argument("--once", action="store_true",
                       help="drain the backlog and exit (0 ok, 1 the sink failed)")
+    sync.add_argument("--show-key", action="store_true",
+                      help="print this gateway's line for the central side's --gateway-keys "
+                           "file (its id and the public key its batches are signed with, "
+                           "made if it has none yet) and exit")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -153,13 +158,25 @@ def main(args: argparse.Namespace) -> int:
         print(f"cairn: bad config: {e}", file=sys.stderr)
         return 2
     try:
+        signing_key = batch_signature.gateway_key(signing_key_path(config.data_dir),
+                                                  owner_like=config.data_dir)
+    except (OSError, ValueError) as e:
+        # unsigned batches would be quarantined by a fleet that checks keys: none is sent
+        log.error("cannot use the gateway's signing key %s: %s",
+                  signing_key_path(config.data_dir), e)
+        return 1
+    if args.show_key:
+        print(f"{config.gateway_id} {batch_signature.public_text(signing_key.public_key())}")
+        return 0
+    try:
         reader = HistoryReader(db_path(config.data_dir))
     except (FileNotFoundError, OSError) as e:
         log.error("cannot open the store: %s", e)
         return 1
     uploader = Uploader(config.gateway_id, reader, make_sink(config),
                         sync_status_path(config.data_dir), config.batch_events,
-                        config.batch_bytes, config.daily_bytes, on_metered=config.on_metered)
+                        config.batch_bytes, config.daily_bytes, on_metered=config.on_metered,
+                        signing_key=signing_key)
     log.info("syncing %s (gateway %s) to %s from seq %d", config.data_dir, config.gateway_id,
              uploader.sink.describe(), uploader.status.synced_seq)
     try:

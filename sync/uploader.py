@@ -8,7 +8,8 @@ router is down; the store module owns every SQL statement it uses.
 Each batch is a data file of one publication per line (the lean schema 2 of
 :mod:`formats.batch`: bzip2, about 3 bytes a reading) plus a manifest (gateway id,
 first/last seq, count, sha256, schema version, and the clock anchors, gap records, boots,
-realms and publication id key the central job needs). The watermark moves only after
+realms and publication id key the central job needs), signed by the gateway's own key
+(:mod:`formats.batch_signature`). The watermark moves only after
 the sink confirmed both files, so a batch may be sent twice but never lost; re-sent batches
 are harmless because the central job dedupes on ``(gateway_id, seq)``.
 
@@ -30,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from cairn.base.clock_readings import rfc3339
 from cairn.base.data_dir import (
     AGING,
@@ -38,6 +41,7 @@ from cairn.base.data_dir import (
     read_sync_status_file,
     write_sync_status,
 )
+from cairn.formats import batch_signature
 from cairn.formats.batch import (
     SCHEMA_VERSION,
     build_manifest,
@@ -99,16 +103,20 @@ def _over_budget_gap(row: dict[str, Any], size: int, daily: int) -> dict[str, An
 def build_batch(gateway_id: str, rows: list[dict[str, Any]], after_seq: int,
                 anchors: list[dict[str, Any]], gaps: list[dict[str, Any]],
                 data: bytes | None = None, key: bytes | None = None,
-                schema: int = SCHEMA_VERSION) -> Batch:
+                schema: int = SCHEMA_VERSION,
+                signing_key: Ed25519PrivateKey | None = None) -> Batch:
     """The batch of ``rows`` (in seq order, every history row after ``after_seq`` up to the
-    last one) with its manifest. ``anchors`` and ``gaps`` are the store's records; the ones
-    that concern this batch are picked here. ``key``: the store's publication id key
-    (schema 2 leaves out the ids it gives); schema 1 is written only to test its reader."""
+    last one) with its manifest, signed with ``signing_key`` (the gateway's). ``anchors`` and
+    ``gaps`` are the store's records; the ones that concern this batch are picked here.
+    ``key``: the store's publication id key (schema 2 leaves out the ids it gives); schema 1
+    is written only to test its reader."""
     if data is None:
         data = encode_lean(rows, key) if schema == 2 else encode_rows(gateway_id, rows)
     first, last = rows[0]["seq"], rows[-1]["seq"]
     manifest = build_manifest(gateway_id, rows, data, after_seq, anchors, gaps,
                               int(time.time() * 1000), key, schema)
+    if signing_key is not None:
+        manifest = batch_signature.sign(manifest, signing_key)
     return Batch(first, last, len(rows), data, manifest)
 
 
@@ -126,6 +134,7 @@ class Uploader:
     status_interval: float = 600.0  # seconds between rewrites of a status that only aged
     on_metered: str = "send"  # [sync] on_metered: "wait" holds batches back on a metered link
     metered: Callable[[], int | None] = metered.read_metered  # NMMetered now (None: unknown)
+    signing_key: Ed25519PrivateKey | None = None  # the gateway's: signs every manifest
 
     def __post_init__(self) -> None:
         self.status = SyncStatus(self.gateway_id, self.sink.describe(),
@@ -196,7 +205,7 @@ class Uploader:
             [gap for seq, gap in self._left_out.items() if self.status.synced_seq < seq < last]
         return build_batch(self.gateway_id, rows, self.status.synced_seq,
                            self.reader.anchors(), self.reader.gaps() + lost,
-                           key=self.reader.publication_key())
+                           key=self.reader.publication_key(), signing_key=self.signing_key)
 
     def _readable_rows(self) -> tuple[list[dict[str, Any]], list[Damaged]]:
         """The next rows that can be shipped, and the damaged ones before and among them.
@@ -249,7 +258,8 @@ class Uploader:
                 row = row_of(pub)
                 batch = build_batch(self.gateway_id, [row], row["seq"] - 1,
                                     self.reader.anchors(), self.reader.gaps(),
-                                    key=self.reader.publication_key())
+                                    key=self.reader.publication_key(),
+                                    signing_key=self.signing_key)
                 if batch.size > budget.health_room(self.status):
                     self._health_held()
                     break

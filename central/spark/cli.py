@@ -14,6 +14,7 @@ from cairn.central.spark.ingest import CHUNK_BATCHES, ingest, ingest_stream
 from cairn.central.spark.landing import LandingError
 from cairn.central.spark.reports import report
 from cairn.central.spark.session import session
+from cairn.formats.batch_signature import GatewayKeys
 
 log = logging.getLogger("cairn.spark")
 
@@ -28,6 +29,13 @@ def main(args: Any) -> int:
     if args.spark_command == "ingest" and args.streaming and not args.checkpoint:
         print("cairn spark ingest: --streaming needs --checkpoint DIR", file=sys.stderr)
         return 2
+    keys = None
+    if args.spark_command == "ingest" and args.gateway_keys:
+        try:
+            keys = GatewayKeys.read(args.gateway_keys)
+        except (OSError, ValueError) as e:
+            print(f"cairn spark ingest: --gateway-keys: {e}", file=sys.stderr)
+            return 2
     from py4j.protocol import Py4JError
     from pyspark.errors import PySparkException
 
@@ -38,10 +46,10 @@ def main(args: Any) -> int:
             if args.streaming:
                 stats = ingest_stream(spark, args.landing, args.table, args.checkpoint,
                                       args.quarantine, args.max_batches or 1000, args.wait,
-                                      args.archive)
+                                      args.archive, keys)
             else:
                 stats = ingest(spark, args.landing, args.table, args.quarantine, args.wait,
-                               args.max_batches or CHUNK_BATCHES, args.archive)
+                               args.max_batches or CHUNK_BATCHES, args.archive, keys)
             for name, reason in stats.quarantined:
                 print(f"quarantined {name}: {reason}")
             print(stats.summary())

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -55,6 +55,9 @@ from cairn.formats.batch import (
     parse_manifest,
 )
 
+if TYPE_CHECKING:
+    from cairn.formats.batch_signature import GatewayKeys
+
 log = logging.getLogger("cairn.spark")
 
 CHUNK_BATCHES = 20_000       # batch mode: batches per step (bounds the driver's memory)
@@ -62,10 +65,11 @@ CHUNK_BATCHES = 20_000       # batch mode: batches per step (bounds the driver's
 
 def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None = None,
            wait: float = LOCK_WAIT_S, chunk: int = CHUNK_BATCHES,
-           archive: str | None = None) -> IngestStats:
+           archive: str | None = None, keys: GatewayKeys | None = None) -> IngestStats:
     """One-shot ingest of every batch under ``landing`` whose manifest has landed, holding
     the table's exclusive lock (waiting up to ``wait`` seconds for it), ``chunk`` batches
-    per step. With ``archive``, batches leave the landing for it once ingested."""
+    per step. With ``archive``, batches leave the landing for it once ingested; with
+    ``keys``, only batches signed by a key it lists for their gateway are ingested."""
     started = time.monotonic()
     prepare(spark)
     files = Files(spark)
@@ -73,13 +77,14 @@ def ingest(spark: SparkSession, landing: str, table: str, quarantine: str | None
     quarantine = files.qualify(quarantine) if quarantine else None
     archive = files.qualify(archive) if archive else None
     with locked(table, files, exclusive=True, wait=wait, what=f"an ingest of {landing}"):
-        stats = _ingest_locked(spark, files, landing, table, quarantine, chunk, archive)
+        stats = _ingest_locked(spark, files, landing, table, quarantine, chunk, archive, keys)
     stats.seconds = time.monotonic() - started
     return stats
 
 
 def _ingest_locked(spark: SparkSession, files: Files, landing: str, table_path: str,
-                   quarantine: str | None, chunk: int, archive: str | None) -> IngestStats:
+                   quarantine: str | None, chunk: int, archive: str | None,
+                   keys: GatewayKeys | None) -> IngestStats:
     """The landing listed once, by Spark (one job, no call into the JVM per file), then its
     manifests ``chunk`` at a time: a landing of millions of files is never read or verified
     all at once."""
@@ -100,20 +105,20 @@ def _ingest_locked(spark: SparkSession, files: Files, landing: str, table_path: 
                 move_batch(files, manifest_path, data_path, f"{archive}/{gateway}")
     for start in range(0, max(len(manifest_uris), 1), chunk):
         stats.add(ingest_paths(spark, files, manifest_uris[start:start + chunk], table_path,
-                                quarantine, landed, archive))
+                                quarantine, landed, archive, keys))
     return stats
 
 
 def ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
                   table_path: str, quarantine: str | None, landed: Landed,
-                  archive: str | None) -> IngestStats:
+                  archive: str | None, keys: GatewayKeys | None = None) -> IngestStats:
     """Read the manifests ``manifest_uris`` and ingest their batches (an oversized manifest
     is not read: :func:`~cairn.central.spark.landing.read_manifests`)."""
     started = time.monotonic()
     manifests = read_manifests(spark, files, manifest_uris, landed.oversized)
     read_s = time.monotonic() - started
     stats = ingest_manifests(spark, manifests, table_path, quarantine, files, landed.uris,
-                             archive)
+                             archive, keys)
     stats.phases["manifests"] = stats.phases.get("manifests", 0.0) + read_s
     if len(manifest_uris) > 1:
         log.info("%s", stats.summary())
@@ -122,13 +127,14 @@ def ingest_paths(spark: SparkSession, files: Files, manifest_uris: list[str],
 
 def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str,
                   quarantine: str | None = None, max_batches: int = 1000,
-                  wait: float = LOCK_WAIT_S, archive: str | None = None) -> IngestStats:
+                  wait: float = LOCK_WAIT_S, archive: str | None = None,
+                  keys: GatewayKeys | None = None) -> IngestStats:
     """Structured Streaming over the manifests landing under ``landing``, trigger
     ``availableNow``: everything that landed since the last run (the checkpoint remembers
     which manifests were seen), in micro-batches of at most ``max_batches`` manifests, then
     stop. Each micro-batch is verified and ingested by :func:`ingest_manifests` in
     ``foreachBatch``; a re-run micro-batch adds nothing (the anti-join). Holds the table's
-    exclusive lock for the whole run."""
+    exclusive lock for the whole run. ``keys`` as for :func:`ingest`."""
     started = time.monotonic()
     prepare(spark)
     files = Files(spark)
@@ -138,7 +144,7 @@ def ingest_stream(spark: SparkSession, landing: str, table: str, checkpoint: str
     archive = files.qualify(archive) if archive else None
     with locked(table, files, exclusive=True, wait=wait, what=f"a streaming ingest of {landing}"):
         total = _stream_locked(spark, files, landing, table, checkpoint, quarantine,
-                               max_batches, archive)
+                               max_batches, archive, keys)
     total.seconds = time.monotonic() - started
     return total
 
@@ -149,7 +155,7 @@ _BINARY_FILE = "path string, modificationTime timestamp, length long, content bi
 
 def _stream_locked(spark: SparkSession, files: Files, landing: str, table_path: str,
                    checkpoint: str, quarantine: str | None, max_batches: int,
-                   archive: str | None) -> IngestStats:
+                   archive: str | None, keys: GatewayKeys | None) -> IngestStats:
     Table(spark, files, table_path).recover()
     total = IngestStats()
 
@@ -159,7 +165,7 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table_path: 
                      if stamp[0] > MAX_MANIFEST_BYTES}
         manifests = read_manifests(frame.sparkSession, files, sorted(listed), oversized)
         stats = ingest_manifests(frame.sparkSession, manifests, table_path, quarantine,
-                                 files, archive=archive)
+                                 files, archive=archive, keys=keys)
         total.add(stats)
         total.micro_batches += 1
         log.info("micro-batch %d: %s", batch_id, stats.summary())
@@ -180,12 +186,13 @@ def _stream_locked(spark: SparkSession, files: Files, landing: str, table_path: 
 
 def ingest_manifests(spark: SparkSession, manifests: list[LandedManifest], table: str,
                      quarantine: str | None = None, files: Files | None = None,
-                     landed: set[str] | None = None,
-                     archive: str | None = None) -> IngestStats:
+                     landed: set[str] | None = None, archive: str | None = None,
+                     keys: GatewayKeys | None = None) -> IngestStats:
     """Verify, dedupe, re-base and append the batches of ``manifests`` into ``table``. ``landed``:
     the URIs of the files known to be there (else each data file is looked for). Bad
     batches go to ``quarantine``, ingested ones (this time or before) to ``archive``."""
-    return IngestRun(spark, manifests, table, quarantine, files, landed, archive).execute()
+    return IngestRun(spark, manifests, table, quarantine, files, landed, archive,
+                     keys).execute()
 
 
 class IngestRun:
@@ -196,12 +203,14 @@ class IngestRun:
 
     def __init__(self, spark: SparkSession, manifests: list[LandedManifest], table: str,
                  quarantine: str | None = None, files: Files | None = None,
-                 landed: set[str] | None = None, archive: str | None = None) -> None:
+                 landed: set[str] | None = None, archive: str | None = None,
+                 keys: GatewayKeys | None = None) -> None:
         self.started = self.clock = time.monotonic()  # clock: where the current phase began
         self.spark, self.manifests = spark, manifests
         self.files = files or Files(spark)
         self.table = Table(spark, self.files, table)
         self.quarantine, self.landed, self.archive = quarantine, landed, archive
+        self.keys = keys  # the fleet's gateway keys, or None: the landing folder is trusted
         self.run = uuid.uuid4().hex[:12]
         # the run's rows and side-table rows, committed together
         self.stage = f"{self.table.staging}/{self.run}"
@@ -252,7 +261,7 @@ class IngestRun:
         """(candidates, already): the batches to verify, and those the table has (same file,
         same bytes); the others are rejected."""
         candidates, already, rejected = triage(parsed, self.ingested_before(parsed),
-                                                self.landed_data)
+                                                self.landed_data, self.keys)
         for c, reason in rejected:
             self.reject(c.manifest_path, c.data_path, c.manifest, reason)
         return candidates, already
