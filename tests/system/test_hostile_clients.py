@@ -249,11 +249,13 @@ async def hold_half_open(address: str, port: int, count: int, stop: asyncio.Even
 
 
 async def lan_client_gets_in(address: str, port: int) -> bool:
-    """A WebSocket upgrade from ``address``: answered 101, or refused (closed)?"""
+    """A WebSocket upgrade from ``address``: answered 101, or refused (closed)? The router
+    does one or the other within its handshake timeout; the bound here is only a backstop
+    (a loaded machine can take seconds)."""
     reader, writer = await open_from(address, port, UPGRADE.format(
         host=f"{address}:{port}", more="").encode())
     try:
-        line = await asyncio.wait_for(reader.readline(), 5)
+        line = await asyncio.wait_for(reader.readline(), 60)
     except OSError:
         line = b""
     finally:
@@ -284,8 +286,10 @@ async def admitted_under_attack(router: RouterProcess, held_each: int,
 async def test_two_lan_hosts_holding_half_open_connections_do_not_keep_a_third_out(lan_router):
     """The attack (N6): two LAN hosts held 32 half-open connections each, opened again as
     the handshake timeout closed them; the 64 pending slots were theirs, and a LAN client
-    got in 3 times out of 22."""
-    router = lan_router('handshake_timeout = "2s"\n', rawsocket_host="[::]")
+    got in 3 times out of 22. (The default handshake timeout here: a shorter one can cut the
+    LAN client's own handshake on a loaded machine, and the penalty of an address whose
+    handshake timed out then keeps it out for a minute, as it should.)"""
+    router = lan_router(rawsocket_host="[::]")
     admitted, _ = await admitted_under_attack(router, held_each=32)
     assert admitted == 22
     assert hits(router, "max_pending_per_address") > 0
@@ -293,8 +297,7 @@ async def test_two_lan_hosts_holding_half_open_connections_do_not_keep_a_third_o
 
 async def test_past_three_quarters_of_the_pending_slots_only_addresses_holding_none_get_one(
         lan_router):
-    router = lan_router('handshake_timeout = "2s"\nmax_pending_per_address = 64\n',
-                        rawsocket_host="[::]")
+    router = lan_router("max_pending_per_address = 64\n", rawsocket_host="[::]")
     admitted, pending = await admitted_under_attack(router, held_each=64)
     assert admitted == 22
     assert 32 <= pending <= 48 + 1  # (+1: the client's own, if it was counted meanwhile)
@@ -735,8 +738,11 @@ async def test_a_lone_client_is_not_held_to_a_fixed_rate(tmp_path):
         await asyncio.gather(*acks)
         await until(lambda: len(received) == 10_000, timeout=60, what="every event")
         took = time.monotonic() - started
-        await publisher.leave()
-        await subscriber.leave()
+        # (on a loaded machine the router's 20 s ping timeout may have dropped a client
+        # still working through what it was sent: that is not what this test is about)
+        for session in (publisher, subscriber):
+            if session.is_attached():
+                await session.leave()
         held = {limit: hits(router, limit)
                 for limit in ("max_messages_per_second", "max_bytes_per_second")}
     finally:
