@@ -87,8 +87,9 @@ def test_a_write_to_the_root_goes_to_ram_and_the_store_and_config_to_the_data_pa
             f"for f in etc/written-on-overlay etc/cairn/written-on-data-partition; do "
             f"sudo test -e {upper}/$f && echo $f in RAM; "
             f"sudo test -e {lower}/$f && echo $f on the root; done; "
-            "findmnt -no SOURCE -T /etc/cairn/written-on-data-partition; "
-            "findmnt -no SOURCE -T /var/lib/cairn/written-on-data-partition")
+            # (as root: the store's directory is the cairn user's alone)
+            "sudo findmnt -no SOURCE -T /etc/cairn/written-on-data-partition; "
+            "sudo findmnt -no SOURCE -T /var/lib/cairn/written-on-data-partition")
         upper_fs, lower_mount, *where = done.stdout.strip().split("\n")
         assert upper_fs == "tmpfs", done.stdout
         lower_source, lower_options = lower_mount.split()
