@@ -132,8 +132,8 @@ def triage(parsed: list[Candidate], done: set[tuple[str, str]],
     rejected: list[tuple[Candidate, str]] = []
     for c in parsed:
         m = c.manifest
-        if keys is not None and (unsigned := keys.problem(m)):
-            rejected.append((c, unsigned))
+        if keys is not None and (not_vouched := keys.problem(m)):
+            rejected.append((c, not_vouched))
         elif (m["file"], m["sha256"]) in done:
             already.append(c)
         elif m["file"] != c.name or not m["file"].startswith(m["gateway_id"] + "/"):
