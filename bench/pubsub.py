@@ -518,6 +518,8 @@ def run_case(server: Any, case: Case, opts: argparse.Namespace, duration: float,
             "drain_ms": round((tp["end"] - tp["send_end"]) / 1e6, 1),
             "window_stalls": tp["stalls"],
             "server_cpu_pct": round(100 * server_cpu / cpu_wall),
+            "server_cpu_us_per_event": (round(1e6 * server_cpu / delivered, 1) if delivered
+                                        else None),
             "client_cpu_pct": round(100 * client_cpu / cpu_wall),
             # what other programs on the machine used meanwhile, and interrupt/softirq time
             "other_cpu_pct": round(100 * max(0.0, busy - server_cpu - client_cpu) / cpu_wall),
@@ -644,7 +646,7 @@ def fmt(value: Any, spec: str = "") -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("server", "case", "transport/serializer", "subs", "events/s", "pub/s", "p50 ms",
-            "p99 ms", "lat @/s", "srv cpu", "cli cpu", "other", "ok")
+            "p99 ms", "lat @/s", "srv cpu", "srv µs/ev", "cli cpu", "other", "ok")
     rows = [head]
     for r in results:
         rows.append((
@@ -652,7 +654,8 @@ def table(results: list[dict[str, Any]]) -> str:
             str(r["subscribers"]), fmt(r.get("events_per_s"), ","),
             fmt(r.get("publishes_per_s"), ","), fmt(r.get("p50_ms"), ".2f"),
             fmt(r.get("p99_ms"), ".2f"), fmt(r.get("lat_rate"), ","),
-            fmt(r.get("server_cpu_pct"), "d") + "%", fmt(r.get("client_cpu_pct"), "d") + "%",
+            fmt(r.get("server_cpu_pct"), "d") + "%", fmt(r.get("server_cpu_us_per_event"), ".1f"),
+            fmt(r.get("client_cpu_pct"), "d") + "%",
             fmt(r.get("other_cpu_pct"), "d") + "%", "yes" if r["ok"] else "NO",
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -826,6 +829,8 @@ def main(argv: list[str] | None = None) -> int:
     print("of the server process / of all client processes / of anything else on the machine "
           "during the")
     print("throughput phase (100% = one core). A large 'other' means the numbers are disturbed.")
+    print("srv µs/ev: the server's CPU time in that phase per event delivered (what an event "
+          "costs a Pi).")
     print("Spikes of 10 ms and more in p99/p99.9 (JSON) are usually full garbage collections in "
           "the router (--trace-gc).")
     busy = [r for r in router_results + check_results

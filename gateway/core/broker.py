@@ -23,6 +23,7 @@ from typing import Any
 from autobahn.wamp import message as m
 
 from cairn.base.clock_readings import StepDetector, rfc3339
+from cairn.gateway.core import messages
 from cairn.gateway.core.auth import Authorizer, login_peer
 from cairn.gateway.core.config import HEALTH_TOPIC, Limits
 from cairn.gateway.core.history_rules import HistoryRules
@@ -256,26 +257,27 @@ class Broker:
 
     def publish(self, session: Session, msg: m.Publish, out: Outbox,
                 disclose_me: bool = False) -> None:
+        topic, acknowledge = msg.topic, msg.acknowledge
         try:
-            if msg.topic.startswith("wamp.") or msg.topic == HEALTH_TOPIC:
+            if topic.startswith("wamp.") or topic == HEALTH_TOPIC:
                 raise WampError("wamp.error.not_authorized",
-                                f"{msg.topic!r} is reserved for the router: only it publishes "
+                                f"{topic!r} is reserved for the router: only it publishes "
                                 f"there")
-            rule = self.authorizer.require(session, msg.topic, "publish")
+            rule = self.authorizer.require(session, topic, "publish")
         except WampError:
-            if msg.acknowledge:
+            if acknowledge:
                 raise
             return  # WAMP answers a refused PUBLISH with ERROR only when acknowledge is set
         disclose = rule.disclose or disclose_me
         pub, refused = self._record(session, msg, disclose, out)
         publication = pub.publication if pub is not None else publication_id()
         self.dispatch(msg, publication, out, publisher=session, disclose=disclose)
-        acknowledge = msg.acknowledge and not refused
         if pub is not None and (pub.history_rule is not None or pub.retain):
-            then = self._acknowledge(session, msg.request, publication) if acknowledge else None
-            out.store(Persist(pub, self._commit_within(pub.history_rule, bool(msg.acknowledge)),
+            then = (self._acknowledge(session, msg.request, publication)
+                    if acknowledge and not refused else None)
+            out.store(Persist(pub, self._commit_within(pub.history_rule, bool(acknowledge)),
                               then))
-        if not msg.acknowledge:
+        if not acknowledge:
             return
         if refused:
             out.send(session, m.Error(m.Publish.MESSAGE_TYPE, msg.request, LIMIT_REACHED,
@@ -368,7 +370,8 @@ class Broker:
     def dispatch(self, msg: m.Publish, publication: int, out: Outbox,
                  publisher: Session | None = None, disclose: bool = False) -> None:
         """Send EVENTs for a publication to every eligible subscriber."""
-        subscriptions = self.subscriptions.match(msg.topic)
+        topic = msg.topic
+        subscriptions = self.subscriptions.match(topic)
         if not subscriptions:
             return
         eligible = _audience_filter(msg)
@@ -377,20 +380,22 @@ class Broker:
         if disclose and publisher is not None:
             who = {"publisher": publisher.id, "publisher_authid": publisher.authid,
                    "publisher_authrole": publisher.authrole}
+        args, kwargs, payload = msg.args, msg.kwargs, msg.payload
         for sub in subscriptions:
-            event = m.Event(
-                sub.id, publication, args=msg.args, kwargs=msg.kwargs, payload=msg.payload,
-                topic=msg.topic if sub.match != "exact" else None,
-                enc_algo=msg.enc_algo, enc_key=msg.enc_key, enc_serializer=msg.enc_serializer,
-                **who,
-            )
             # A pattern subscription was authorized on its pattern; each concrete topic must
             # be one its subscriber's role may subscribe to as well.
-            check_topic = sub.match != "exact"
+            pattern = sub.match != "exact"
+            if payload is not None:
+                event = m.Event(sub.id, publication, payload=payload,
+                                topic=topic if pattern else None, enc_algo=msg.enc_algo,
+                                enc_key=msg.enc_key, enc_serializer=msg.enc_serializer, **who)
+            else:
+                event = messages.event(sub.id, publication, args, kwargs,
+                                       topic if pattern else None, **who)
             for receiver in sub.subscribers:
                 if receiver is skip or (eligible is not None and not eligible(receiver)):
                     continue
-                if check_topic and not self.may_receive(receiver, msg.topic):
+                if pattern and not self.may_receive(receiver, topic):
                     continue
                 out.send(receiver, event)
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
+import json.encoder
+import json.scanner
+import re
 from typing import Any
 
 import cbor2
@@ -27,6 +30,8 @@ from autobahn.wamp.serializer import (
     Serializer,
 )
 
+from cairn.gateway.core import messages
+from cairn.gateway.core.patterns import CACHED_URIS
 from cairn.gateway.core.session import brief
 
 # Options autobahn's parser drops but WAMP clients still send (autobahn-js, wampy).
@@ -59,16 +64,35 @@ class JsonObjects(JsonObjectSerializer):
     """autobahn's JSON object serializer, the same wire format, with the standard library's
     C code on the common path: autobahn's decoder runs the pure-Python scanner on every
     message (to turn "\\u0000"-prefixed strings into bytes) and its encoder is rebuilt for
-    every message."""
+    every message. So are the standard library's own C encoder and scanner in json.dumps and
+    json.loads; here they are made once, and json.loads reads only what they refuse (leading
+    or trailing whitespace, invalid JSON: the same values, the same errors)."""
 
     _encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False,
                                 default=_encode_binary)
+    # without json.dumps' check for circular references: what the router sends is what it
+    # read or made, which cannot hold itself
+    _chunks = (json.encoder.c_make_encoder(None, _encode_binary, json.encoder.encode_basestring,
+                                           None, ":", ",", False, False, True)
+               if json.encoder.c_make_encoder is not None else None)
+    _scan = json.scanner.make_scanner(json.JSONDecoder())
 
     def serialize(self, obj: Any) -> bytes:
-        return self._encoder.encode(obj).encode("utf-8")
+        if self._chunks is None:
+            return self._encoder.encode(obj).encode("utf-8")
+        return "".join(self._chunks(obj, 0)).encode("utf-8")
 
     def unserialize(self, payload: bytes) -> list[Any]:
-        messages = [json.loads(payload.decode("utf-8"))]
+        text = payload.decode("utf-8")
+        try:
+            value, end = self._scan(text, 0)
+        except StopIteration:
+            end = -1
+        if end != len(text):
+            value = json.loads(text)
+        messages = [value]
+        if b"\\u" not in payload:  # (one scan for the two checks below, which most skip)
+            return messages
         if b"\\u0000" in payload:  # may hold binary values (autobahn's decoder for them
             messages = [_binary_strings(messages[0])]  # is pure Python: 0.4 s per MB)
         if b"\\ud" in payload or b"\\uD" in payload:
@@ -125,7 +149,7 @@ def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, A
         raw_messages = serializer.objects.unserialize(payload)
     except Exception as e:
         raise ProtocolError(f"cannot decode {serializer.SERIALIZER_ID}: {e}") from e
-    messages = []
+    decoded = []
     for raw in raw_messages:
         if not isinstance(raw, list) or not raw:
             raise ProtocolError(f"a WAMP message must be a non-empty array, got {brief(raw)}")
@@ -133,28 +157,99 @@ def decode(serializer: Any, payload: bytes) -> list[tuple[m.Message, dict[str, A
         cls = serializer.MESSAGE_TYPE_MAP.get(kind) if isinstance(kind, int) else None
         if cls is None:
             raise ProtocolError(f"unknown WAMP message type {brief(kind, 20)}")
-        try:
-            msg = cls.parse(raw)
-            if cls is m.Subscribe:  # autobahn allows empty components whatever the policy
-                _check_pattern(msg.topic, msg.match, "'topic' in SUBSCRIBE")
-            if cls in _WITH_PAYLOAD:
-                for name in ("args", "kwargs"):
-                    problem = _unportable(getattr(msg, name))
-                    if problem is not None:
-                        raise ProtocolError(f"{cls.__name__.upper()} {name}{problem}")
-        except ProtocolError:
-            raise
-        except Exception as e:  # autobahn's parsers assume well-formed input in places
-            raise ProtocolError(f"malformed {cls.__name__.upper()}: {e}") from e
-        extra = {}
-        for name in _PASS_THROUGH_OPTIONS.get(cls, ()):
-            value = _options(cls, raw).get(name)
-            if value is not None and not isinstance(value, bool):
-                raise ProtocolError(f"option {name!r} in {cls.__name__.upper()} must be a bool")
-            if value:
-                extra[name] = value
-        messages.append((msg, extra))
-    return messages
+        if cls is m.Publish and (msg := _plain_publish(raw)) is not None:
+            decoded.append((msg, {}))
+            continue
+        msg, extra = _parse(cls, raw)
+        if cls in _WITH_PAYLOAD:
+            _check_portable(cls, msg.args, msg.kwargs)
+        decoded.append((msg, extra))
+    return decoded
+
+
+def _check_portable(cls: type, args: Any, kwargs: Any) -> None:
+    for name, value in (("args", args), ("kwargs", kwargs)):
+        problem = _unportable(value)
+        if problem is not None:
+            raise ProtocolError(f"{cls.__name__.upper()} {name}{problem}")
+
+
+def _parse(cls: type, raw: list[Any]) -> tuple[m.Message, dict[str, Any]]:
+    """autobahn's parser, with the checks it leaves out and the options it drops."""
+    try:
+        msg = cls.parse(raw)
+        if cls is m.Subscribe:  # autobahn allows empty components whatever the policy
+            _check_pattern(msg.topic, msg.match, "'topic' in SUBSCRIBE")
+    except ProtocolError:
+        raise
+    except Exception as e:  # autobahn's parsers assume well-formed input in places
+        raise ProtocolError(f"malformed {cls.__name__.upper()}: {e}") from e
+    extra = {}
+    for name in _PASS_THROUGH_OPTIONS.get(cls, ()):
+        value = _options(cls, raw).get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ProtocolError(f"option {name!r} in {cls.__name__.upper()} must be a bool")
+        if value:
+            extra[name] = value
+    return msg, extra
+
+
+# the options a plain PUBLISH may carry, each a bool (anything else: autobahn's parser)
+_PLAIN_PUBLISH_OPTIONS = frozenset(("acknowledge", "exclude_me", "retain"))
+_MAX_ID = 2**53  # WAMP ids are 0..2**53, as autobahn's check_or_raise_id has it
+# autobahn's loose URI rule (check_or_raise_uri, not strict): non-empty components without
+# whitespace, "." or "#"
+_URI = re.compile(r"^([^\s\.#]+\.)*([^\s\.#]+)$")
+_valid_topics: set[str] = set()  # that matched it: a sensor publishes to the same ones
+
+
+def _flat(values: list[Any]) -> bool:
+    """Whether ``values`` holds only strings, bytes, bools, nulls, 64-bit integers and
+    finite floats (a reading, a counter, a status): portable, checked without a call."""
+    low, high = _INT_RANGE
+    for item in values:
+        kind = type(item)
+        if kind not in _PORTABLE_SCALARS and not (
+                kind is int and low <= item < high or kind is float and item - item == 0):
+            return False
+    return True
+
+
+def _plain_publish(raw: list[Any]) -> m.Message | None:
+    """What ``Publish.parse(raw)`` returns, for the PUBLISHes clients send all the time:
+    ``[16, Request, Options, Topic(, Arguments(, ArgumentsKw))]`` with a list and a dict,
+    and no option but acknowledge, exclude_me and retain; None for anything else, which
+    autobahn's parser then reads or refuses with its reason. Raises ProtocolError for a
+    payload not every serializer can carry."""
+    n = len(raw)
+    if n < 4 or n > 6:
+        return None
+    request, options, topic = raw[1], raw[2], raw[3]
+    if (type(request) is not int or not 0 <= request <= _MAX_ID or type(options) is not dict
+            or type(topic) is not str):
+        return None
+    for key, value in options.items():
+        if key not in _PLAIN_PUBLISH_OPTIONS or type(value) is not bool:
+            return None
+    args = kwargs = None
+    if n > 4:
+        args = raw[4]
+        if type(args) is not list:
+            return None
+        if n > 5:
+            kwargs = raw[5]
+            if type(kwargs) is not dict:
+                return None
+    if topic not in _valid_topics:
+        if _URI.match(topic) is None:
+            return None
+        if len(_valid_topics) >= CACHED_URIS:
+            _valid_topics.clear()
+        _valid_topics.add(topic)
+    if not (args is None or _flat(args)) or kwargs is not None:
+        _check_portable(m.Publish, args, kwargs)
+    return messages.publish(request, topic, args, kwargs, options.get("acknowledge"),
+                            options.get("exclude_me"), options.get("retain"))
 
 
 def _check_pattern(uri: str, match: str | None, what: str) -> None:
@@ -170,19 +265,26 @@ _WITH_PAYLOAD = (m.Publish, m.Call, m.Yield, m.Error)
 _MAX_DEPTH = 100  # deeper payloads cannot be read back by every client (cbor2 stops at 400)
 
 
+_PORTABLE_SCALARS = frozenset((str, bytes, bool, type(None)))
+_INT_RANGE = (-(2**63), 2**64)  # what MessagePack and CBOR carry
+
+
 def _unportable(value: Any, depth: int = 0) -> str | None:
     """Where and why ``value`` cannot be carried by every serializer, or None if it can: what
     a CBOR peer sends must reach JSON and MessagePack peers too, not be dropped on the way."""
     kind = type(value)
-    if value is None or kind is str or kind is bytes or kind is bool:
+    if kind in _PORTABLE_SCALARS:
         return None
     if kind is float:  # NaN and the infinities: JSON has no word for them
         return None if value - value == 0 else f": {value} is not a number JSON can carry"
     if kind is int:
-        return None if -(2**63) <= value < 2**64 else ": integer out of the 64-bit range"
+        low, high = _INT_RANGE
+        return None if low <= value < high else ": integer out of the 64-bit range"
     if depth == _MAX_DEPTH and (kind is list or kind is dict):
         return f": nested deeper than {_MAX_DEPTH} levels"
     if kind is list:
+        if _flat(value):
+            return None
         for i, item in enumerate(value):
             problem = _unportable(item, depth + 1)
             if problem is not None:

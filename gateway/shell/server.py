@@ -101,7 +101,6 @@ class Node:
     def receive(self, session: Session, msg: m.Message, extra: dict | None = None) -> None:
         self.state.counters.received[type(msg)] += 1
         out = Outbox(self.state.clock.now)
-        queued = self.stores.queued_bytes
         try:
             self.router.receive(session, msg, out, extra)
         except Exception:
@@ -110,6 +109,10 @@ class Node:
                           session.id)
             self.router.abort(session, "wamp.error.internal_error",
                               "internal error in the router (see its log)", out)
+        if not out.effects:  # (only effects add to the store's queue; most messages have none)
+            self.flush(out)
+            return
+        queued = self.stores.queued_bytes
         self.flush(out)
         grown = self.stores.queued_bytes - queued  # (commits end in callbacks, not here)
         if grown > 0:  # charged to the connection: it may be paused while the store catches up

@@ -22,6 +22,7 @@ from autobahn.asyncio.websocket import WampWebSocketServerFactory, WampWebSocket
 from autobahn.wamp import message as m
 from autobahn.wamp.exception import ProtocolError
 
+from cairn.gateway.core.messages import encode
 from cairn.gateway.core.retention import RetainedStream
 from cairn.gateway.core.session import Session
 from cairn.gateway.core.wire import CborWire, JsonWire, MsgPackWire, decode
@@ -240,7 +241,7 @@ class Connection:
         # the hot path (every EVENT to every subscriber): _encode and _write_payload, inline
         self._sent[msg.MESSAGE_TYPE] += 1
         try:
-            payload = msg.serialize(self._serializer)
+            payload = encode(msg, self._serializer)
         except Exception as e:
             log.error("session %s: cannot serialize %s: %s", self.session.id,
                       type(msg).__name__, e)
@@ -268,7 +269,7 @@ class Connection:
     def _encode(self, msg: m.Message) -> bytes | None:
         self._sent[msg.MESSAGE_TYPE] += 1
         try:
-            return msg.serialize(self._serializer)
+            return encode(msg, self._serializer)
         except Exception as e:
             log.error("session %s: cannot serialize %s: %s", self.session.id,
                       type(msg).__name__, e)
