@@ -72,9 +72,7 @@ _AUDIENCE_OPTIONS = ("exclude_authid", "eligible_authid", "exclude_authrole", "e
 def _audience_filter(publish: m.Publish):
     """A predicate for sessions eligible under the publication's black/white lists, or None
     when the publication has no lists (the fast path). An empty eligible list admits nobody."""
-    if (publish.exclude is None and publish.eligible is None and publish.exclude_authid is None
-            and publish.eligible_authid is None and publish.exclude_authrole is None
-            and publish.eligible_authrole is None):
+    if not messages.addressed(publish):
         return None
     exclude = set(publish.exclude or ())
     eligible = set(publish.eligible) if publish.eligible is not None else None
@@ -308,7 +306,7 @@ class Broker:
         ("not retained: " or "not stored in history: ", the limit's name, ": ", why).
         Publications addressed by session ids are never stored: session ids do not survive
         a restart."""
-        if msg.exclude or msg.eligible is not None:
+        if messages.addressed(msg) and (msg.exclude or msg.eligible is not None):
             return None, []
         refused = []
         rule = self.history.rule_for(msg.topic)
@@ -389,9 +387,12 @@ class Broker:
                 event = m.Event(sub.id, publication, payload=payload,
                                 topic=topic if pattern else None, enc_algo=msg.enc_algo,
                                 enc_key=msg.enc_key, enc_serializer=msg.enc_serializer, **who)
-            else:
+            elif who:
                 event = messages.event(sub.id, publication, args, kwargs,
                                        topic if pattern else None, **who)
+            else:
+                event = messages.event(sub.id, publication, args, kwargs,
+                                       topic if pattern else None)
             for receiver in sub.subscribers:
                 if receiver is skip or (eligible is not None and not eligible(receiver)):
                     continue

@@ -77,6 +77,14 @@ def event(subscription: int, publication: int, args: list | None, kwargs: dict |
     return msg
 
 
+def addressed(msg: m.Publish) -> bool:
+    """Whether a PUBLISH names its audience: an exclude or eligible list of session ids,
+    authids or authroles (what six of its properties tell, read from the slots)."""
+    return not (msg._exclude is None and msg._eligible is None and msg._exclude_authid is None
+                and msg._eligible_authid is None and msg._exclude_authrole is None
+                and msg._eligible_authrole is None)
+
+
 def encode(msg: Any, serializer: Any) -> bytes:
     """``msg.serialize(serializer)`` (``serializer``: an object serializer of
     gateway.core.wire), an EVENT marshalled here: its bytes are cached on it per serializer,

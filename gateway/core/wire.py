@@ -194,8 +194,6 @@ def _parse(cls: type, raw: list[Any]) -> tuple[m.Message, dict[str, Any]]:
     return msg, extra
 
 
-# the options a plain PUBLISH may carry, each a bool (anything else: autobahn's parser)
-_PLAIN_PUBLISH_OPTIONS = frozenset(("acknowledge", "exclude_me", "retain"))
 _MAX_ID = 2**53  # WAMP ids are 0..2**53, as autobahn's check_or_raise_id has it
 # autobahn's loose URI rule (check_or_raise_uri, not strict): non-empty components without
 # whitespace, "." or "#"
@@ -228,8 +226,17 @@ def _plain_publish(raw: list[Any]) -> m.Message | None:
     if (type(request) is not int or not 0 <= request <= _MAX_ID or type(options) is not dict
             or type(topic) is not str):
         return None
+    acknowledge = exclude_me = retain = None
     for key, value in options.items():
-        if key not in _PLAIN_PUBLISH_OPTIONS or type(value) is not bool:
+        if type(value) is not bool:
+            return None
+        if key == "acknowledge":
+            acknowledge = value
+        elif key == "retain":
+            retain = value
+        elif key == "exclude_me":
+            exclude_me = value
+        else:
             return None
     args = kwargs = None
     if n > 4:
@@ -248,8 +255,7 @@ def _plain_publish(raw: list[Any]) -> m.Message | None:
         _valid_topics.add(topic)
     if not (args is None or _flat(args)) or kwargs is not None:
         _check_portable(m.Publish, args, kwargs)
-    return messages.publish(request, topic, args, kwargs, options.get("acknowledge"),
-                            options.get("exclude_me"), options.get("retain"))
+    return messages.publish(request, topic, args, kwargs, acknowledge, exclude_me, retain)
 
 
 def _check_pattern(uri: str, match: str | None, what: str) -> None:
