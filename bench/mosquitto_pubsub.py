@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     table = "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
                       for r in rows)
-    results_end(results, f"mosquitto {port}\n{table}", opts.output)
+    results_end(results, f"Mosquitto on 127.0.0.1:{port}\n{table}", opts.output)
     return 0 if all(c["ok"] for c in results["cases"]) else 1
 
 

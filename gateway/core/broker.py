@@ -374,25 +374,23 @@ class Broker:
             return
         eligible = _audience_filter(msg)
         skip = publisher if (publisher is not None and msg.exclude_me is not False) else None
-        who = {}
+        by = by_authid = by_authrole = None  # who published, if disclosed
         if disclose and publisher is not None:
-            who = {"publisher": publisher.id, "publisher_authid": publisher.authid,
-                   "publisher_authrole": publisher.authrole}
+            by, by_authid, by_authrole = publisher.id, publisher.authid, publisher.authrole
         args, kwargs, payload = msg.args, msg.kwargs, msg.payload
         for sub in subscriptions:
             # A pattern subscription was authorized on its pattern; each concrete topic must
             # be one its subscriber's role may subscribe to as well.
             pattern = sub.match != "exact"
-            if payload is not None:
+            if payload is None:
+                event = messages.event(sub.id, publication, args, kwargs,
+                                       topic if pattern else None, by, by_authid, by_authrole)
+            else:
                 event = m.Event(sub.id, publication, payload=payload,
                                 topic=topic if pattern else None, enc_algo=msg.enc_algo,
-                                enc_key=msg.enc_key, enc_serializer=msg.enc_serializer, **who)
-            elif who:
-                event = messages.event(sub.id, publication, args, kwargs,
-                                       topic if pattern else None, **who)
-            else:
-                event = messages.event(sub.id, publication, args, kwargs,
-                                       topic if pattern else None)
+                                enc_key=msg.enc_key, enc_serializer=msg.enc_serializer,
+                                publisher=by, publisher_authid=by_authid,
+                                publisher_authrole=by_authrole)
             for receiver in sub.subscribers:
                 if receiver is skip or (eligible is not None and not eligible(receiver)):
                     continue

@@ -253,7 +253,7 @@ def _plain_publish(raw: list[Any]) -> m.Message | None:
         if len(_valid_topics) >= CACHED_URIS:
             _valid_topics.clear()
         _valid_topics.add(topic)
-    if not (args is None or _flat(args)) or kwargs is not None:
+    if kwargs is not None or not (args is None or _flat(args)):  # (each walked once)
         _check_portable(m.Publish, args, kwargs)
     return messages.publish(request, topic, args, kwargs, acknowledge, exclude_me, retain)
 

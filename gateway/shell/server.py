@@ -109,11 +109,11 @@ class Node:
                           session.id)
             self.router.abort(session, "wamp.error.internal_error",
                               "internal error in the router (see its log)", out)
-        if not out.effects:  # (only effects add to the store's queue; most messages have none)
-            self.flush(out)
-            return
-        queued = self.stores.queued_bytes
+        # only effects add to the store's queue, and most messages have none
+        queued = self.stores.queued_bytes if out.effects else None
         self.flush(out)
+        if queued is None:
+            return
         grown = self.stores.queued_bytes - queued  # (commits end in callbacks, not here)
         if grown > 0:  # charged to the connection: it may be paused while the store catches up
             self.backpressure.added(session.link, grown)
