@@ -21,17 +21,6 @@ _new_event = m.Event.__new__
 _EVENT = m.Event.MESSAGE_TYPE
 
 
-def _bare(msg: Any) -> None:
-    """The fields autobahn's Message.__init__ sets, as it sets them without FlatBuffers."""
-    msg._from_fbs = None
-    msg._serialized = {}  # per serializer, the message's bytes (an EVENT is encoded once)
-    msg._correlation_id = None
-    msg._correlation_uri = None
-    msg._correlation_is_anchor = None
-    msg._correlation_is_last = None
-    msg._router_internal = None
-
-
 def publish(request: int, topic: str, args: list | None, kwargs: dict | None,
             acknowledge: bool | None, exclude_me: bool | None,
             retain: bool | None) -> m.Publish:
@@ -39,7 +28,10 @@ def publish(request: int, topic: str, args: list | None, kwargs: dict | None,
     hash: what ``m.Publish(request, topic, args=..., kwargs=..., acknowledge=...,
     exclude_me=..., retain=...)`` makes, without its checks (the caller made them)."""
     msg = _new_publish(m.Publish)
-    _bare(msg)
+    # what autobahn's Message.__init__ sets (without FlatBuffers), then the message's own
+    msg._serialized = {}  # per serializer, the message's bytes (an EVENT is encoded once)
+    msg._from_fbs = msg._correlation_id = msg._correlation_uri = None
+    msg._correlation_is_anchor = msg._correlation_is_last = msg._router_internal = None
     msg._request = request
     msg._topic = topic
     msg._args = args
@@ -62,7 +54,10 @@ def event(subscription: int, publication: int, args: list | None, kwargs: dict |
     """An EVENT with no payload transparency: what ``m.Event(subscription, publication,
     args=..., kwargs=..., topic=..., publisher=..., ...)`` makes, without its checks."""
     msg = _new_event(m.Event)
-    _bare(msg)
+    # what autobahn's Message.__init__ sets (without FlatBuffers), then the message's own
+    msg._serialized = {}  # per serializer, the message's bytes (an EVENT is encoded once)
+    msg._from_fbs = msg._correlation_id = msg._correlation_uri = None
+    msg._correlation_is_anchor = msg._correlation_is_last = msg._router_internal = None
     msg._subscription = subscription
     msg._publication = publication
     msg._args = args

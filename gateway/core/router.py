@@ -93,6 +93,21 @@ class Realm:
             self.retention, self.authorizer)
         for uri, make in (procedures or {}).items():
             self.dealer.meta_procedures[uri] = make(self)
+        # what handles each message a client may send once established (one lookup a message)
+        self.handlers: dict[type, Callable[..., None]] = {
+            m.Publish: self.broker.publish, m.Subscribe: self.broker.subscribe,
+            m.Unsubscribe: self.broker.unsubscribe, m.Call: self.dealer.call,
+            m.Cancel: self.dealer.cancel, m.Register: self.dealer.register,
+            m.Unregister: self.dealer.unregister, m.Yield: self.dealer.yield_,
+            m.Error: self._invocation_error,
+        }
+
+    def _invocation_error(self, session: Session, msg: m.Error, out: Outbox) -> None:
+        if msg.request_type != m.Invocation.MESSAGE_TYPE:
+            raise ProtocolViolation(
+                f"ERROR for request type {msg.request_type}: clients may only answer "
+                f"INVOCATIONs")
+        self.dealer.invocation_error(session, msg, out)
 
     def restore(self, restored: Restored, out: Outbox) -> None:
         """Bring back what the store kept: subscriptions with history (same ids as before the
@@ -337,7 +352,7 @@ class Router:
                      extra: dict[str, Any]) -> None:
         realm = session.realm
         assert realm is not None
-        handler = _HANDLERS.get(type(msg))
+        handler = realm.handlers.get(type(msg))
         if handler is None:
             if isinstance(msg, m.Goodbye):
                 out.send(session, m.Goodbye("wamp.close.goodbye_and_out"))
@@ -350,9 +365,9 @@ class Router:
                 f"in an established session")
         try:
             if extra:
-                handler(realm, session, msg, out, **extra)
+                handler(session, msg, out, **extra)
             else:
-                handler(realm, session, msg, out)
+                handler(session, msg, out)
         except WampError as e:
             request_type = msg.MESSAGE_TYPE
             out.send(session, m.Error(request_type, msg.request, e.uri,
@@ -365,23 +380,3 @@ class Router:
             if session.realm is not None:
                 session.realm.leave(session, out)
                 log.info("session %s left realm %s", session.id, session.realm.name)
-
-
-def _invocation_error(realm: Realm, session: Session, msg: m.Error, out: Outbox) -> None:
-    if msg.request_type != m.Invocation.MESSAGE_TYPE:
-        raise ProtocolViolation(
-            f"ERROR for request type {msg.request_type}: clients may only answer INVOCATIONs")
-    realm.dealer.invocation_error(session, msg, out)
-
-
-_HANDLERS = {
-    m.Publish: lambda realm, s, msg, out, **kw: realm.broker.publish(s, msg, out, **kw),
-    m.Subscribe: lambda realm, s, msg, out: realm.broker.subscribe(s, msg, out),
-    m.Unsubscribe: lambda realm, s, msg, out: realm.broker.unsubscribe(s, msg, out),
-    m.Call: lambda realm, s, msg, out, **kw: realm.dealer.call(s, msg, out, **kw),
-    m.Cancel: lambda realm, s, msg, out: realm.dealer.cancel(s, msg, out),
-    m.Register: lambda realm, s, msg, out: realm.dealer.register(s, msg, out),
-    m.Unregister: lambda realm, s, msg, out: realm.dealer.unregister(s, msg, out),
-    m.Yield: lambda realm, s, msg, out: realm.dealer.yield_(s, msg, out),
-    m.Error: _invocation_error,
-}

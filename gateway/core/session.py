@@ -246,10 +246,11 @@ class Outbox:
         self._clock: Callable[[], Reading] = clock
         self._now: Reading | None = None
         self.messages: list[tuple[Session, Message]] = []
-        self.closes: list[Session] = []
-        self.timers: list[tuple[float, Timer]] = []
-        self.tasks: list[Task] = []
-        self.effects: list[Effect] = []
+        # what most calls have none of: one shared empty tuple until the first is added
+        self.closes: list[Session] | tuple[()] = ()
+        self.timers: list[tuple[float, Timer]] | tuple[()] = ()
+        self.tasks: list[Task] | tuple[()] = ()
+        self.effects: list[Effect] | tuple[()] = ()
 
     @property
     def now(self) -> Reading:
@@ -265,13 +266,21 @@ class Outbox:
 
     def close(self, session: Session) -> None:
         """Close the session's transport once the messages queued before are sent."""
+        if not self.closes:
+            self.closes = []
         self.closes.append(session)
 
     def later(self, delay: float, callback: Timer) -> None:
+        if not self.timers:
+            self.timers = []
         self.timers.append((delay, callback))
 
     def spawn(self, task: Task) -> None:
+        if not self.tasks:
+            self.tasks = []
         self.tasks.append(task)
 
     def store(self, effect: Effect) -> None:
+        if not self.effects:
+            self.effects = []
         self.effects.append(effect)
