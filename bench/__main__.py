@@ -14,6 +14,10 @@ CPUs); see each module's docstring for what exactly is measured and checked:
   server that coalesces its writes ("fake-batch"), for every pub/sub case: the clients'
   ceiling, which must be well above the fastest router's figure (1.5x) or that figure is
   the clients';
+- ``fanout``: the 1->1 and 1->10 cases again on Cairn with its limits lifted, and Mosquitto's
+  1->N (:mod:`bench.mosquitto_pubsub`, MQTT QoS 0, the same window and batches): server CPU
+  per delivered event for all three, Cairn's events/s against Mosquitto's and its default
+  config against lifted (issue 46);
 - ``ack`` (:mod:`bench.ack`): PUBLISH acknowledge=true -> PUBLISHED on a stored topic;
 - ``retained`` (:mod:`bench.retained`): SUBSCRIBE get_retained over N retained topics, and
   Mosquitto's retained messages for ``prefix/#``;
@@ -49,7 +53,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import ack, compare, durable, footprint, report, retained, sessions, wear
+from bench import (
+    ack,
+    compare,
+    durable,
+    footprint,
+    mosquitto_pubsub,
+    report,
+    retained,
+    sessions,
+    wear,
+)
 from bench.crossbar import CROSSBAR_VENV, crossbar_executable, crossbar_version, install_crossbar
 from bench.pubsub import (
     REPO,
@@ -59,7 +73,7 @@ from bench.pubsub import (
     source_version,
 )
 
-PARTS = ("pubsub", "check", "ack", "retained", "sessions", "durable", "footprint")
+PARTS = ("pubsub", "check", "fanout", "ack", "retained", "sessions", "durable", "footprint")
 # the clients' ceiling for every pub/sub case: the trivial server that coalesces its writes
 # (routers may coalesce too, so the one-write-per-event variant is no ceiling)
 CHECK_CASES = [(True, case) for case in compare.CASES]
@@ -167,6 +181,7 @@ def describe_machine(opts: argparse.Namespace) -> dict[str, Any]:
 
 TITLES = {"pubsub": "pub/sub, start-up, idle RSS (bench.compare):",
           "check": "generator check (the same clients against a trivial server):",
+          "fanout": "the 1->N path with limits lifted, and Mosquitto's (bench.mosquitto_pubsub):",
           "ack": "publish with acknowledge:", "retained": "get_retained:",
           "sessions": "idle sessions:", "durable": "durable publishes:",
           "footprint": "installed footprint:"}
@@ -181,6 +196,7 @@ def run_parts(opts: argparse.Namespace, servers: list[str]) -> tuple[dict[str, A
         "pubsub": lambda: compare.run_compare(c),
         "check": lambda: run_generator_check(
             c, CHECK_CASES, parts.get("pubsub", {}).get("cairn", {}).get("results", [])),
+        "fanout": lambda: run_fanout(c),
         "ack": lambda: {kind: ack.run(kind, both) for kind in servers},
         "retained": lambda: {**{kind: retained.run_wamp(kind, both) for kind in servers},
                              "mosquitto": retained.run_mosquitto(both)},
@@ -199,6 +215,18 @@ def run_parts(opts: argparse.Namespace, servers: list[str]) -> tuple[dict[str, A
             traceback.print_exc()
             failures.append(f"{name}: failed: {type(e).__name__}: {e}")
     return parts, failures
+
+
+FANOUT_CASES = [case for case in compare.CASES if case.subscribers in (1, 10)]
+
+
+def run_fanout(c: argparse.Namespace) -> dict[str, Any]:
+    """Beside the pubsub part's Cairn (default config) and Crossbar: Cairn with its limits
+    lifted, and Mosquitto's 1->N with the same window and batches (issue 46's figures)."""
+    lifted = compare.run_server("cairn", FANOUT_CASES, c, {}, limits="lifted")
+    _, brokered = mosquitto_pubsub.run(sorted({case.subscribers for case in FANOUT_CASES}),
+                                       c.duration, c.window, c.batch)
+    return {"cairn_lifted": lifted, "mosquitto": brokered}
 
 
 def with_options(c: argparse.Namespace, opts: argparse.Namespace) -> argparse.Namespace:
@@ -230,6 +258,8 @@ def rows_of(parts: dict[str, Any]) -> list[report.Row]:
         rows += report.pubsub_rows(pubsub)
     rows += report.server_rows(pubsub, server_starts(parts),
                                parts.get("retained", {}).get("mosquitto"))
+    if "fanout" in parts:
+        rows += report.fanout_rows(pubsub, parts["fanout"])
     if "ack" in parts:
         rows += report.ack_rows(parts["ack"])
     if "retained" in parts:

@@ -95,9 +95,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def start_server(kind: str, workdir: Path, opts: argparse.Namespace,
-                 history: tuple[str, str] | None = None) -> Any:
+                 history: tuple[str, str] | None = None, limits: str = "default") -> Any:
     """Cairn's or Crossbar's process on free ports, with ``startup_s`` set (spawn -> both
-    ports accept); ``history``: (uri, match) whose events the server stores."""
+    ports accept); ``history``: (uri, match) whose events the server stores; ``limits``:
+    Cairn's (bench.pubsub.RouterProcess)."""
     t0 = time.monotonic()
     if kind == "crossbar":
         if history is None and opts.crossbar_history:
@@ -106,7 +107,7 @@ def start_server(kind: str, workdir: Path, opts: argparse.Namespace,
         server: Any = CrossbarProcess(workdir, crossbar_executable(opts.crossbar_venv), uri,
                                       history_match=match)
     else:
-        server = RouterProcess(workdir, opts.router_cmd, history=history)
+        server = RouterProcess(workdir, opts.router_cmd, history=history, limits=limits)
         server.startup_s = time.monotonic() - t0
     return server
 
@@ -144,11 +145,11 @@ class LoadMeter:
 
 
 def run_server(kind: str, cases: list[Case], opts: argparse.Namespace,
-               lat_rates: dict[str, float | None]) -> dict[str, Any]:
+               lat_rates: dict[str, float | None], limits: str = "default") -> dict[str, Any]:
     """Starts one server, measures start-up and idle RSS, runs the cases, stops it."""
     out: dict[str, Any] = {"server": kind, "results": [], "problems": []}
     with tempfile.TemporaryDirectory(prefix=f"cairn-bench-{kind}-") as tmp:
-        server = start_server(kind, Path(tmp), opts)
+        server = start_server(kind, Path(tmp), opts, limits=limits)
         out["startup_s"] = round(server.startup_s, 3)
         if kind == "crossbar":
             out["first_accept_s"] = round(server.first_accept_s, 3)

@@ -165,9 +165,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts = parse_args(argv)
-    results = results_start("mosquitto_pubsub", opts)
+def run(subscribers: list[int], duration: float = 5.0, window: int = 1000,
+        batch: int = 50) -> tuple[int, list[dict]]:
+    """A Mosquitto on a free port, each case run against it in turn; (port, results)."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "mosquitto.conf"
@@ -176,12 +176,18 @@ def main(argv: list[str] | None = None) -> int:
         broker = subprocess.Popen(["/usr/sbin/mosquitto", "-c", str(conf)])
         try:
             wait_for_ports([port], lambda: broker.poll() is None)
-            results["cases"] = [
-                run_case(port, broker.pid, int(n), opts.duration, opts.window, opts.batch)
-                for n in opts.subscribers.split(",")]
+            return port, [run_case(port, broker.pid, n, duration, window, batch)
+                          for n in subscribers]
         finally:
             broker.terminate()
             broker.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    results = results_start("mosquitto_pubsub", opts)
+    port, results["cases"] = run([int(n) for n in opts.subscribers.split(",")],
+                                 opts.duration, opts.window, opts.batch)
     rows = [("case", "events/s", "broker µs/ev", "ok")] + [
         (f"1->{c['subscribers']}", fmt(c["events_per_s"], ","),
          fmt(c["broker_cpu_us_per_event"], ".2f"), "yes" if c["ok"] else "NO")

@@ -79,6 +79,7 @@ class Connection:
         self._waiting: Any = ()  # once open: its pacer's deque (empty: nothing is paced)
         self._share = FairShare()
         self._budget: ReadBudget | None = None  # once open, when a hard cap is configured
+        self._owed_messages = self._owed_bytes = 0  # read in this turn, not charged to it yet
         self._paused: set[str] = set()  # why it is not read (flow_control.Readable)
         self._resume: asyncio.TimerHandle | None = None  # when its read budget is back
         # what it sent beyond its share of a turn, and the call that reads on in the next one
@@ -157,8 +158,21 @@ class Connection:
 
     def _take(self, data: bytes) -> None:
         rest = self.transport.take(data)
+        if self._budget is not None:
+            self._charge_budget()
         if rest or not self._share.left:  # in debt: it sits out turns until it is not
             self.later(rest)
+
+    def _charge_budget(self) -> None:
+        """What the turn read, charged to the read budget once (per message, the charge cost
+        a seventh of the router's time for a lone client): over it, the connection is not
+        read until the budget is back, the turn's share at most read beyond it first, and
+        paid off in that wait (a token bucket in debt)."""
+        over = self._budget.spend(self._owed_messages, self._owed_bytes,
+                                  asyncio.get_running_loop().time())
+        self._owed_messages = self._owed_bytes = 0
+        if over is not None and self._open:
+            self._wait_for_budget(*over)
 
     def _next_turn(self) -> None:
         self._turn = None
@@ -194,11 +208,9 @@ class Connection:
         for msg, extra in messages:  # (Node.receive charges what they queue in the store)
             self.callbacks.receive(self.session, msg, extra)
         self._share.spend(len(messages), len(payload))
-        if self._budget is not None:
-            over = self._budget.spend(len(messages), len(payload),
-                                      asyncio.get_running_loop().time())
-            if over is not None and self._open:
-                self._wait_for_budget(*over)
+        if self._budget is not None:  # (charged when the turn is over: _charge_budget)
+            self._owed_messages += len(messages)
+            self._owed_bytes += len(payload)
         if self._ticket is not None and self.session.established:
             self._ticket.established()  # the handshake deadline no longer applies
             self._ticket = None
@@ -390,7 +402,7 @@ class WebSocketProtocol(TakesTurns, WampWebSocketServerProtocol):
         PUBLISH. Returns the data from the first frame that is anything else (control,
         fragmented, partial, invalid), which autobahn's parser then takes as before."""
         end, pos = len(data), 0
-        limit = self.maxMessagePayloadSize
+        limit, session = self.maxMessagePayloadSize, getattr(self, "_session", None)
         while end - pos >= 6:
             first, second = data[pos], data[pos + 1]
             if (first != _TEXT and first != _BINARY) or second < 0x80:  # not masked
@@ -417,8 +429,8 @@ class WebSocketProtocol(TakesTurns, WampWebSocketServerProtocol):
             if self.autoPingTimeoutCall and self.autoPingRestartOnAnyTraffic:
                 self._cancelAutoPingTimeoutCall()  # data counts as a sign of life, as in autobahn
             self.onMessage(payload, first == _BINARY)
-            if self.state != self.STATE_OPEN or not self._may_read():  # (closed, or its turn
-                break                                                  # is over)
+            if self.state != self.STATE_OPEN or (session is not None and not session.may_read()):
+                break  # closed, or its turn is over (TakesTurns._may_read, inline)
         return data[pos:]
 
     def _frame_pending(self, data: bytes) -> bool:
@@ -524,10 +536,13 @@ class RawSocketProtocol(TakesTurns, WampRawSocketServerProtocol):
         """The frames of ``data`` as autobahn's parser delivers them, while the session may
         read (autobahn's reads every frame of its buffer at once); the rest once it may not."""
         self._pending, pos, end = b"", 0, len(data)
+        session, limit = getattr(self, "_session", None), self.factory.max_message_size
+        if session is None:  # its session could not be made: the transport is aborted
+            return b""
         while end - pos >= 4:
             if self._closing:
                 return b""
-            if not self._may_read():
+            if not session.may_read():
                 return data[pos:]
             kind, length = data[pos] & 0x07, int.from_bytes(data[pos + 1:pos + 4], "big")
             if kind > _PONG:
@@ -540,7 +555,9 @@ class RawSocketProtocol(TakesTurns, WampRawSocketServerProtocol):
             if stop > end:
                 break
             payload, pos = data[pos + 4:stop], stop
-            if kind == _DATA:
+            if kind == _DATA and length <= limit:
+                session.receive(payload)  # (stringReceived, inline)
+            elif kind == _DATA:
                 self.stringReceived(payload)
             elif kind == _PING:
                 self.ping(payload)
