@@ -321,8 +321,9 @@ ratio: Cairn ÷ Crossbar; (M) Cairn ÷ Mosquitto; (R) the trivial server's figur
 router's; (C) Cairn ÷ the same clients against a trivial server; (F) the trivial server's p99 ÷
 Crossbar's: the part of the latency no router can remove; (L) Cairn on its default config ÷
 with its limits lifted (a lone client must not be held back). Lower is better for ms, MiB
-and s, higher for events/s and publishes/s. result: pass/FAIL against the target (issues 9, 46), info
-(no target), ERROR (a correctness check failed: see problems), - (no figure to judge)."""
+and s, higher for events/s and publishes/s. result: pass/FAIL against the target (issues 9
+and 46), info (no target), ERROR (a correctness check failed: see problems), - (no figure to
+judge)."""
 
 
 def disturbance_line(d: dict[str, Any]) -> str:
