@@ -32,6 +32,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
           f"{opts.durable_window} (bench.store) ...", end=" ", flush=True)
     out: dict[str, Any] = {"command": " ".join(cmd[1:]), "publishers": PUBLISHERS,
                            "window": opts.durable_window}
+    output.unlink(missing_ok=True)  # a run that fails must not report the last one's figures
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     try:
         report = json.loads(output.read_text())
